@@ -1,0 +1,61 @@
+# Every target does its own set-up: a virtualenv in .venv with the project and its
+# test dependencies, and the generated protobuf stubs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PROTO_SOURCES := $(shell find protos -name '*.proto' 2>/dev/null)
+PROTO_STAMP   := protos/.generated-stamp
+OPENB  ?= ../shared/data/openb
+
+.PHONY: demo test lint bench bench-quick sim-table e2e protos check-protos clean help
+
+help:
+	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
+	@echo "make test   - install everything the tests need, then run the whole test suite"
+	@echo "make lint   - ruff, mypy (strict on the core) and the import contracts"
+	@echo "make bench  - speed benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
+	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(PROTO_STAMP): $(STAMP) $(PROTO_SOURCES) tools/gen_protos.py
+	$(PY) tools/gen_protos.py
+	touch $@
+
+protos: $(PROTO_STAMP)
+
+check-protos: $(STAMP)
+	$(PY) tools/gen_protos.py --check
+
+demo: $(PROTO_STAMP)
+	$(VENV)/bin/tessera-demo
+
+test: $(PROTO_STAMP)
+	$(PY) -m pytest
+
+lint: $(PROTO_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tools bench
+	$(VENV)/bin/lint-imports
+
+bench: $(PROTO_STAMP)
+	$(PY) -m bench.run_all --openb $(OPENB)
+
+bench-quick: $(PROTO_STAMP)
+	$(PY) -m bench.run_all --openb $(OPENB) --quick
+
+sim-table: $(PROTO_STAMP)
+	$(PY) -m tessera.sim.table --openb $(OPENB) --out docs/fragmentation
+
+e2e: $(PROTO_STAMP)
+	$(PY) -m pytest -m e2e tests/e2e
+
+clean:
+	rm -rf $(VENV) $(PROTO_STAMP) .mypy_cache .ruff_cache .pytest_cache

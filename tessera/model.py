@@ -1,0 +1,400 @@
+"""The device model every component shares: a node's GPUs and RDMA NICs.
+
+An inventory is immutable; a health change or a rediscovery produces a new one. The same
+dict schema (camelCase keys) is used by topology files, the node inventory custom resource
+and the simulator, so one parser validates all of them (see docs/inventory.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tessera.errors import InventoryError
+from tessera.resources import DEFAULT_MEMORY_UNIT_MIB
+
+_PCI_BUS_ID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """Lower-case PCI bus ID with a 4-digit domain ("00000000:18:00.0" -> "0000:18:00.0").
+
+    NVML reports an 8-digit domain and sysfs a 4-digit one; comparing them needs one form.
+    """
+    value = bus_id.strip().lower()
+    if not _PCI_BUS_ID.match(value):
+        raise ValueError(f"not a PCI bus ID (want DDDD:BB:DD.F): {bus_id!r}")
+    domain, rest = value.split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as discovered on a node."""
+
+    uuid: str
+    index: int
+    minor: int
+    model: str
+    memory_mib: int
+    pci_bus_id: str
+    numa_node: int = -1
+    """NUMA node, -1 when the platform does not report one."""
+    pcie_root: str = ""
+    """The PCIe root complex (host bridge), e.g. "pci0000:15"."""
+    pcie_switch: str = ""
+    """Bus ID of the nearest upstream PCIe switch port; empty when attached to the root."""
+    nvlinks: tuple[tuple[str, int], ...] = ()
+    """(peer GPU UUID, active NVLink count), sorted by peer."""
+    healthy: bool = True
+    health_reason: str = ""
+    mig_enabled: bool = False
+
+    def nvlink_count(self, peer_uuid: str) -> int:
+        for peer, links in self.nvlinks:
+            if peer == peer_uuid:
+                return links
+        return 0
+
+
+@dataclass(frozen=True)
+class RdmaVf:
+    """An SR-IOV virtual function of an RDMA NIC."""
+
+    pci_bus_id: str
+    ibdev: str
+    uverbs_minor: int
+    netdev: str = ""
+
+
+@dataclass(frozen=True)
+class RdmaNic:
+    """An RDMA-capable NIC (physical function) and its virtual functions."""
+
+    ibdev: str
+    pci_bus_id: str
+    uverbs_minor: int
+    numa_node: int = -1
+    pcie_root: str = ""
+    pcie_switch: str = ""
+    netdev: str = ""
+    port_states: tuple[str, ...] = ()
+    """State of each port ("ACTIVE", "DOWN", ...), in port order."""
+    vfs: tuple[RdmaVf, ...] = ()
+    healthy: bool = True
+    health_reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """Every tessera-managed device of one node."""
+
+    node_name: str
+    gpus: tuple[Gpu, ...] = ()
+    nics: tuple[RdmaNic, ...] = ()
+    memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
+    """Size of one `tessera.dev/gpu-memory` unit on this node."""
+    _gpu_by_uuid: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_gpu_by_uuid", {g.uuid: i for i, g in enumerate(self.gpus)})
+
+    def gpu_slot(self, uuid: str) -> int | None:
+        """Position of the GPU with this UUID in `gpus`, or None."""
+        return self._gpu_by_uuid.get(uuid)
+
+    def nic_slot(self, pci_bus_id: str) -> int | None:
+        for i, nic in enumerate(self.nics):
+            if nic.pci_bus_id == pci_bus_id:
+                return i
+        return None
+
+    def with_node_name(self, node_name: str) -> NodeInventory:
+        return replace(self, node_name=node_name)
+
+    def with_gpu_health(self, uuid: str, healthy: bool, reason: str = "") -> NodeInventory:
+        gpus = tuple(
+            replace(g, healthy=healthy, health_reason=reason) if g.uuid == uuid else g
+            for g in self.gpus
+        )
+        return replace(self, gpus=gpus)
+
+    def with_nic_health(self, ibdev: str, healthy: bool, reason: str = "") -> NodeInventory:
+        nics = tuple(
+            replace(n, healthy=healthy, health_reason=reason) if n.ibdev == ibdev else n
+            for n in self.nics
+        )
+        return replace(self, nics=nics)
+
+    # --- the shared dict schema -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodeName": self.node_name,
+            "memoryUnitMiB": self.memory_unit_mib,
+            "gpus": [_gpu_to_dict(g) for g in self.gpus],
+            "rdma": [_nic_to_dict(n) for n in self.nics],
+        }
+
+    @classmethod
+    def from_dict(
+        cls, doc: Mapping[str, Any], source: str = "inventory", node_name: str | None = None
+    ) -> NodeInventory:
+        """Parse and validate the shared schema; errors name `source` and the field path."""
+        return _parse_inventory(doc, source, node_name)
+
+
+# --- serialization ---------------------------------------------------------------------------
+
+
+def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
+    return {
+        "uuid": g.uuid,
+        "index": g.index,
+        "minor": g.minor,
+        "model": g.model,
+        "memoryMiB": g.memory_mib,
+        "pciBusId": g.pci_bus_id,
+        "numaNode": g.numa_node,
+        "pcieRoot": g.pcie_root,
+        "pcieSwitch": g.pcie_switch,
+        "nvlinks": [{"peer": peer, "links": links} for peer, links in g.nvlinks],
+        "healthy": g.healthy,
+        "healthReason": g.health_reason,
+        "migEnabled": g.mig_enabled,
+    }
+
+
+def _nic_to_dict(n: RdmaNic) -> dict[str, Any]:
+    return {
+        "ibdev": n.ibdev,
+        "pciBusId": n.pci_bus_id,
+        "uverbsMinor": n.uverbs_minor,
+        "numaNode": n.numa_node,
+        "pcieRoot": n.pcie_root,
+        "pcieSwitch": n.pcie_switch,
+        "netdev": n.netdev,
+        "portStates": list(n.port_states),
+        "healthy": n.healthy,
+        "healthReason": n.health_reason,
+        "vfs": [
+            {
+                "pciBusId": vf.pci_bus_id,
+                "ibdev": vf.ibdev,
+                "uverbsMinor": vf.uverbs_minor,
+                "netdev": vf.netdev,
+            }
+            for vf in n.vfs
+        ],
+    }
+
+
+class _Reader:
+    """Typed field access that turns every problem into an InventoryError with a path."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> InventoryError:
+        return InventoryError(self.source, path, problem)
+
+    def mapping(self, value: Any, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
+        return value
+
+    def sequence(self, value: Any, path: str) -> Sequence[Any]:
+        if value is None:
+            return ()
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise self.fail(path, f"expected a list, got {type(value).__name__}")
+        return value
+
+    def string(
+        self, doc: Mapping[str, Any], key: str, path: str, default: str | None = None
+    ) -> str:
+        value = doc.get(key, default)
+        if value is None:
+            raise self.fail(f"{path}.{key}", "required field is missing")
+        if not isinstance(value, str):
+            raise self.fail(f"{path}.{key}", f"expected a string, got {type(value).__name__}")
+        return value
+
+    def integer(
+        self,
+        doc: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: int | None = None,
+        minimum: int | None = None,
+    ) -> int:
+        value = doc.get(key, default)
+        if value is None:
+            raise self.fail(f"{path}.{key}", "required field is missing")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(f"{path}.{key}", f"expected an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.fail(f"{path}.{key}", f"must be >= {minimum}, got {value}")
+        return value
+
+    def boolean(self, doc: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{path}.{key}", f"expected true or false, got {value!r}")
+        return value
+
+    def bus_id(self, doc: Mapping[str, Any], key: str, path: str, required: bool = True) -> str:
+        raw = self.string(doc, key, path, default=None if required else "")
+        if not raw and not required:
+            return ""
+        try:
+            return normalize_bus_id(raw)
+        except ValueError as exc:
+            raise self.fail(f"{path}.{key}", str(exc)) from None
+
+
+def _parse_inventory(doc: Mapping[str, Any], source: str, node_name: str | None) -> NodeInventory:
+    r = _Reader(source)
+    doc = r.mapping(doc, "$")
+    name = node_name if node_name is not None else r.string(doc, "nodeName", "$", default="")
+    unit = r.integer(doc, "memoryUnitMiB", "$", default=DEFAULT_MEMORY_UNIT_MIB, minimum=1)
+    raw_gpus = [
+        r.mapping(g, f"gpus[{i}]") for i, g in enumerate(r.sequence(doc.get("gpus"), "gpus"))
+    ]
+
+    uuid_by_index: dict[int, str] = {}
+    for i, g in enumerate(raw_gpus):
+        uuid_by_index[r.integer(g, "index", f"gpus[{i}]", default=i, minimum=0)] = r.string(
+            g, "uuid", f"gpus[{i}]"
+        )
+
+    gpus: list[Gpu] = []
+    for i, g in enumerate(raw_gpus):
+        path = f"gpus[{i}]"
+        gpus.append(
+            Gpu(
+                uuid=r.string(g, "uuid", path),
+                index=r.integer(g, "index", path, default=i, minimum=0),
+                minor=r.integer(g, "minor", path, default=r.integer(g, "index", path, default=i)),
+                model=r.string(g, "model", path),
+                memory_mib=r.integer(g, "memoryMiB", path, minimum=1),
+                pci_bus_id=r.bus_id(g, "pciBusId", path),
+                numa_node=r.integer(g, "numaNode", path, default=-1, minimum=-1),
+                pcie_root=r.string(g, "pcieRoot", path, default=""),
+                pcie_switch=r.string(g, "pcieSwitch", path, default="") or "",
+                nvlinks=_parse_nvlinks(r, g.get("nvlinks"), f"{path}.nvlinks", uuid_by_index),
+                healthy=r.boolean(g, "healthy", path, True),
+                health_reason=r.string(g, "healthReason", path, default=""),
+                mig_enabled=r.boolean(g, "migEnabled", path, False),
+            )
+        )
+    _check_unique(r, "gpus", [g.uuid for g in gpus], "uuid")
+    _check_unique(r, "gpus", [g.index for g in gpus], "index")
+    _check_unique(r, "gpus", [g.minor for g in gpus], "minor")
+    _check_unique(r, "gpus", [g.pci_bus_id for g in gpus], "pciBusId")
+    known = {gpu.uuid for gpu in gpus}
+    for i, gpu in enumerate(gpus):
+        for peer, _ in gpu.nvlinks:
+            if peer not in known:
+                raise r.fail(f"gpus[{i}].nvlinks", f"peer {peer!r} is not a GPU of this node")
+            if peer == gpu.uuid:
+                raise r.fail(f"gpus[{i}].nvlinks", "a GPU cannot link to itself")
+
+    nics = [
+        _parse_nic(r, r.mapping(n, f"rdma[{i}]"), f"rdma[{i}]")
+        for i, n in enumerate(r.sequence(doc.get("rdma"), "rdma"))
+    ]
+    _check_unique(r, "rdma", [n.ibdev for n in nics], "ibdev")
+    _check_unique(r, "rdma", [n.pci_bus_id for n in nics], "pciBusId")
+    vf_minors = [vf.uverbs_minor for n in nics for vf in n.vfs]
+    _check_unique(r, "rdma", [n.uverbs_minor for n in nics] + vf_minors, "uverbsMinor")
+    return NodeInventory(name, tuple(gpus), tuple(nics), unit)
+
+
+def _parse_nvlinks(
+    r: _Reader, value: Any, path: str, uuid_by_index: Mapping[int, str]
+) -> tuple[tuple[str, int], ...]:
+    """Accept [{peer, links}] (peer = UUID or index) or {peer: links}."""
+    if value is None:
+        return ()
+    pairs: list[tuple[Any, Any]]
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = []
+        for i, raw in enumerate(r.sequence(value, path)):
+            item = r.mapping(raw, f"{path}[{i}]")
+            pairs.append((item.get("peer"), item.get("links")))
+    links: dict[str, int] = {}
+    for raw_peer, count in pairs:
+        peer = raw_peer
+        if isinstance(raw_peer, int) or (isinstance(raw_peer, str) and raw_peer.isdigit()):
+            index = int(raw_peer)
+            if index not in uuid_by_index:
+                raise r.fail(path, f"peer index {index} is not a GPU of this node")
+            peer = uuid_by_index[index]
+        if not isinstance(peer, str) or not peer:
+            raise r.fail(path, f"peer must be a GPU UUID or index, got {peer!r}")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise r.fail(
+                f"{path}.{peer}", f"link count must be a non-negative integer, got {count!r}"
+            )
+        if count:
+            links[peer] = count
+    return tuple(sorted(links.items()))
+
+
+def _parse_nic(r: _Reader, n: Mapping[str, Any], path: str) -> RdmaNic:
+    vfs = []
+    for j, raw in enumerate(r.sequence(n.get("vfs"), f"{path}.vfs")):
+        vf = r.mapping(raw, f"{path}.vfs[{j}]")
+        vpath = f"{path}.vfs[{j}]"
+        vfs.append(
+            RdmaVf(
+                pci_bus_id=r.bus_id(vf, "pciBusId", vpath),
+                ibdev=r.string(vf, "ibdev", vpath),
+                uverbs_minor=r.integer(vf, "uverbsMinor", vpath, minimum=0),
+                netdev=r.string(vf, "netdev", vpath, default=""),
+            )
+        )
+    states = r.sequence(n.get("portStates"), f"{path}.portStates")
+    for j, s in enumerate(states):
+        if not isinstance(s, str):
+            raise r.fail(f"{path}.portStates[{j}]", f"expected a string, got {s!r}")
+    return RdmaNic(
+        ibdev=r.string(n, "ibdev", path),
+        pci_bus_id=r.bus_id(n, "pciBusId", path),
+        uverbs_minor=r.integer(n, "uverbsMinor", path, minimum=0),
+        numa_node=r.integer(n, "numaNode", path, default=-1, minimum=-1),
+        pcie_root=r.string(n, "pcieRoot", path, default=""),
+        pcie_switch=r.string(n, "pcieSwitch", path, default="") or "",
+        netdev=r.string(n, "netdev", path, default=""),
+        port_states=tuple(str(s) for s in states),
+        vfs=tuple(vfs),
+        healthy=r.boolean(n, "healthy", path, True),
+        health_reason=r.string(n, "healthReason", path, default=""),
+    )
+
+
+def _check_unique(r: _Reader, path: str, values: Iterable[object], key: str) -> None:
+    seen: set[object] = set()
+    for i, value in enumerate(values):
+        if value in seen:
+            raise r.fail(f"{path}[{i}].{key}", f"duplicate value {value!r}")
+        seen.add(value)
+
+
+def model_matches(model: str, wanted: str) -> bool:
+    """Whether a GPU model name matches a user's model hint.
+
+    Case-insensitive; the hint may be the full NVML name ("NVIDIA H100 80GB HBM3") or a
+    whole word of it ("H100"), but not an arbitrary fragment ("H10").
+    """
+    m, w = model.casefold(), wanted.strip().casefold()
+    if not w:
+        return False
+    if m == w:
+        return True
+    return re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", m) is not None

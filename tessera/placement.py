@@ -1,0 +1,417 @@
+"""Fit and place a pod on one node: which exact GPUs and NICs each container gets.
+
+Containers are placed one after another on scratch copies of the node's free vectors, the
+largest first, so a failed pod changes nothing. When a pod does not fit, the result says
+why in a short sentence that becomes the extender's per-node failure message, and whether
+waiting could ever help (`unresolvable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from math import comb
+
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.model import model_matches
+from tessera.node_state import NodeState
+from tessera.policy import Option, Policy
+from tessera.request import ContainerRequest, PodHints, PodRequest
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.topology import Tier, nic_gpu_tier
+
+_FULL = UNITS_PER_DEVICE
+_EXHAUSTIVE_LIMIT = 4096
+"""Enumerate every whole-GPU set up to this many candidates (covers 16 GPUs choose 8 / 2)."""
+
+
+@dataclass(frozen=True)
+class NoFit:
+    reason: str
+    unresolvable: bool = False
+    """True when no amount of waiting helps (wrong model, too few GPUs on the node, ...)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    allocation: PodAllocation
+    score: float
+    """The policy's node score after the pod, in [0, 1]; higher is better."""
+
+
+class _NoFitError(Exception):
+    def __init__(self, reason: str, unresolvable: bool = False) -> None:
+        super().__init__(reason)
+        self.nofit = NoFit(reason, unresolvable)
+
+
+def _mib(value: int) -> str:
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value} MiB"
+
+
+class _Scratch:
+    """Mutable copies of a node's free vectors while a pod is being placed."""
+
+    def __init__(self, node: NodeState) -> None:
+        self.core = list(node.free_core)
+        self.mem = list(node.free_mem)
+        self.nic = list(node.nic_free)
+        self.vf = [list(v) for v in node.vf_free]
+
+
+def eligible_gpu_slots(node: NodeState, hints: PodHints) -> tuple[list[int], NoFit | None]:
+    """Healthy GPUs the pod's hints allow; when there are none, the reason why."""
+    gpus = node.inventory.gpus
+    if not gpus:
+        return [], NoFit("node has no GPUs", unresolvable=True)
+    allowed = list(range(len(gpus)))
+    if hints.models:
+        allowed = [s for s in allowed if any(model_matches(gpus[s].model, m) for m in hints.models)]
+        if not allowed:
+            models = ", ".join(sorted({g.model for g in gpus}))
+            wanted = ", ".join(sorted(hints.models))
+            return [], NoFit(f"no GPU of model {wanted} (node has {models})", unresolvable=True)
+    if hints.uuids:
+        allowed = [s for s in allowed if gpus[s].uuid in hints.uuids]
+    if hints.excluded_uuids:
+        allowed = [s for s in allowed if gpus[s].uuid not in hints.excluded_uuids]
+    if not allowed:
+        return [], NoFit("no GPU allowed by the pod's GPU UUID hints", unresolvable=True)
+    healthy = [s for s in allowed if gpus[s].healthy]
+    if not healthy:
+        return [], NoFit(f"all {len(allowed)} allowed GPUs are unhealthy")
+    return healthy, None
+
+
+def place_pod(node: NodeState, request: PodRequest, policy: Policy) -> Placement | NoFit:
+    """Decide whether and where the pod fits on `node` (nothing is changed)."""
+    if node.cpu_free is not None and request.cpu_milli > node.cpu_free:
+        return NoFit(f"insufficient cpu ({request.cpu_milli}m wanted, {node.cpu_free}m free)")
+    if node.mem_free is not None and request.memory_mib > node.mem_free:
+        return NoFit(
+            f"insufficient memory ({_mib(request.memory_mib)} wanted, {_mib(node.mem_free)} free)"
+        )
+    needs_gpu = any(c.wants_gpu for c in request.containers)
+    slots: list[int] = []
+    if needs_gpu:
+        slots, problem = eligible_gpu_slots(node, request.hints)
+        if problem is not None:
+            return problem
+    scratch = _Scratch(node)
+    try:
+        allocations = _place_containers(node, request, policy, scratch, slots)
+    except _NoFitError as exc:
+        return exc.nofit
+    score = policy.node_score(node, node.free_core, node.free_mem, scratch.core, scratch.mem)
+    alloc = PodAllocation(
+        pod_uid=request.uid,
+        namespace=request.namespace,
+        name=request.name,
+        node=node.name,
+        containers=tuple(allocations),
+        policy=policy.name,
+        cpu_milli=request.cpu_milli,
+        memory_mib=request.memory_mib,
+    )
+    return Placement(alloc, score)
+
+
+def _order(containers: Sequence[ContainerRequest]) -> list[ContainerRequest]:
+    """Running containers first (whole GPUs, then shares, largest first), init ones last."""
+
+    def key(c: ContainerRequest) -> tuple[int, int, int, int]:
+        runs = not c.init or c.sidecar
+        return (
+            0 if runs else 1,
+            -c.gpu_count,
+            -(c.core + c.memory_ratio + c.memory_units),
+            -c.rdma_count,
+        )
+
+    return sorted(containers, key=key)
+
+
+def _place_containers(
+    node: NodeState,
+    request: PodRequest,
+    policy: Policy,
+    scratch: _Scratch,
+    slots: list[int],
+) -> list[ContainerAllocation]:
+    placed: dict[str, ContainerAllocation] = {}
+    for c in _order(request.containers):
+        if c.init and not c.sidecar:
+            reused = _reuse(
+                node,
+                c,
+                [
+                    placed[x.name]
+                    for x in request.containers
+                    if x.name in placed and not (x.init and not x.sidecar)
+                ],
+            )
+            if reused is not None:
+                placed[c.name] = reused
+                continue
+        try:
+            gpus = _place_gpus(node, c, request.hints, policy, scratch, slots)
+            rdma = _place_rdma(node, c, request.hints, policy, scratch, [g[0] for g in gpus])
+        except _NoFitError as exc:
+            if len(request.containers) > 1:
+                raise _NoFitError(
+                    f'container "{c.name}": {exc.nofit.reason}', exc.nofit.unresolvable
+                ) from None
+            raise
+        placed[c.name] = ContainerAllocation(
+            name=c.name,
+            gpus=tuple(
+                GpuGrant(
+                    uuid=node.inventory.gpus[s].uuid,
+                    index=node.inventory.gpus[s].index,
+                    minor=node.inventory.gpus[s].minor,
+                    core=core,
+                    memory_mib=mem,
+                )
+                for s, core, mem in gpus
+            ),
+            rdma=tuple(rdma),
+            init=c.init,
+        )
+    return [placed[c.name] for c in request.containers]
+
+
+def _reuse(
+    node: NodeState, c: ContainerRequest, apps: list[ContainerAllocation]
+) -> ContainerAllocation | None:
+    """An init container that fits inside an app container's devices runs on them."""
+    unit = node.inventory.memory_unit_mib
+    for app in apps:
+        if c.wants_gpu:
+            if c.gpu_count:
+                if sum(1 for g in app.gpus if g.core == _FULL) < c.gpu_count:
+                    continue
+                gpus = tuple(g for g in app.gpus if g.core == _FULL)[: c.gpu_count]
+            else:
+                fitting = [
+                    g
+                    for g in app.gpus
+                    if g.core >= c.core
+                    and g.memory_mib
+                    >= c.memory_mib_on(node.total_mem[node.inventory.gpu_slot(g.uuid) or 0], unit)
+                ]
+                if not fitting:
+                    continue
+                gpus = (fitting[0],)
+        else:
+            gpus = ()
+        if c.wants_rdma:
+            if c.rdma_count:
+                whole = [r for r in app.rdma if r.share == _FULL]
+                if len(whole) < c.rdma_count:
+                    continue
+                rdma = tuple(whole[: c.rdma_count])
+            else:
+                share = [r for r in app.rdma if r.share >= c.rdma_share]
+                if not share:
+                    continue
+                rdma = (share[0],)
+        else:
+            rdma = ()
+        return ContainerAllocation(name=c.name, gpus=gpus, rdma=rdma, init=True, reuses=app.name)
+    return None
+
+
+# --- GPUs -------------------------------------------------------------------------------------
+
+
+def _place_gpus(
+    node: NodeState,
+    c: ContainerRequest,
+    hints: PodHints,
+    policy: Policy,
+    scratch: _Scratch,
+    slots: list[int],
+) -> list[tuple[int, int, int]]:
+    """Chosen (slot, core, memory MiB) grants for one container, applied to `scratch`."""
+    if not c.wants_gpu:
+        return []
+    if c.gpu_count:
+        chosen = _choose_whole(node, c.gpu_count, hints, policy, scratch, slots)
+        grants = [(s, _FULL, node.total_mem[s]) for s in chosen]
+    else:
+        grants = [_choose_share(node, c, policy, scratch, slots)]
+    for s, core, mem in grants:
+        scratch.core[s] -= core
+        scratch.mem[s] -= mem
+    return grants
+
+
+def _choose_share(
+    node: NodeState, c: ContainerRequest, policy: Policy, scratch: _Scratch, slots: list[int]
+) -> tuple[int, int, int]:
+    unit = node.inventory.memory_unit_mib
+    best: tuple[float, int, int] | None = None
+    seen: set[tuple[int, int, int]] = set()
+    for s in slots:
+        need = c.memory_mib_on(node.total_mem[s], unit)
+        if scratch.core[s] < c.core or scratch.mem[s] < need:
+            continue
+        signature = (scratch.core[s], scratch.mem[s], node.total_mem[s])
+        if signature in seen:
+            continue  # an identical GPU scored already; the lower slot wins ties
+        seen.add(signature)
+        option = Option((s,), (scratch.core[s] - c.core,), (scratch.mem[s] - need,))
+        score = policy.option_score(node, scratch.core, scratch.mem, option)
+        if best is None or score > best[0]:
+            best = (score, s, need)
+    if best is None:
+        raise _NoFitError(*_share_shortfall(node, c, scratch, slots))
+    return best[1], c.core, best[2]
+
+
+def _share_shortfall(
+    node: NodeState, c: ContainerRequest, scratch: _Scratch, slots: list[int]
+) -> tuple[str, bool]:
+    unit = node.inventory.memory_unit_mib
+    needs = {s: c.memory_mib_on(node.total_mem[s], unit) for s in slots}
+    if all(needs[s] > node.total_mem[s] for s in slots):
+        biggest = max(node.total_mem[s] for s in slots)
+        return (
+            f"needs {_mib(min(needs.values()))} of GPU memory; the largest GPU here has "
+            f"{_mib(biggest)}",
+            True,
+        )
+    roomiest = max(
+        slots, key=lambda s: (scratch.core[s] >= c.core, scratch.mem[s], scratch.core[s])
+    )
+    want = f"{c.core}% compute and {_mib(needs[roomiest])}" if c.core else _mib(needs[roomiest])
+    index = node.inventory.gpus[roomiest].index
+    return (
+        f"no GPU has {want} free (roomiest: GPU {index} with {scratch.core[roomiest]}% and "
+        f"{_mib(scratch.mem[roomiest])})",
+        False,
+    )
+
+
+def _candidate_sets(free: list[int], k: int, node: NodeState) -> list[tuple[int, ...]]:
+    if comb(len(free), k) <= _EXHAUSTIVE_LIMIT:
+        return list(combinations(free, k))
+    # Large nodes: grow a set greedily from every seed, always adding the closest GPU.
+    tiers = node.tiers
+    sets = set()
+    for seed in free:
+        chosen = [seed]
+        rest = [s for s in free if s != seed]
+        while len(chosen) < k:
+            nxt = min(
+                rest,
+                key=lambda s: (
+                    max(tiers.tier[s][x] for x in chosen),
+                    -sum(tiers.links[s][x] for x in chosen),
+                    s,
+                ),
+            )
+            chosen.append(nxt)
+            rest.remove(nxt)
+        sets.add(tuple(sorted(chosen)))
+    return sorted(sets)
+
+
+def _choose_whole(
+    node: NodeState, k: int, hints: PodHints, policy: Policy, scratch: _Scratch, slots: list[int]
+) -> tuple[int, ...]:
+    if k > len(slots):
+        return_reason = f"needs {k} whole GPUs; the node has {len(slots)} that the pod may use"
+        raise _NoFitError(return_reason, unresolvable=not _could_recover(node, k, slots))
+    free = [s for s in slots if scratch.core[s] == _FULL and scratch.mem[s] == node.total_mem[s]]
+    if len(free) < k:
+        raise _NoFitError(f"needs {k} whole GPUs, {len(free)} free")
+    scope = hints.topology if k > 1 else None
+    best: tuple[tuple[int, int, int, int], float, tuple[int, ...]] | None = None
+    for candidate in _candidate_sets(free, k, node):
+        rank = node.tiers.set_rank(candidate)
+        if scope is not None and rank[0] > scope:
+            continue
+        score = policy.whole_set_score(node, scratch.core, candidate)
+        if best is None or rank < best[0] or (rank == best[0] and score > best[1]):
+            best = (rank, score, candidate)
+    if best is None:
+        assert scope is not None
+        possible = any(node.tiers.set_rank(s)[0] <= scope for s in _candidate_sets(slots, k, node))
+        return_reason = (
+            f"no {k} free GPUs share {scope.name.lower()} (free: "
+            f"{', '.join(str(node.inventory.gpus[s].index) for s in free)})"
+        )
+        if not possible:
+            return_reason = f"no {k} GPUs of this node share {scope.name.lower()}"
+        raise _NoFitError(return_reason, unresolvable=not possible)
+    return best[2]
+
+
+def _could_recover(node: NodeState, k: int, slots: list[int]) -> bool:
+    """Whether unhealthy GPUs coming back could make room (else it is unresolvable)."""
+    return k <= len(node.inventory.gpus) and len(slots) < len(node.inventory.gpus)
+
+
+# --- RDMA -------------------------------------------------------------------------------------
+
+
+def _place_rdma(
+    node: NodeState,
+    c: ContainerRequest,
+    hints: PodHints,
+    policy: Policy,
+    scratch: _Scratch,
+    gpu_slots: list[int],
+) -> list[RdmaGrant]:
+    if not c.wants_rdma:
+        return []
+    nics = node.inventory.nics
+    if not nics:
+        raise _NoFitError("node has no RDMA NICs", unresolvable=True)
+    gpus = [node.inventory.gpus[s] for s in gpu_slots]
+
+    def tier(i: int) -> Tier:
+        return min((nic_gpu_tier(nics[i], g) for g in gpus), default=Tier.NODE)
+
+    limit = hints.rdma_affinity if gpus else None
+    candidates = [i for i in range(len(nics)) if nics[i].healthy]
+    if limit is not None:
+        near = [i for i in candidates if tier(i) <= limit]
+        if not near:
+            scope = "PCIe" if limit <= Tier.PCIE_ROOT else "NUMA node"
+            raise _NoFitError(f"no healthy RDMA NIC shares a {scope} with the chosen GPUs")
+        candidates = near
+    want = c.rdma_share or _FULL
+    count = c.rdma_count or 1
+
+    def usable(i: int) -> bool:
+        if want == _FULL:
+            return scratch.nic[i] == _FULL and all(scratch.vf[i])
+        has_vf = not scratch.vf[i] or any(scratch.vf[i])
+        return scratch.nic[i] >= want and has_vf
+
+    usable_nics = [i for i in candidates if usable(i)]
+    if len(usable_nics) < count:
+        what = f"{count} whole RDMA NICs" if c.rdma_count else f"{want}% of an RDMA NIC"
+        return_reason = (
+            f"needs {what}; {len(usable_nics)} of {len(candidates)} suitable NICs have room"
+        )
+        raise _NoFitError(return_reason)
+    direction = 1 if policy.pack_nics else -1
+    usable_nics.sort(key=lambda i: (tier(i), direction * scratch.nic[i], i))
+    grants = []
+    for i in usable_nics[:count]:
+        nic = nics[i]
+        vfs: tuple[VfGrant, ...] = ()
+        if want < _FULL and scratch.vf[i]:
+            j = scratch.vf[i].index(True)
+            vf = nic.vfs[j]
+            scratch.vf[i][j] = False
+            vfs = (VfGrant(vf.pci_bus_id, vf.ibdev, vf.uverbs_minor, vf.netdev),)
+        elif want == _FULL:
+            scratch.vf[i] = [False] * len(scratch.vf[i])
+        scratch.nic[i] -= want
+        grants.append(RdmaGrant(nic.pci_bus_id, nic.ibdev, nic.uverbs_minor, want, vfs, nic.netdev))
+    return grants

@@ -1,0 +1,78 @@
+"""Every name tessera shares with Kubernetes, defined once.
+
+Resource names, annotation keys, labels and the inventory custom resource are imported
+from here by every component; docs/resources.md documents them for users.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "tessera.dev"
+
+# --- Extended resources (request == limit, integers) -------------------------------------
+GPU_CORE: Final = f"{DOMAIN}/gpu-core"
+"""Compute share in percent of one GPU; a multiple of 100 above 100 means whole GPUs."""
+GPU_MEMORY_RATIO: Final = f"{DOMAIN}/gpu-memory-ratio"
+"""Memory share in percent of one GPU's memory."""
+GPU_MEMORY: Final = f"{DOMAIN}/gpu-memory"
+"""GPU memory in units of the node's memory unit (default 1 GiB)."""
+GPU: Final = f"{DOMAIN}/gpu"
+"""Compute and memory together, in percent of one GPU (200 = two whole GPUs)."""
+RDMA: Final = f"{DOMAIN}/rdma"
+"""Share of an RDMA NIC (physical function) in percent (200 = two whole NICs)."""
+NVIDIA_GPU: Final = "nvidia.com/gpu"
+"""Whole GPUs, optional, for clusters that do not run NVIDIA's own device plugin."""
+
+TESSERA_RESOURCES: Final = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA)
+ALL_RESOURCES: Final = (*TESSERA_RESOURCES, NVIDIA_GPU)
+
+UNITS_PER_DEVICE: Final = 100
+"""Units advertised per healthy device for the percent resources."""
+DEFAULT_MEMORY_UNIT_MIB: Final = 1024
+
+# --- Pod annotations ------------------------------------------------------------------------
+ALLOCATION_ANNOTATION: Final = f"{DOMAIN}/allocation"
+"""The scheduler's allocation record (JSON, see tessera.record). Only the scheduler writes it."""
+GPU_MODEL_ANNOTATION: Final = f"{DOMAIN}/gpu-model"
+GPU_UUID_ANNOTATION: Final = f"{DOMAIN}/gpu-uuid"
+GPU_UUID_EXCLUDE_ANNOTATION: Final = f"{DOMAIN}/gpu-uuid-exclude"
+TOPOLOGY_ANNOTATION: Final = f"{DOMAIN}/topology"
+RDMA_AFFINITY_ANNOTATION: Final = f"{DOMAIN}/rdma-affinity"
+PLACEMENT_ANNOTATION: Final = f"{DOMAIN}/placement"
+
+HINT_ANNOTATIONS: Final = (
+    GPU_MODEL_ANNOTATION,
+    GPU_UUID_ANNOTATION,
+    GPU_UUID_EXCLUDE_ANNOTATION,
+    TOPOLOGY_ANNOTATION,
+    RDMA_AFFINITY_ANNOTATION,
+    PLACEMENT_ANNOTATION,
+)
+
+# --- Node labels written by the node agent ---------------------------------------------------
+GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
+GPU_COUNT_LABEL: Final = f"{DOMAIN}/gpu-count"
+GPU_MEMORY_LABEL: Final = f"{DOMAIN}/gpu-memory-mib"
+
+# --- The node inventory custom resource ----------------------------------------------------
+INVENTORY_GROUP: Final = DOMAIN
+INVENTORY_VERSION: Final = "v1alpha1"
+INVENTORY_KIND: Final = "NodeDevices"
+INVENTORY_PLURAL: Final = "nodedevices"
+INVENTORY_API_VERSION: Final = f"{INVENTORY_GROUP}/{INVENTORY_VERSION}"
+
+# --- Node agent heartbeat --------------------------------------------------------------------
+HEARTBEAT_LEASE_PREFIX: Final = "tessera-node-"
+"""Lease name = prefix + node name, in the heartbeat namespace."""
+DEFAULT_HEARTBEAT_NAMESPACE: Final = "tessera-system"
+
+# --- Allocation record integrity ---------------------------------------------------------------
+DEFAULT_INTEGRITY_KEY_FILE: Final = "/etc/tessera/integrity/key"
+
+# --- Placement policies (node choice and GPU choice inside a node) ----------------------------
+POLICY_BINPACK: Final = "binpack"
+POLICY_SPREAD: Final = "spread"
+POLICY_FRAGMENTATION: Final = "fragmentation"
+PLACEMENT_POLICIES: Final = (POLICY_BINPACK, POLICY_SPREAD, POLICY_FRAGMENTATION)
+DEFAULT_POLICY: Final = POLICY_FRAGMENTATION

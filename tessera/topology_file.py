@@ -1,0 +1,43 @@
+"""Topology files: a node's devices written down (YAML or JSON, the inventory schema).
+
+They drive the fake NVML backend, the tests, the simulator and the demo. This is the only
+core module that reads files; everything it returns goes through NodeInventory.from_dict.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.errors import InventoryError
+from tessera.model import NodeInventory
+
+BUILTIN_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
+
+
+def parse_topology_text(text: str, source: str, node_name: str = "") -> NodeInventory:
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "$"
+        raise InventoryError(source, where, f"not valid YAML/JSON: {exc}") from None
+    if doc is None:
+        raise InventoryError(source, "$", "the file is empty")
+    return NodeInventory.from_dict(doc, source=source, node_name=node_name or None)
+
+
+def load_topology(name_or_path: str, node_name: str = "") -> NodeInventory:
+    """Load a built-in topology by name (see BUILTIN_TOPOLOGIES) or a file by path."""
+    if name_or_path in BUILTIN_TOPOLOGIES:
+        text = (resources.files("tessera") / "topologies" / f"{name_or_path}.yaml").read_text()
+        return parse_topology_text(text, f"builtin:{name_or_path}", node_name)
+    path = Path(name_or_path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InventoryError(str(path), "$", f"cannot read topology file: {exc.strerror}") from None
+    return parse_topology_text(text, str(path), node_name)
