@@ -11,9 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
 
 from tessera.node_state import NodeState
 from tessera.resources import POLICY_BINPACK, POLICY_SPREAD, UNITS_PER_DEVICE
+
+if TYPE_CHECKING:
+    from tessera.index import ClusterIndex
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -23,6 +34,26 @@ class Option:
     slots: tuple[int, ...]
     core_after: tuple[int, ...]
     mem_after: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ShareCase:
+    """A one-container share request over index rows (vector path)."""
+
+    core: int
+    need: IntArray
+    """[rows, slots] memory the share needs on each GPU slot."""
+    fits: BoolArray
+    """[rows, slots] slots where it fits."""
+
+
+@dataclass(frozen=True)
+class WholeCase:
+    """A one-container whole-GPU request over index rows (vector path)."""
+
+    count: int
+    free_whole: BoolArray
+    """[rows, slots] eligible GPUs that are entirely free."""
 
 
 class Policy:
@@ -50,6 +81,52 @@ class Policy:
     def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
         """Among whole-GPU sets with equal interconnect rank, which is best (higher wins)."""
         return 0.0
+
+    def vector_node_scores(
+        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+    ) -> FloatArray | None:
+        """Node scores for every row at once, equal to what `place_pod` would score on the
+        rows where the request fits (other rows: any value). None: no vector form."""
+        return None
+
+
+def _utilization_after(
+    index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+) -> FloatArray:
+    """Each node's utilization once the request is placed the way `_chosen_slots` says."""
+    n = index.gpu_count[rows]
+    cap = np.maximum(UNITS_PER_DEVICE * n, 1)
+    sum_mem = np.maximum(index.sum_mem[rows], 1)
+    if isinstance(case, WholeCase):
+        # Whole GPUs take all their memory; within a node GPUs are (nearly always) alike, so
+        # the k GPUs' memory is k times the smallest free-whole GPU's.
+        totals = np.where(case.free_whole, index.total_mem[rows], np.iinfo(np.int64).max)
+        added_core = UNITS_PER_DEVICE * case.count
+        added_mem = totals.min(axis=1) * case.count
+    else:
+        chosen = _chosen_share_slot(index, rows, case, pack=True)
+        added_core = case.core
+        added_mem = np.take_along_axis(case.need, chosen[:, None], axis=1)[:, 0]
+    core_used = (index.used_core[rows] + added_core) / cap
+    mem_used = (index.used_mem[rows] + added_mem) / sum_mem
+    result: FloatArray = (core_used + mem_used) / 2
+    return result
+
+
+def _chosen_share_slot(
+    index: ClusterIndex, rows: IntArray, case: ShareCase, pack: bool
+) -> IntArray:
+    """The slot `place_pod` picks: least (pack) or most remaining free, lowest slot on ties."""
+    total = np.where(case.fits, index.total_mem[rows], 1)
+    remaining = (
+        (index.free_core[rows] - case.core) / UNITS_PER_DEVICE
+        + (index.free_mem[rows] - case.need) / total
+    ) / 2
+    if pack:
+        chosen: IntArray = np.where(case.fits, remaining, np.inf).argmin(axis=1)
+    else:
+        chosen = np.where(case.fits, remaining, -np.inf).argmax(axis=1)
+    return chosen
 
 
 def utilization(node: NodeState, core: Sequence[int], mem: Sequence[int]) -> float:
@@ -103,6 +180,11 @@ class BinpackPolicy(Policy):
     def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
         return float(_busy_neighbours(node, core, slots))
 
+    def vector_node_scores(
+        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+    ) -> FloatArray | None:
+        return _utilization_after(index, rows, case)
+
 
 class SpreadPolicy(Policy):
     """Use the emptiest nodes and GPUs first, for isolation from noisy neighbours."""
@@ -127,3 +209,26 @@ class SpreadPolicy(Policy):
 
     def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
         return -float(_busy_neighbours(node, core, slots))
+
+    def vector_node_scores(
+        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+    ) -> FloatArray | None:
+        if isinstance(case, ShareCase):
+            # Spread picks the roomiest GPU, which changes which memory amount is added.
+            chosen = _chosen_share_slot(index, rows, case, pack=False)
+            n = index.gpu_count[rows]
+            cap = np.maximum(UNITS_PER_DEVICE * n, 1)
+            added_mem = np.take_along_axis(case.need, chosen[:, None], axis=1)[:, 0]
+            util = (
+                (index.used_core[rows] + case.core) / cap
+                + (index.used_mem[rows] + added_mem) / np.maximum(index.sum_mem[rows], 1)
+            ) / 2
+            return 1.0 - util
+        return 1.0 - _utilization_after(index, rows, case)
+
+
+POLICIES: dict[str, type[Policy]] = {
+    BinpackPolicy.name: BinpackPolicy,
+    SpreadPolicy.name: SpreadPolicy,
+}
+"""Policies by name; tessera.fragmentation registers the fragmentation-aware one."""

@@ -1,0 +1,275 @@
+"""Decisions over many nodes: where does a pod fit, and how good is each node.
+
+Two paths give the same answers:
+- the vector path, for the common request (one container, a share or whole GPUs with no
+  required scope, no RDMA, no UUID hints): fit and score every node at once from the
+  ClusterIndex arrays;
+- the exact path, for everything else: `place_pod` per node, cached by (request shape,
+  policy, node version) so a node is only looked at again after it changed.
+Binding always re-runs the exact placement on the chosen node, so the vector path only
+has to agree on fit and score (tests check that it does).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.index import BoolArray, ClusterIndex, IntArray
+from tessera.placement import NoFit, Placement, place_pod
+from tessera.policy import Policy, ShareCase, WholeCase
+from tessera.request import ContainerRequest, PodRequest
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.state import ClusterState
+
+_CACHE_SHAPES = 256
+UNKNOWN_NODE = NoFit("node has no tessera device inventory", unresolvable=True)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Fit and score of one pod on each asked-about node."""
+
+    scores: dict[str, float]
+    """Nodes where the pod fits, with the policy's node score in [0, 1]."""
+    failures: dict[str, NoFit]
+    """Nodes where it does not, with the reason."""
+    policy: str
+
+
+def _mib(value: int) -> str:
+    return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value} MiB"
+
+
+class Decider:
+    def __init__(
+        self,
+        state: ClusterState,
+        policies: Mapping[str, Policy],
+        default_policy: str,
+        index: ClusterIndex | None = None,
+    ) -> None:
+        if default_policy not in policies:
+            raise ValueError(f"unknown default policy {default_policy!r}")
+        self.state = state
+        self.policies = dict(policies)
+        self.default_policy = default_policy
+        self.index = index if index is not None else ClusterIndex(state)
+        self._cache: OrderedDict[tuple[object, str], dict[str, tuple[int, float | NoFit]]] = (
+            OrderedDict()
+        )
+
+    def policy_for(self, request: PodRequest) -> Policy:
+        return self.policies[request.hints.placement or self.default_policy]
+
+    # --- the two questions -----------------------------------------------------------------
+
+    def evaluate(self, request: PodRequest, names: Sequence[str] | None = None) -> Evaluation:
+        """Fit and score `request` on the named nodes (all known nodes when None)."""
+        policy = self.policy_for(request)
+        if names is None:
+            names = list(self.index.row_of)
+        if _vectorizable(request):
+            return self._vector(request, policy, names)
+        return self._exact(request, policy, names)
+
+    def place(self, request: PodRequest, node: str) -> Placement | NoFit:
+        """The exact placement on one node (what bind commits)."""
+        state = self.state.nodes.get(node)
+        if state is None:
+            return UNKNOWN_NODE
+        return place_pod(state, request, self.policy_for(request))
+
+    # --- exact path ------------------------------------------------------------------------
+
+    def _exact(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> Evaluation:
+        key = (request.shape(), policy.name)
+        cache = self._cache.get(key)
+        if cache is None:
+            cache = {}
+            self._cache[key] = cache
+            if len(self._cache) > _CACHE_SHAPES:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        scores: dict[str, float] = {}
+        failures: dict[str, NoFit] = {}
+        nodes = self.state.nodes
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                failures[name] = UNKNOWN_NODE
+                continue
+            hit = cache.get(name)
+            if hit is not None and hit[0] == node.version:
+                result = hit[1]
+            else:
+                placed = place_pod(node, request, policy)
+                result = placed.score if isinstance(placed, Placement) else placed
+                cache[name] = (node.version, result)
+            if isinstance(result, NoFit):
+                failures[name] = result
+            else:
+                scores[name] = result
+        return Evaluation(scores, failures, policy.name)
+
+    # --- vector path -----------------------------------------------------------------------
+
+    def _vector(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> Evaluation:
+        idx = self.index
+        rows, unknown = idx.rows_for(names)
+        failures: dict[str, NoFit] = dict.fromkeys(unknown, UNKNOWN_NODE)
+        scores: dict[str, float] = {}
+        if rows.size == 0:
+            return Evaluation(scores, failures, policy.name)
+        c = request.containers[0]
+        eligible = idx.healthy[rows] & self._model_mask(request, rows)
+        host_ok = (idx.cpu_free[rows] >= request.cpu_milli) & (
+            idx.mem_free[rows] >= request.memory_mib
+        )
+        case: ShareCase | WholeCase
+        if c.gpu_count:
+            free_whole = (
+                eligible
+                & (idx.free_core[rows] == UNITS_PER_DEVICE)
+                & (idx.free_mem[rows] == idx.total_mem[rows])
+            )
+            ok = (free_whole.sum(axis=1) >= c.gpu_count) & host_ok
+            case = WholeCase(c.gpu_count, free_whole)
+        else:
+            need = _share_need(idx, rows, c)
+            fits = eligible & (idx.free_core[rows] >= c.core) & (idx.free_mem[rows] >= need)
+            ok = fits.any(axis=1) & host_ok
+            case = ShareCase(c.core, need, fits)
+        node_scores = policy.vector_node_scores(idx, rows, case)
+        names_of = idx.names
+        ok_rows = np.flatnonzero(ok)
+        if node_scores is None:
+            # No vector form for this policy: score the fitting nodes exactly (cached).
+            exact = self._exact(request, policy, [names_of[r] for r in rows[ok_rows]])
+            scores.update(exact.scores)
+            failures.update(exact.failures)
+        else:
+            ok_names = [names_of[r] for r in rows[ok_rows].tolist()]
+            scores.update(zip(ok_names, node_scores[ok_rows].tolist(), strict=True))
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            self._explain(request, c, rows, bad, eligible, host_ok, case, failures)
+        return Evaluation(scores, failures, policy.name)
+
+    def _model_mask(self, request: PodRequest, rows: IntArray) -> BoolArray:
+        idx = self.index
+        if not request.hints.models:
+            return idx.model[rows] >= 0
+        from tessera.model import model_matches
+
+        allowed = [
+            mid
+            for mid, model in enumerate(idx.models)
+            if any(model_matches(model, wanted) for wanted in request.hints.models)
+        ]
+        return np.isin(idx.model[rows], np.asarray(allowed, dtype=np.int64))
+
+    def _explain(
+        self,
+        request: PodRequest,
+        c: ContainerRequest,
+        rows: IntArray,
+        bad: IntArray,
+        eligible: BoolArray,
+        host_ok: BoolArray,
+        case: ShareCase | WholeCase,
+        failures: dict[str, NoFit],
+    ) -> None:
+        """Say why each failing node fails, classifying all of them with array operations
+        and sharing one NoFit per distinct reason."""
+        idx = self.index
+        rows_b = rows[bad]
+        present = idx.model[rows_b] >= 0
+        model_ok = self._model_mask(request, rows_b) & present
+        elig = eligible[bad]
+        no_gpu = ~present.any(axis=1)
+        no_model = ~model_ok.any(axis=1)
+        unhealthy = ~elig.any(axis=1)
+        host_bad = ~host_ok[bad]
+        if isinstance(case, WholeCase):
+            usable = model_ok.sum(axis=1)
+            free = case.free_whole[bad].sum(axis=1)
+            detail_a, detail_b = usable.tolist(), free.tolist()
+            total_slots = idx.gpu_count[rows_b].tolist()
+        else:
+            need = case.need[bad]
+            totals = idx.total_mem[rows_b]
+            min_need = np.where(model_ok, need, np.iinfo(np.int64).max).min(axis=1)
+            too_big = ~((need <= totals) & model_ok).any(axis=1)
+            largest = np.where(model_ok, totals, 0).max(axis=1)
+            detail_a, detail_b = min_need.tolist(), largest.tolist()
+            total_slots = too_big.tolist()
+        kinds = np.select([no_gpu, no_model, unhealthy, host_bad], [0, 1, 2, 3], default=4).tolist()
+        names_of = idx.names
+        reasons: dict[tuple[object, ...], NoFit] = {}
+        wanted = ", ".join(sorted(request.hints.models))
+        for pos, row in enumerate(rows_b.tolist()):
+            kind = kinds[pos]
+            if kind == 4:
+                key: tuple[object, ...] = (kind, detail_a[pos], detail_b[pos], total_slots[pos])
+            else:
+                key = (kind,)
+            nofit = reasons.get(key)
+            if nofit is None:
+                nofit = reasons[key] = _reason(
+                    c, kind, detail_a[pos], detail_b[pos], total_slots[pos], wanted
+                )
+            failures[names_of[row]] = nofit
+
+
+def _reason(
+    c: ContainerRequest, kind: int, a: int, b: int, extra: int | bool, wanted_models: str
+) -> NoFit:
+    if kind == 0:
+        return NoFit("node has no GPUs", True)
+    if kind == 1:
+        return NoFit(f"no GPU of model {wanted_models}", True)
+    if kind == 2:
+        return NoFit("all allowed GPUs are unhealthy")
+    if kind == 3:
+        return NoFit("insufficient cpu or memory on the node")
+    if c.gpu_count:
+        usable, free, slots = a, b, int(extra)
+        if usable < c.gpu_count:
+            return NoFit(
+                f"needs {c.gpu_count} whole GPUs; the node has {usable} that the pod may use",
+                unresolvable=slots == usable,
+            )
+        return NoFit(f"needs {c.gpu_count} whole GPUs, {free} free")
+    min_need, largest, too_big = a, b, bool(extra)
+    if too_big:
+        return NoFit(
+            f"needs {_mib(min_need)} of GPU memory; the largest GPU here has {_mib(largest)}", True
+        )
+    want = f"{c.core}% compute and " if c.core else ""
+    return NoFit(f"no GPU has {want}{_mib(min_need)} free")
+
+
+def _vectorizable(request: PodRequest) -> bool:
+    if len(request.containers) != 1:
+        return False
+    c = request.containers[0]
+    hints = request.hints
+    if hints.uuids or hints.excluded_uuids or c.wants_rdma or not c.wants_gpu:
+        return False
+    return not (c.gpu_count > 1 and hints.topology is not None)
+
+
+def _share_need(idx: ClusterIndex, rows: IntArray, c: ContainerRequest) -> IntArray:
+    """Memory (MiB) the share needs on each GPU slot of the given rows."""
+    if c.memory_units:
+        need: IntArray = np.broadcast_to(
+            (c.memory_units * idx.unit_mib[rows])[:, None], (rows.size, idx.slots)
+        )
+        return need
+    result: IntArray = idx.total_mem[rows] * c.memory_ratio // UNITS_PER_DEVICE
+    return result

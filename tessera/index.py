@@ -1,0 +1,178 @@
+"""A columnar copy of cluster state, so one decision can look at thousands of nodes at once.
+
+Each node is a row; each GPU slot a column (padded: absent slots are never eligible). The
+index follows ClusterState through its change notifications, copying one row per change,
+so it is always equal to the per-node states it mirrors (tests check this).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.node_state import NodeState
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.state import ClusterState
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+UNTRACKED = np.iinfo(np.int64).max // 4
+"""Free CPU / memory of a node whose host capacity is not tracked (the live scheduler)."""
+
+
+_TWO_D = {"free_core": -1, "free_mem": -1, "total_mem": 0, "healthy": False, "model": -1}
+_ONE_D = {
+    "present": False,
+    "gpu_count": 0,
+    "unit_mib": 1024,
+    "cpu_free": UNTRACKED,
+    "mem_free": UNTRACKED,
+    "version": -1,
+    "used_core": 0,
+    "used_mem": 0,
+    "sum_mem": 0,
+}
+
+
+class ClusterIndex:
+    # [rows, slots]
+    free_core: IntArray
+    free_mem: IntArray
+    total_mem: IntArray
+    healthy: BoolArray
+    model: IntArray
+    """Interned model id per slot; -1 for absent slots."""
+    # [rows]
+    present: BoolArray
+    gpu_count: IntArray
+    unit_mib: IntArray
+    cpu_free: IntArray
+    mem_free: IntArray
+    version: IntArray
+    used_core: IntArray
+    used_mem: IntArray
+    sum_mem: IntArray
+
+    def __init__(self, state: ClusterState, rows: int = 64, gpu_slots: int = 8) -> None:
+        self.state = state
+        self.models: list[str] = []
+        self._model_ids: dict[str, int] = {}
+        self.row_of: dict[str, int] = {}
+        self.names: list[str | None] = []
+        self._free_rows: list[int] = []
+        self._alloc(max(rows, 1), max(gpu_slots, 1))
+        for name in state.nodes:
+            self.refresh(name)
+        state.subscribe(self.refresh)
+
+    # --- storage --------------------------------------------------------------------------
+
+    def _alloc(self, rows: int, slots: int) -> None:
+        old = getattr(self, "free_core", None)
+        old_rows, old_slots = (0, 0) if old is None else old.shape
+        self.capacity_rows = rows
+        self.slots = slots
+
+        for name, fill in (*_TWO_D.items(), *_ONE_D.items()):
+            two_d = name in _TWO_D
+            dtype = np.bool_ if isinstance(fill, bool) else np.int64
+            fresh: npt.NDArray[np.generic] = np.full(
+                (rows, slots) if two_d else (rows,), fill, dtype=dtype
+            )
+            prev = None if old is None else getattr(self, name)
+            if prev is not None:
+                if two_d:
+                    fresh[:old_rows, :old_slots] = prev
+                else:
+                    fresh[:old_rows] = prev
+            setattr(self, name, fresh)
+        self.names.extend([None] * (rows - len(self.names)))
+
+    def model_id(self, model: str) -> int:
+        mid = self._model_ids.get(model)
+        if mid is None:
+            mid = len(self.models)
+            self.models.append(model)
+            self._model_ids[model] = mid
+        return mid
+
+    # --- following the state ---------------------------------------------------------------
+
+    def refresh(self, name: str) -> None:
+        """Copy one node's row from the state (called on every change to that node)."""
+        node = self.state.nodes.get(name)
+        row = self.row_of.get(name)
+        if node is None:
+            if row is not None:
+                self._clear(row)
+                del self.row_of[name]
+                self.names[row] = None
+                self._free_rows.append(row)
+            return
+        if row is None:
+            row = self._new_row(name)
+        self._copy(row, node)
+
+    def _new_row(self, name: str) -> int:
+        if self._free_rows:
+            row = self._free_rows.pop()
+        else:
+            row = len(self.row_of)
+            if row >= self.capacity_rows:
+                self._alloc(self.capacity_rows * 2, self.slots)
+        self.row_of[name] = row
+        self.names[row] = name
+        return row
+
+    def _clear(self, row: int) -> None:
+        self.free_core[row] = -1
+        self.free_mem[row] = -1
+        self.total_mem[row] = 0
+        self.healthy[row] = False
+        self.model[row] = -1
+        self.present[row] = False
+        self.gpu_count[row] = 0
+        self.version[row] = -1
+
+    def _copy(self, row: int, node: NodeState) -> None:
+        gpus = node.inventory.gpus
+        n = len(gpus)
+        if n > self.slots:
+            self._alloc(self.capacity_rows, n)
+        self._clear(row)
+        self.present[row] = True
+        self.gpu_count[row] = n
+        self.unit_mib[row] = node.inventory.memory_unit_mib
+        self.version[row] = node.version
+        self.cpu_free[row] = UNTRACKED if node.cpu_free is None else node.cpu_free
+        self.mem_free[row] = UNTRACKED if node.mem_free is None else node.mem_free
+        if n:
+            self.free_core[row, :n] = node.free_core
+            self.free_mem[row, :n] = node.free_mem
+            self.total_mem[row, :n] = node.total_mem
+            self.healthy[row, :n] = [g.healthy for g in gpus]
+            self.model[row, :n] = [self.model_id(g.model) for g in gpus]
+        self.used_core[row] = UNITS_PER_DEVICE * n - sum(node.free_core)
+        self.used_mem[row] = sum(node.total_mem) - sum(node.free_mem)
+        self.sum_mem[row] = sum(node.total_mem)
+
+    # --- lookups -------------------------------------------------------------------------------
+
+    def rows_for(self, names: Sequence[str]) -> tuple[IntArray, list[str]]:
+        """Rows of the named nodes that the index knows, and the names it does not know."""
+        get = self.row_of.get
+        rows: list[int] = []
+        unknown: list[str] = []
+        for name in names:
+            row = get(name)
+            if row is None:
+                unknown.append(name)
+            else:
+                rows.append(row)
+        return np.asarray(rows, dtype=np.int64), unknown
+
+    def all_rows(self) -> IntArray:
+        return np.asarray(sorted(self.row_of.values()), dtype=np.int64)
