@@ -151,8 +151,10 @@ def parse_pod(pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True) -> Pod
     """
     if not isinstance(pod, Mapping):
         raise RequestError(None, None, "the pod must be a JSON object")
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    meta = pod.get("metadata")
+    spec = pod.get("spec")
+    meta = {} if meta is None else meta
+    spec = {} if spec is None else spec
     if not isinstance(meta, Mapping) or not isinstance(spec, Mapping):
         raise RequestError(None, None, "pod metadata and spec must be JSON objects")
     annotations = meta.get("annotations") or {}

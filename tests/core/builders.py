@@ -1,0 +1,69 @@
+"""Small builders for pods and nodes used across the core tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera.model import Gpu, NodeInventory, RdmaNic, RdmaVf
+
+
+def pod(
+    name: str = "p",
+    containers: dict[str, dict[str, Any]] | None = None,
+    annotations: dict[str, str] | None = None,
+    init: dict[str, dict[str, Any]] | None = None,
+    namespace: str = "default",
+    uid: str | None = None,
+) -> dict[str, Any]:
+    """A pod dict; `containers` maps container name -> limits."""
+
+    def spec_of(items: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"name": n, "resources": {"limits": lim}} for n, lim in items.items()]
+
+    spec: dict[str, Any] = {"containers": spec_of(containers or {"main": {}})}
+    if init:
+        spec["initContainers"] = spec_of(init)
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{name}",
+            "annotations": annotations or {},
+        },
+        "spec": spec,
+    }
+
+
+def gpu(i: int, model: str = "NVIDIA A100-SXM4-80GB", memory: int = 81920, **kw: Any) -> Gpu:
+    fields: dict[str, Any] = {
+        "uuid": f"GPU-{i:08d}",
+        "index": i,
+        "minor": i,
+        "model": model,
+        "memory_mib": memory,
+        "pci_bus_id": f"0000:{0x10 + i:02x}:00.0",
+        "numa_node": 0,
+        "pcie_root": "pci0000:00",
+    }
+    fields.update(kw)
+    return Gpu(**fields)
+
+
+def node(name: str, gpus: list[Gpu], nics: list[RdmaNic] | None = None) -> NodeInventory:
+    return NodeInventory(name, tuple(gpus), tuple(nics or ()))
+
+
+def nic(i: int, vfs: int = 0, **kw: Any) -> RdmaNic:
+    fields: dict[str, Any] = {
+        "ibdev": f"mlx5_{i}",
+        "pci_bus_id": f"0000:{0x80 + i:02x}:00.0",
+        "uverbs_minor": i,
+        "numa_node": 0,
+        "pcie_root": "pci0000:00",
+        "vfs": tuple(
+            RdmaVf(f"0000:{0x80 + i:02x}:00.{v + 1}", f"mlx5_{10 + i * 8 + v}", 10 + i * 8 + v)
+            for v in range(vfs)
+        ),
+    }
+    fields.update(kw)
+    return RdmaNic(**fields)

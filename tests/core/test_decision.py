@@ -1,0 +1,143 @@
+"""The Decider's vector path must agree with exact placement on fit, score and failure kind."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tessera import resources as rn
+from tessera.decision import UNKNOWN_NODE, Decider
+from tessera.placement import Placement, place_pod
+from tessera.policy import POLICIES
+from tessera.request import parse_pod
+from tessera.state import ClusterState
+from tessera.topology_file import load_topology
+
+from .builders import gpu, node, pod
+
+TOPOLOGIES = ["h100-sxm-8x", "a100-pcie-8x", "t4-4x"]
+REQUESTS = [
+    {rn.GPU: "5"},
+    {rn.GPU: "30"},
+    {rn.GPU: "75"},
+    {rn.GPU: "100"},
+    {rn.GPU: "200"},
+    {rn.GPU: "400"},
+    {rn.GPU: "800"},
+    {rn.GPU_CORE: "10", rn.GPU_MEMORY: "12"},
+    {rn.GPU_MEMORY: "16"},
+    {rn.GPU_MEMORY_RATIO: "40", rn.GPU_CORE: "5"},
+]
+ANNOTATIONS = [{}, {rn.GPU_MODEL_ANNOTATION: "A100"}, {rn.GPU_MODEL_ANNOTATION: "T4,H100"}]
+
+
+def make_decider(nodes: int = 9) -> Decider:
+    state = ClusterState()
+    for i in range(nodes):
+        state.set_node(load_topology(TOPOLOGIES[i % 3], f"n{i}"))
+    policies = {name: cls() for name, cls in POLICIES.items()}
+    return Decider(state, policies, "binpack")
+
+
+def fill(decider: Decider, ops) -> None:
+    names = sorted(decider.state.nodes)
+    for k, (req, which) in enumerate(ops):
+        request = parse_pod(pod(f"f{k}", containers={"main": REQUESTS[req]}))
+        result = decider.place(request, names[which % len(names)])
+        if isinstance(result, Placement):
+            decider.state.add(result.allocation)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(0, len(REQUESTS) - 1), st.integers(0, 8)), max_size=60),
+    st.sampled_from(sorted(POLICIES)),
+)
+def test_vector_path_agrees_with_exact_placement(ops, policy_name):
+    decider = make_decider()
+    fill(decider, ops)
+    policy = decider.policies[policy_name]
+    for limits in REQUESTS:
+        for annotations in ANNOTATIONS:
+            ann = {**annotations, rn.PLACEMENT_ANNOTATION: policy_name}
+            request = parse_pod(pod("q", containers={"main": limits}, annotations=ann))
+            evaluation = decider.evaluate(request)
+            assert set(evaluation.scores) | set(evaluation.failures) == set(decider.state.nodes)
+            for name, node_state in decider.state.nodes.items():
+                exact = place_pod(node_state, request, policy)
+                if isinstance(exact, Placement):
+                    assert evaluation.scores[name] == pytest.approx(exact.score, abs=1e-9)
+                else:
+                    got = evaluation.failures[name]
+                    assert got.unresolvable == exact.unresolvable, (name, got, exact)
+
+
+def test_unknown_nodes_fail_as_unresolvable():
+    decider = make_decider(2)
+    request = parse_pod(pod(containers={"main": {rn.GPU: "10"}}))
+    evaluation = decider.evaluate(request, ["n0", "ghost"])
+    assert evaluation.failures["ghost"] is UNKNOWN_NODE
+    assert "n0" in evaluation.scores
+    assert decider.place(request, "ghost") is UNKNOWN_NODE
+
+
+def test_failure_reasons_on_the_vector_path():
+    state = ClusterState()
+    state.set_node(node("t4", [gpu(0, model="Tesla T4", memory=15360)]))
+    state.set_node(node("empty", []))
+    state.set_node(node("a100", [gpu(0)]).with_gpu_health("GPU-00000000", False))
+    decider = Decider(state, {"binpack": POLICIES["binpack"]()}, "binpack")
+    big = decider.evaluate(
+        parse_pod(pod(containers={"main": {rn.GPU_CORE: "5", rn.GPU_MEMORY: "20"}}))
+    )
+    assert (
+        big.failures["t4"].unresolvable
+        and "largest GPU here has 15.0 GiB" in big.failures["t4"].reason
+    )
+    assert big.failures["empty"].reason == "node has no GPUs"
+    assert big.failures["a100"].reason == "all allowed GPUs are unhealthy"
+    assert not big.failures["a100"].unresolvable
+    model = decider.evaluate(
+        parse_pod(
+            pod(containers={"main": {rn.GPU: "10"}}, annotations={rn.GPU_MODEL_ANNOTATION: "H100"})
+        )
+    )
+    assert (
+        model.failures["t4"].reason == "no GPU of model H100" and model.failures["t4"].unresolvable
+    )
+    whole = decider.evaluate(parse_pod(pod(containers={"main": {rn.GPU: "200"}})))
+    assert whole.failures["t4"].unresolvable and "the node has 1" in whole.failures["t4"].reason
+
+
+def test_exact_path_is_used_for_complex_requests_and_follows_changes():
+    decider = make_decider(3)
+    request = parse_pod(pod(containers={"a": {rn.GPU: "50"}, "b": {rn.GPU: "200", rn.RDMA: "10"}}))
+    first = decider.evaluate(request)
+    assert set(first.scores) == {"n0", "n1"}  # the T4 node has no RDMA
+    assert "RDMA" in first.failures["n2"].reason
+    # fill n0 completely; the cached verdict for n0 must not survive the change
+    fill_request = parse_pod(pod("big", containers={"main": {rn.GPU: "800"}}))
+    decider.state.add(decider.place(fill_request, "n0").allocation)
+    second = decider.evaluate(request)
+    assert "n0" in second.failures and "n1" in second.scores
+
+
+def test_policy_override_per_pod():
+    decider = make_decider(3)
+    busy = parse_pod(pod("busy", containers={"main": {rn.GPU: "400"}}))
+    decider.state.add(decider.place(busy, "n0").allocation)
+    packed = decider.evaluate(parse_pod(pod(containers={"main": {rn.GPU: "10"}})))
+    spread = decider.evaluate(
+        parse_pod(
+            pod(
+                containers={"main": {rn.GPU: "10"}}, annotations={rn.PLACEMENT_ANNOTATION: "spread"}
+            )
+        )
+    )
+    assert max(packed.scores, key=packed.scores.__getitem__) == "n0"
+    assert max(spread.scores, key=spread.scores.__getitem__) != "n0"
+    assert spread.policy == "spread"
+
+
+def test_unknown_default_policy():
+    with pytest.raises(ValueError):
+        Decider(ClusterState(), {}, "binpack")

@@ -1,0 +1,118 @@
+import pytest
+
+from tessera.errors import InventoryError
+from tessera.model import NodeInventory, model_matches, normalize_bus_id
+from tessera.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
+
+
+@pytest.mark.parametrize("name", BUILTIN_TOPOLOGIES)
+def test_builtin_topologies_load_and_round_trip(name):
+    inv = load_topology(name, "node-1")
+    assert inv.node_name == "node-1" and inv.gpus
+    assert NodeInventory.from_dict(inv.to_dict()) == inv
+
+
+def test_h100_topology_matches_its_description():
+    inv = load_topology("h100-sxm-8x")
+    assert len(inv.gpus) == 8 and len(inv.nics) == 4
+    assert all(len(g.nvlinks) == 7 for g in inv.gpus)
+    assert {g.numa_node for g in inv.gpus} == {0, 1}
+    assert len({n.pcie_root for n in inv.nics}) == 4
+    assert all(len(n.vfs) == 8 for n in inv.nics)
+
+
+def test_a100_topology_has_four_switches_on_two_numa_nodes():
+    inv = load_topology("a100-pcie-8x")
+    assert len({g.pcie_switch for g in inv.gpus}) == 4
+    assert {g.numa_node for g in inv.gpus} == {0, 1}
+    assert not any(g.nvlinks for g in inv.gpus)
+
+
+def test_bus_ids_are_normalized():
+    assert normalize_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
+    with pytest.raises(ValueError):
+        normalize_bus_id("1a:00.0")
+
+
+def doc_with(**gpu_fields):
+    g = {"uuid": "GPU-a", "model": "T4", "memoryMiB": 15360, "pciBusId": "0000:3b:00.0"}
+    g.update(gpu_fields)
+    return {"gpus": [g]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "where", "needle"),
+    [
+        ({"memoryMiB": "16G"}, "gpus[0].memoryMiB", "expected an integer"),
+        ({"memoryMiB": 0}, "gpus[0].memoryMiB", "must be >= 1"),
+        ({"pciBusId": "3b:00.0"}, "gpus[0].pciBusId", "not a PCI bus ID"),
+        ({"uuid": None}, "gpus[0].uuid", "required field is missing"),
+        ({"nvlinks": {"5": 4}}, "gpus[0].nvlinks", "peer index 5"),
+        ({"nvlinks": {"GPU-zzz": 2}}, "gpus[0].nvlinks", "not a GPU of this node"),
+        ({"healthy": "yes"}, "gpus[0].healthy", "true or false"),
+    ],
+)
+def test_inventory_errors_name_source_and_field(fields, where, needle):
+    with pytest.raises(InventoryError) as info:
+        NodeInventory.from_dict(doc_with(**fields), source="topo.yaml")
+    assert info.value.source == "topo.yaml"
+    assert info.value.field == where
+    assert needle in info.value.problem
+    assert str(info.value).startswith("topo.yaml: " + where)
+
+
+def test_duplicate_devices_are_refused():
+    doc = {"gpus": [doc_with()["gpus"][0], doc_with(pciBusId="0000:3c:00.0")["gpus"][0]]}
+    with pytest.raises(InventoryError, match=r"gpus\[1\].uuid: duplicate"):
+        NodeInventory.from_dict(doc)
+
+
+def test_nvlinks_by_index_resolve_to_uuids():
+    doc = {
+        "gpus": [
+            {
+                "uuid": "GPU-a",
+                "model": "H",
+                "memoryMiB": 1,
+                "pciBusId": "0000:01:00.0",
+                "nvlinks": {1: 4},
+            },
+            {
+                "uuid": "GPU-b",
+                "model": "H",
+                "memoryMiB": 1,
+                "pciBusId": "0000:02:00.0",
+                "nvlinks": [{"peer": "GPU-a", "links": 4}],
+            },
+        ]
+    }
+    inv = NodeInventory.from_dict(doc)
+    assert inv.gpus[0].nvlinks == (("GPU-b", 4),)
+    assert inv.gpus[1].nvlink_count("GPU-a") == 4
+
+
+def test_topology_text_errors(tmp_path):
+    with pytest.raises(InventoryError, match="not valid YAML"):
+        parse_topology_text("gpus: [", "bad.yaml")
+    with pytest.raises(InventoryError, match="empty"):
+        parse_topology_text("", "empty.yaml")
+    with pytest.raises(InventoryError, match="cannot read"):
+        load_topology(str(tmp_path / "missing.yaml"))
+    with pytest.raises(InventoryError, match=r"\$: expected a mapping"):
+        parse_topology_text("- 1\n- 2\n", "list.yaml")
+
+
+def test_health_changes_make_new_inventories():
+    inv = load_topology("t4-4x", "n")
+    sick = inv.with_gpu_health(inv.gpus[1].uuid, False, "XID 79")
+    assert inv.gpus[1].healthy and not sick.gpus[1].healthy
+    assert sick.gpus[1].health_reason == "XID 79"
+    assert sick.gpu_slot(inv.gpus[2].uuid) == 2
+
+
+@pytest.mark.parametrize(
+    ("wanted", "expected"),
+    [("NVIDIA H100 80GB HBM3", True), ("h100", True), ("H10", False), ("HBM3", True), ("", False)],
+)
+def test_model_matching(wanted, expected):
+    assert model_matches("NVIDIA H100 80GB HBM3", wanted) is expected

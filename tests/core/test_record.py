@@ -1,0 +1,230 @@
+import contextlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera import record
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.errors import IntegrityError, RecordError
+
+KEY = record.Keyring.single(b"0123456789abcdef0123456789abcdef", "k1")
+
+ALLOC = PodAllocation(
+    pod_uid="6a1f0c0e-1111-4222-8333-444455556666",
+    namespace="ml",
+    name="trainer-0",
+    node="gpu-node-7",
+    containers=(
+        ContainerAllocation(
+            "main",
+            gpus=(GpuGrant("GPU-aaaa", 3, 3, 50, 40960),),
+            rdma=(
+                RdmaGrant(
+                    "0000:0c:00.0",
+                    "mlx5_0",
+                    0,
+                    25,
+                    (VfGrant("0000:0c:00.1", "mlx5_4", 4, "ib0v0"),),
+                    "ib0",
+                ),
+            ),
+        ),
+        ContainerAllocation(
+            "warmup", gpus=(GpuGrant("GPU-aaaa", 3, 3, 50, 40960),), init=True, reuses="main"
+        ),
+    ),
+    policy="binpack",
+    cpu_milli=4000,
+)
+
+# The exact bytes of the annotation: any change to the schema or encoding shows up here.
+GOLDEN_UNSIGNED = (
+    '{"containers":[{"gpus":[{"core":50,"index":3,"memoryMiB":40960,"minor":3,"uuid":"GPU-aaaa"}],'
+    '"name":"main","rdma":[{"ibdev":"mlx5_0","netdev":"ib0","pciBusId":"0000:0c:00.0","share":25,'
+    '"uverbsMinor":0,"vfs":[{"ibdev":"mlx5_4","netdev":"ib0v0","pciBusId":"0000:0c:00.1",'
+    '"uverbsMinor":4}]}]},{"gpus":[{"core":50,"index":3,"memoryMiB":40960,"minor":3,"uuid":"GPU-aaaa"}],'
+    '"init":true,"name":"warmup","reuses":"main"}],"cpuMilli":4000,"namespace":"ml","node":"gpu-node-7",'
+    '"pod":"trainer-0","podUID":"6a1f0c0e-1111-4222-8333-444455556666","policy":"binpack","v":1}'
+)
+
+
+def test_golden_unsigned_encoding():
+    assert record.encode(ALLOC) == GOLDEN_UNSIGNED
+
+
+def test_golden_signature():
+    signed = json.loads(record.encode(ALLOC, KEY))
+    # HMAC-SHA256 over GOLDEN_UNSIGNED with KEY, computed independently of the codec
+    import base64
+    import hashlib
+    import hmac
+
+    expected = base64.b64encode(
+        hmac.new(
+            b"0123456789abcdef0123456789abcdef", GOLDEN_UNSIGNED.encode(), hashlib.sha256
+        ).digest()
+    ).decode()
+    assert signed["integrity"] == {"alg": "HMAC-SHA256", "keyId": "k1", "mac": expected}
+
+
+def test_round_trip_signed_and_unsigned():
+    assert record.decode(record.encode(ALLOC)) == ALLOC
+    assert record.decode(record.encode(ALLOC, KEY), KEY) == ALLOC
+
+
+def test_tampering_is_detected():
+    doc = json.loads(record.encode(ALLOC, KEY))
+    doc["containers"][0]["gpus"][0]["core"] = 100
+    with pytest.raises(IntegrityError, match="does not verify"):
+        record.decode(json.dumps(doc), KEY)
+
+
+def test_missing_or_foreign_proof():
+    with pytest.raises(IntegrityError, match="no integrity proof"):
+        record.decode(record.encode(ALLOC), KEY)
+    other = record.Keyring.single(b"x" * 32, "k2")
+    with pytest.raises(IntegrityError, match="unknown key id"):
+        record.decode(record.encode(ALLOC, other), KEY)
+    same_id = record.Keyring.single(b"y" * 32, "k1")
+    with pytest.raises(IntegrityError, match="does not verify"):
+        record.decode(record.encode(ALLOC, same_id), KEY)
+
+
+def test_integrity_required_without_key_is_an_error():
+    with pytest.raises(IntegrityError, match="no integrity key"):
+        record.decode(record.encode(ALLOC), None, require_integrity=True)
+
+
+def test_rotation_verifies_with_any_key_and_signs_with_the_first():
+    ring = record.Keyring({"new": b"n" * 32, "k1": b"0123456789abcdef0123456789abcdef"})
+    assert record.decode(record.encode(ALLOC, KEY), ring) == ALLOC
+    assert json.loads(record.encode(ALLOC, ring))["integrity"]["keyId"] == "new"
+
+
+def test_pod_and_node_binding():
+    text = record.encode(ALLOC, KEY)
+    record.decode(text, KEY, pod_uid=ALLOC.pod_uid, node="gpu-node-7")
+    with pytest.raises(RecordError, match="not 'other-uid'"):
+        record.decode(text, KEY, pod_uid="other-uid")
+    with pytest.raises(RecordError, match="not 'node-x'"):
+        record.decode(text, KEY, node="node-x")
+
+
+def test_short_keys_are_refused():
+    with pytest.raises(ValueError, match="shorter"):
+        record.Keyring.single(b"short")
+
+
+def mutate(path, value):
+    doc = json.loads(GOLDEN_UNSIGNED)
+    target = doc
+    for step in path[:-1]:
+        target = target[step]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "needle"),
+    [
+        (("v",), 2, "unsupported record schema version 2"),
+        (("podUID",), "", "record.podUID: expected a non-empty string"),
+        (("node",), KeyError, "missing field 'node'"),
+        (("extra",), 1, "unknown field 'extra'"),
+        (("containers", 0, "gpus", 0, "core"), 101, "out of range"),
+        (("containers", 0, "gpus", 0, "core"), "50", "expected an integer"),
+        (("containers", 0, "gpus", 0, "core"), True, "expected an integer"),
+        (("containers", 0, "gpus", 0, "memoryMiB"), -1, "out of range"),
+        (("containers", 0, "rdma", 0, "pciBusId"), "0C:00.0", "normalized PCI bus ID"),
+        (("containers", 0, "rdma", 0, "share"), 0, "out of range"),
+        (("containers", 1, "reuses"), "ghost", "reuses unknown container"),
+        (("containers", 1, "name"), "main", "duplicate container name"),
+        (("containers", 1, "init"), "yes", "true or false"),
+        (("containers",), {}, "expected a list"),
+    ],
+)
+def test_malformed_records_say_what_is_wrong(path, value, needle):
+    with pytest.raises(RecordError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        record.decode(mutate(path, value))
+
+
+def test_same_gpu_twice_in_a_container():
+    doc = json.loads(GOLDEN_UNSIGNED)
+    doc["containers"][0]["gpus"] *= 2
+    with pytest.raises(RecordError, match="listed twice"):
+        record.decode(json.dumps(doc))
+
+
+def test_not_json_and_too_large():
+    with pytest.raises(RecordError, match="not valid JSON"):
+        record.decode("{")
+    with pytest.raises(RecordError, match="must be a JSON object"):
+        record.decode("[]")
+    with pytest.raises(RecordError, match="over the"):
+        record.decode("x" * (record.MAX_RECORD_BYTES + 1))
+    with pytest.raises(RecordError, match="not valid JSON"):
+        record.decode(b"\xff\xfe")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=300), st.text(max_size=300)))
+def test_arbitrary_input_only_ever_raises_record_errors(data):
+    with contextlib.suppress(RecordError):
+        record.decode(data, KEY)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 200) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["v", "podUID", "namespace", "pod", "node", "containers", "policy"]),
+        json_values,
+    )
+)
+def test_arbitrary_structures_only_ever_raise_record_errors(doc):
+    doc.setdefault("v", 1)
+    with contextlib.suppress(RecordError):
+        record.decode(json.dumps(doc))
+
+
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=12)
+grants = st.builds(
+    GpuGrant,
+    names,
+    st.integers(0, 15),
+    st.integers(0, 15),
+    st.integers(0, 100),
+    st.integers(0, 10**6),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names,
+    names,
+    st.lists(
+        st.tuples(names, st.lists(grants, max_size=3, unique_by=lambda g: g.uuid)),
+        max_size=4,
+        unique_by=lambda t: t[0],
+    ),
+)
+def test_any_allocation_round_trips(uid, node_name, containers):
+    alloc = PodAllocation(
+        uid, "ns", "pod", node_name, tuple(ContainerAllocation(n, tuple(g)) for n, g in containers)
+    )
+    text = record.encode(alloc, KEY)
+    assert record.decode(text, KEY) == alloc
+    assert record.encode(record.decode(text, KEY), KEY) == text

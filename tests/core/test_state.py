@@ -1,0 +1,207 @@
+"""ClusterState invariants, checked on random operation sequences with hypothesis."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tessera import resources as rn
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.errors import StateError
+from tessera.index import UNTRACKED, ClusterIndex
+from tessera.placement import Placement, place_pod
+from tessera.policy import BinpackPolicy, SpreadPolicy
+from tessera.request import parse_pod
+from tessera.state import ClusterState
+from tessera.topology_file import load_topology
+
+from .builders import gpu, node, pod
+
+TOPOLOGIES = ["h100-sxm-8x", "a100-pcie-8x", "t4-4x"]
+LIMITS = st.sampled_from(
+    [
+        {rn.GPU: "10"},
+        {rn.GPU: "35"},
+        {rn.GPU: "50"},
+        {rn.GPU: "100"},
+        {rn.GPU: "200"},
+        {rn.GPU: "400"},
+        {rn.GPU_CORE: "20", rn.GPU_MEMORY: "6"},
+        {rn.GPU_MEMORY_RATIO: "70"},
+        {rn.GPU: "50", rn.RDMA: "25"},
+        {rn.RDMA: "100"},
+        {rn.GPU: "100", rn.RDMA: "10"},
+    ]
+)
+OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "remove"]), LIMITS, st.integers(0, 5), st.booleans()),
+    min_size=1,
+    max_size=60,
+)
+
+
+def cluster() -> ClusterState:
+    state = ClusterState()
+    for i, topo in enumerate(TOPOLOGIES * 2):
+        state.set_node(load_topology(topo, f"node-{i}"))
+    return state
+
+
+def check_capacity(state: ClusterState) -> None:
+    for n in state.nodes.values():
+        for slot, g in enumerate(n.inventory.gpus):
+            assert 0 <= n.free_core[slot] <= rn.UNITS_PER_DEVICE
+            assert 0 <= n.free_mem[slot] <= g.memory_mib
+        for slot, _ in enumerate(n.inventory.nics):
+            assert 0 <= n.nic_free[slot] <= rn.UNITS_PER_DEVICE
+        # independent recount from the allocations themselves
+        used: dict[str, int] = {}
+        for alloc in state.pods_on(n.name):
+            for grant in alloc.counted_gpu_grants():
+                used[grant.uuid] = used.get(grant.uuid, 0) + grant.core
+        for slot, g in enumerate(n.inventory.gpus):
+            assert n.free_core[slot] == rn.UNITS_PER_DEVICE - used.get(g.uuid, 0)
+
+
+def check_index(state: ClusterState, index: ClusterIndex) -> None:
+    assert set(index.row_of) == set(state.nodes)
+    for name, n in state.nodes.items():
+        row = index.row_of[name]
+        g = len(n.inventory.gpus)
+        assert index.free_core[row, :g].tolist() == n.free_core
+        assert index.free_mem[row, :g].tolist() == n.free_mem
+        assert (index.free_core[row, g:] == -1).all()
+        assert index.version[row] == n.version
+        assert index.used_core[row] == rn.UNITS_PER_DEVICE * g - sum(n.free_core)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPS)
+def test_random_operations_keep_every_invariant(ops):
+    state = cluster()
+    index = ClusterIndex(state, rows=2)  # starts small so rows are reallocated on the way
+    empty = state.snapshot()
+    names = sorted(state.nodes)
+    live: list[str] = []
+    for k, (op, limits, which, spread) in enumerate(ops):
+        if op == "add":
+            request = parse_pod(pod(f"p{k}", containers={"main": limits}))
+            policy = SpreadPolicy() if spread else BinpackPolicy()
+            result = place_pod(state.nodes[names[which]], request, policy)
+            if isinstance(result, Placement):
+                before = state.snapshot()
+                state.add(result.allocation)
+                live.append(request.uid)
+                if k % 3 == 0:
+                    # removing what was just added restores the state exactly
+                    state.remove(request.uid)
+                    assert state.snapshot() == before
+                    state.add(result.allocation)
+        elif live:
+            uid = live.pop(which % len(live))
+            state.remove(uid)
+        check_capacity(state)
+    check_index(state, index)
+
+    rebuilt = ClusterState.rebuild(
+        [n.inventory for n in state.nodes.values()], list(state.pods.values())
+    )
+    assert rebuilt.snapshot() == state.snapshot()
+
+    for uid in list(state.pods):
+        state.remove(uid)
+    assert state.snapshot() == empty
+    check_index(state, index)
+
+
+def manual_alloc(uid: str, node_name: str, uuid: str, core: int, mem: int = 1024) -> PodAllocation:
+    grant = GpuGrant(uuid=uuid, index=0, minor=0, core=core, memory_mib=mem)
+    return PodAllocation(uid, "default", uid, node_name, (ContainerAllocation("main", (grant,)),))
+
+
+def small_cluster() -> ClusterState:
+    state = ClusterState()
+    state.set_node(node("n1", [gpu(0)]))
+    return state
+
+
+def test_overcommit_is_refused_and_changes_nothing():
+    state = small_cluster()
+    state.add(manual_alloc("a", "n1", "GPU-00000000", 70))
+    before = state.snapshot()
+    with pytest.raises(StateError, match="has 30% compute"):
+        state.add(manual_alloc("b", "n1", "GPU-00000000", 40))
+    assert state.snapshot() == before
+
+
+def test_two_grants_on_one_gpu_in_one_pod_are_summed():
+    state = small_cluster()
+    g = GpuGrant("GPU-00000000", 0, 0, 60, 10)
+    alloc = PodAllocation(
+        "x", "default", "x", "n1", (ContainerAllocation("a", (g,)), ContainerAllocation("b", (g,)))
+    )
+    with pytest.raises(StateError):
+        state.add(alloc)
+
+
+def test_unknown_device_is_refused():
+    state = small_cluster()
+    with pytest.raises(StateError, match="not a GPU of node n1"):
+        state.add(manual_alloc("a", "n1", "GPU-nope", 10))
+
+
+def test_same_pod_twice():
+    state = small_cluster()
+    alloc = manual_alloc("a", "n1", "GPU-00000000", 10)
+    state.add(alloc, assumed=True)
+    assert "a" in state.assumed
+    state.add(alloc)  # the watch confirms the same allocation: idempotent
+    assert "a" not in state.assumed
+    with pytest.raises(StateError, match="already holds"):
+        state.add(manual_alloc("a", "n1", "GPU-00000000", 20))
+
+
+def test_allocations_for_unknown_nodes_wait_until_the_node_arrives():
+    state = ClusterState()
+    alloc = manual_alloc("a", "late", "GPU-00000000", 40)
+    state.add(alloc)
+    assert "a" in state.pending and "a" not in state.pods
+    state.set_node(node("late", [gpu(0)]))
+    assert "a" in state.pods and state.nodes["late"].free_core == [60]
+    state.remove_node("late")
+    assert "a" in state.pending
+    assert state.remove("a") == alloc and not state.pending
+
+
+def test_removing_is_idempotent_and_inventory_updates_keep_usage():
+    state = small_cluster()
+    state.add(manual_alloc("a", "n1", "GPU-00000000", 40))
+    state.set_node(state.nodes["n1"].inventory.with_gpu_health("GPU-00000000", False))
+    assert state.nodes["n1"].free_core == [60]
+    assert state.remove("a") is not None
+    assert state.remove("a") is None
+    assert state.nodes["n1"].free_core == [100]
+
+
+def test_usage_of_a_vanished_gpu_survives_rediscovery():
+    state = ClusterState()
+    state.set_node(node("n", [gpu(0), gpu(1)]))
+    state.add(manual_alloc("a", "n", "GPU-00000001", 50))
+    state.set_node(node("n", [gpu(0)]))  # GPU 1 fell off the bus
+    state.set_node(node("n", [gpu(0), gpu(1)]))  # and came back
+    assert state.nodes["n"].free_core == [100, 50]
+
+
+def test_index_tracks_host_capacity_and_node_removal():
+    state = ClusterState()
+    index = ClusterIndex(state)
+    state.set_node(node("a", [gpu(0)]), cpu_milli=4000, memory_mib=8192)
+    state.set_node(node("b", [gpu(0)]))
+    assert index.cpu_free[index.row_of["a"]] == 4000
+    assert index.cpu_free[index.row_of["b"]] == UNTRACKED
+    state.remove_node("a")
+    assert "a" not in index.row_of
+    state.set_node(node("c", [gpu(i) for i in range(12)]))  # more slots than the index had
+    row = index.row_of["c"]
+    assert index.slots >= 12 and np.count_nonzero(index.free_core[row] == 100) == 12
+    check_index(state, index)

@@ -1,0 +1,51 @@
+from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, nic_gpu_tier
+from tessera.topology_file import load_topology
+
+from .builders import gpu, nic
+
+
+def test_pair_tiers_from_tightest_to_loosest():
+    a = gpu(0, pcie_switch="sw0", numa_node=0, pcie_root="r0", nvlinks=(("GPU-00000001", 2),))
+    b = gpu(1, pcie_switch="sw1", numa_node=0, pcie_root="r0")
+    c = gpu(2, pcie_switch="sw0", numa_node=0, pcie_root="r0")
+    d = gpu(3, pcie_switch="sw9", numa_node=0, pcie_root="r1")
+    e = gpu(4, pcie_switch="sw8", numa_node=1, pcie_root="r2")
+    f = gpu(5, numa_node=-1, pcie_root="r3")
+    assert gpu_pair_tier(a, b) is Tier.NVLINK  # one-sided link info is enough
+    assert gpu_pair_tier(a, c) is Tier.PCIE_SWITCH
+    assert gpu_pair_tier(b, d) is Tier.NUMA
+    assert gpu_pair_tier(b, c) is Tier.PCIE_ROOT
+    assert gpu_pair_tier(d, e) is Tier.NODE
+    assert (
+        gpu_pair_tier(f, f.__class__(**{**f.__dict__, "uuid": "x", "pcie_root": "r4"})) is Tier.NODE
+    )
+
+
+def test_nic_tiers():
+    g = gpu(0, pcie_switch="sw0", pcie_root="r0", numa_node=1)
+    assert nic_gpu_tier(nic(0, pcie_switch="sw0", pcie_root="r0"), g) is Tier.PCIE_SWITCH
+    assert nic_gpu_tier(nic(0, pcie_switch="sw1", pcie_root="r0"), g) is Tier.PCIE_ROOT
+    assert nic_gpu_tier(nic(0, pcie_switch="", pcie_root="r5", numa_node=1), g) is Tier.NUMA
+    assert nic_gpu_tier(nic(0, pcie_root="r5", numa_node=0), g) is Tier.NODE
+
+
+def test_set_rank_prefers_one_switch_then_one_numa_node():
+    inv = load_topology("a100-pcie-8x")
+    m = TierMatrix(inv.gpus)
+    same_switch = m.set_rank([0, 1])
+    same_root = m.set_rank([0, 2])
+    cross_numa = m.set_rank([0, 4])
+    assert same_switch < same_root < cross_numa
+    assert m.set_tier([0, 1, 2, 3]) is Tier.PCIE_ROOT
+
+
+def test_nvswitch_sets_prefer_one_socket():
+    inv = load_topology("h100-sxm-8x")
+    m = TierMatrix(inv.gpus)
+    assert m.set_rank([0, 1, 2, 3]) < m.set_rank([0, 1, 2, 4])
+    assert m.set_tier([0, 5]) is Tier.NVLINK
+
+
+def test_scope_parse():
+    assert Scope.parse(" NVLink ") is Scope.NVLINK
+    assert Scope.PCIE == Tier.PCIE_SWITCH
