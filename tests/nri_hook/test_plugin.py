@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nri_hook.plugin import (
     PLUGIN_SERVICE,
@@ -300,5 +302,50 @@ def test_the_simulator_drops_a_plugin_that_does_not_register(sock_dir: Path) -> 
         assert sim.dropped == ["plugin did not register within the registration timeout"]
         writer.close()
         await sim.stop()
+
+    _run(body)
+
+
+PLUGIN_METHODS = sorted(api.DESCRIPTOR.services_by_name["Plugin"].methods_by_name)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(method=st.sampled_from(PLUGIN_METHODS), payload=st.binary(max_size=200))
+def test_arbitrary_payloads_get_an_answer_never_a_crash(
+    sock_dir: Path, method: str, payload: bytes
+) -> None:
+    async def body() -> None:
+        sim, conn, task, stop = await _connected(sock_dir, Recorder(ALL_OURS))
+        try:
+            await conn.client.call(PLUGIN_SERVICE, method, payload, timeout=5)
+        except RpcError as exc:
+            assert exc.code in (Code.INTERNAL, Code.PERMISSION_DENIED, Code.FAILED_PRECONDITION)
+        # the connection survived: the plugin still answers
+        pod = make_pod("after")
+        assert (await conn.create_container(pod, make_container(pod, "c"))).adjust.env
+        await _finish(sim, task, stop)
+
+    _run(body)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=8))
+def test_arbitrary_trunk_bytes_end_the_session_cleanly(chunks: list[bytes]) -> None:
+    async def body() -> None:
+        runtime_end, plugin_end = socket.socketpair()
+        handler = Recorder(ALL_OURS)
+        plugin = NriPlugin(handler, name="test", index="42", registration_timeout=1.0)
+        reader, writer = await asyncio.open_unix_connection(sock=plugin_end)
+        session = asyncio.create_task(plugin.serve_connection(reader, writer))
+        _, w = await asyncio.open_unix_connection(sock=runtime_end)
+        for chunk in chunks:
+            w.write(chunk)
+        await w.drain()
+        w.close()
+        registered = await asyncio.wait_for(session, 5)  # returns; never raises
+        assert isinstance(registered, bool)  # (garbage that answers the registration is fine)
+        assert handler.disconnects == 1
 
     _run(body)
