@@ -50,6 +50,7 @@ class HostDevices:
 
     def __init__(self, root: str | Path = "/") -> None:
         self.root = Path(root)
+        self._prefix = str(self.root).rstrip("/")
         self._gpu_minors: dict[str, int] | None = None
         self._gpu_minors_at = float("-inf")
 
@@ -58,7 +59,7 @@ class HostDevices:
 
     def device(self, path: str) -> DeviceNode | None:
         try:
-            st = os.stat(self.host_path(path))
+            st = os.stat(self._prefix + "/" + path.lstrip("/"))
         except OSError:
             return None
         if stat.S_ISCHR(st.st_mode):
