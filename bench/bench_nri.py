@@ -162,7 +162,7 @@ async def _bench(ctx: BenchContext) -> list[Result]:
             sock,
             "--device-root",
             str(root),
-            "--integrity-key",
+            "--integrity-key-file",
             str(key),
             "--node-name",
             NODE,

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: $NODE_NAME, else the lower-cased host name, as kubelet does)",
     )
     rec.add_argument(
-        "--integrity-key",
+        "--integrity-key-file",
         default=DEFAULT_INTEGRITY_KEY_FILE,
         metavar="PATH",
         help="file, or directory of files, holding the key(s) that sign allocation records "
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys = KeyringSource.fixed(None)
     else:
         try:
-            keys = KeyringSource(args.integrity_key)
+            keys = KeyringSource(args.integrity_key_file)
         except KeyFileError as exc:
             log.error("%s (use --no-integrity only on test clusters)", exc)
             return 2

@@ -61,7 +61,9 @@ def test_flags_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit):
         main(["--isolation", "vgpu"])
     assert (
-        main(["--integrity-key", str(tmp_path / "absent"), "--log-file", str(tmp_path / "log")])
+        main(
+            ["--integrity-key-file", str(tmp_path / "absent"), "--log-file", str(tmp_path / "log")]
+        )
         == 2
     )
     assert "does not exist" in (tmp_path / "log").read_text()
@@ -104,7 +106,7 @@ def test_launched_by_the_runtime_with_only_the_nri_environment(tmp_path: Path) -
             "nri_hook.cli",
             "--device-root",
             str(root),
-            "--integrity-key",
+            "--integrity-key-file",
             str(key),
             "--node-name",
             "node-a",
