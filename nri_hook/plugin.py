@@ -185,10 +185,8 @@ class _Session:
         "RemoveContainer": api.REMOVE_CONTAINER,
     }
 
-    def __init__(self, handler: Handler, plugin: str) -> None:
+    def __init__(self, handler: Handler) -> None:
         self.handler = handler
-        self.plugin = plugin
-        self.configured = asyncio.Event()
         self.runtime = ""
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
@@ -242,7 +240,6 @@ class _Session:
             event_names(mask),
             mask,
         )
-        self.configured.set()
         return api.ConfigureResponse(events=mask)
 
     async def _synchronize(
@@ -359,7 +356,7 @@ class NriPlugin:
         """Run one session until the runtime closes the connection (or `stop` is set).
         Returns whether registration succeeded."""
         mux = Mux(reader, writer)
-        session = _Session(self.handler, self.qualified_name)
+        session = _Session(self.handler)
         server = Server()
         session.register(server)
         serving = asyncio.get_running_loop().create_task(
