@@ -1,0 +1,282 @@
+"""From the allocation record to a container adjustment. Pure: no I/O.
+
+The host is consulted only through a `HostView` (device-node lookup and, where the
+NVIDIA driver exposes it, the UUID -> minor map), so every decision here is a function of
+its inputs and is unit-tested without a GPU.
+
+What a container named in the record gets (docs/nri_hook.md has the full story):
+- GPUs: /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-uvm-tools, /dev/nvidia-modeset (those
+  the host has) and /dev/nvidia<minor> per GPU; NVIDIA_VISIBLE_DEVICES=<uuid,...> in
+  record order; the sharing limits for the isolation layer (see `isolation_env`).
+- RDMA: /dev/infiniband/rdma_cm and the uverbs device of each NIC, or of its VFs when the
+  grant has VFs.
+Device type, major, minor and permission bits come from the host's device nodes; a
+device the record names but the host lacks is an error, never silently skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.errors import IntegrityError, RecordError
+from tessera.record import Keyring, decode
+
+ISOLATION_NONE: Final = "none"
+ISOLATION_MPS: Final = "mps"
+ISOLATION_HAMI_CORE: Final = "hami-core"
+ISOLATION_LAYERS: Final = (ISOLATION_NONE, ISOLATION_MPS, ISOLATION_HAMI_CORE)
+
+NVIDIA_CONTROL_DEVICES: Final = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+RDMA_CM_DEVICE: Final = "/dev/infiniband/rdma_cm"
+DEFAULT_MPS_PIPE_DIR: Final = "/tmp/nvidia-mps"
+
+VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
+MPS_PIPE_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+HAMI_MEMORY_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT_"
+HAMI_SM_ENV: Final = "CUDA_DEVICE_SM_LIMIT"
+PRELOAD_ENV: Final = "LD_PRELOAD"
+
+# gRPC status codes the runtime gets back (nri_hook.ttrpc.Code, repeated here so that this
+# module stays free of the transport).
+CODE_INVALID_ARGUMENT: Final = 3
+CODE_PERMISSION_DENIED: Final = 7
+CODE_FAILED_PRECONDITION: Final = 9
+
+
+def gpu_device_path(minor: int) -> str:
+    return f"/dev/nvidia{minor}"
+
+
+def uverbs_device_path(minor: int) -> str:
+    """The uverbs character device of an RDMA device; `minor` is N in uverbsN."""
+    return f"/dev/infiniband/uverbs{minor}"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node as the host has it."""
+
+    path: str
+    """Path in the container, which is also the path on the host (under the device root)."""
+    type: str
+    """"c" (character) or "b" (block)."""
+    major: int
+    minor: int
+    file_mode: int
+    """Permission bits only (e.g. 0o666), never the file-type bits."""
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    destination: str
+    source: str
+    type: str = "bind"
+    options: tuple[str, ...] = ("rbind", "rw")
+
+
+@dataclass(frozen=True, slots=True)
+class Adjustment:
+    """What to add to one container."""
+
+    devices: tuple[DeviceNode, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    gpus: tuple[str, ...] = ()
+    """UUIDs of the GPUs given (for logs)."""
+    rdma: tuple[str, ...] = ()
+    """RDMA devices given, as "ibdev" or "ibdev/vf-ibdev" (for logs)."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.devices or self.env or self.mounts)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    isolation: str = ISOLATION_NONE
+    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
+    hami_core_library: str = ""
+    """Host path of HAMi-core's libvgpu.so to mount and preload; empty: the image or the
+    node provides it."""
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_LAYERS:
+            raise ValueError(
+                f"unknown isolation layer {self.isolation!r} (one of {', '.join(ISOLATION_LAYERS)})"
+            )
+
+
+class HostView(Protocol):
+    def device(self, path: str) -> DeviceNode | None:
+        """The device node at `path` on the host, None when missing or not a device."""
+        ...
+
+    def gpu_minors(self) -> Mapping[str, int] | None:
+        """GPU UUID -> device minor as the driver reports it; None when the host does not
+        expose the information (then the minor in the record is taken as given)."""
+        ...
+
+
+class RejectError(Exception):
+    """The container must not be created as asked. `code` is the gRPC status for the
+    runtime, `reason` says what is wrong (naming the record field), `context` which pod
+    and container it is about."""
+
+    def __init__(self, code: int, reason: str, context: str = "") -> None:
+        self.code = code
+        self.reason = reason
+        self.context = context
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return f"{self.context}: {self.reason}" if self.context else self.reason
+
+    def with_context(self, context: str) -> RejectError:
+        return RejectError(self.code, self.reason, context)
+
+
+def decode_record(
+    text: str,
+    keyring: Keyring | None,
+    *,
+    require_integrity: bool,
+    pod_uid: str,
+    node: str,
+) -> PodAllocation:
+    """Decode and verify the record. Raises RejectError saying what is wrong."""
+    try:
+        return decode(
+            text, keyring, require_integrity=require_integrity, pod_uid=pod_uid, node=node
+        )
+    except IntegrityError as exc:
+        raise RejectError(
+            CODE_PERMISSION_DENIED, f"allocation record integrity check failed: {exc}"
+        ) from None
+    except RecordError as exc:
+        raise RejectError(CODE_INVALID_ARGUMENT, f"invalid allocation record: {exc}") from None
+
+
+def plan_container(
+    alloc: PodAllocation, container: str, settings: Settings, host: HostView
+) -> Adjustment | None:
+    """The adjustment for `container`; None when the record does not name it.
+
+    Raises RejectError when the record names a device this host does not have.
+    """
+    for i, entry in enumerate(alloc.containers):
+        if entry.name == container:
+            return _plan(entry, f"record.containers[{i}]", settings, host)
+    return None
+
+
+def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: HostView) -> Adjustment:
+    devices: dict[str, DeviceNode] = {}
+    env: list[tuple[str, str]] = []
+    mounts: list[Mount] = []
+
+    def need(path: str, what: str) -> None:
+        node = host.device(path)
+        if node is None:
+            raise RejectError(
+                CODE_FAILED_PRECONDITION,
+                f"{what}: device node {path} is missing on this node (or is not a device)",
+            )
+        devices.setdefault(path, node)
+
+    if entry.gpus:
+        for path in NVIDIA_CONTROL_DEVICES:
+            node = host.device(path)
+            if node is not None:
+                devices[path] = node
+        minors = host.gpu_minors()
+        for i, gpu in enumerate(entry.gpus):
+            what = f"{where}.gpus[{i}] (GPU {gpu.uuid}, minor {gpu.minor})"
+            if minors is not None:
+                actual = minors.get(gpu.uuid)
+                if actual is None:
+                    raise RejectError(
+                        CODE_FAILED_PRECONDITION, f"{what}: this node has no GPU with that UUID"
+                    )
+                if actual != gpu.minor:
+                    raise RejectError(
+                        CODE_FAILED_PRECONDITION,
+                        f"{what}: on this node that GPU has minor {actual}",
+                    )
+            need(gpu_device_path(gpu.minor), what)
+        env.append((VISIBLE_DEVICES_ENV, ",".join(g.uuid for g in entry.gpus)))
+        iso_env, iso_mounts = isolation_env(entry.gpus, settings)
+        env.extend(iso_env)
+        mounts.extend(iso_mounts)
+
+    rdma_given: list[str] = []
+    if entry.rdma:
+        need(RDMA_CM_DEVICE, f"{where}.rdma")
+        for i, grant in enumerate(entry.rdma):
+            if grant.vfs:
+                for j, vf in enumerate(grant.vfs):
+                    need(
+                        uverbs_device_path(vf.uverbs_minor),
+                        f"{where}.rdma[{i}].vfs[{j}] (VF {vf.ibdev} {vf.pci_bus_id})",
+                    )
+                    rdma_given.append(f"{grant.ibdev}/{vf.ibdev}")
+            else:
+                need(
+                    uverbs_device_path(grant.uverbs_minor),
+                    f"{where}.rdma[{i}] (NIC {grant.ibdev} {grant.pci_bus_id})",
+                )
+                rdma_given.append(grant.ibdev)
+
+    return Adjustment(
+        devices=tuple(devices.values()),
+        env=tuple(env),
+        mounts=tuple(mounts),
+        gpus=tuple(g.uuid for g in entry.gpus),
+        rdma=tuple(rdma_given),
+    )
+
+
+def isolation_env(
+    gpus: tuple[GpuGrant, ...], settings: Settings
+) -> tuple[list[tuple[str, str]], list[Mount]]:
+    """Environment (and mounts) that make the isolation layer enforce the grants.
+
+    - mps: CUDA_MPS_PIPE_DIRECTORY plus a bind mount of that host directory, so the
+      container reaches the node's MPS control daemon; CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+      with `<uuid>=<MiB>M` per GPU; CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the compute
+      share when it is a real limit (1..99; the smallest if the GPUs differ).
+    - hami-core: CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m per GPU, i being the container-visible
+      index (the order of NVIDIA_VISIBLE_DEVICES); CUDA_DEVICE_SM_LIMIT from the compute
+      share as for MPS; with a library configured, LD_PRELOAD and a read-only mount of it.
+    - none: nothing.
+    """
+    env: list[tuple[str, str]] = []
+    mounts: list[Mount] = []
+    shares = [g.core for g in gpus if 0 < g.core < 100]
+    compute = str(min(shares)) if shares else None
+    if settings.isolation == ISOLATION_MPS:
+        env.append((MPS_PIPE_ENV, settings.mps_pipe_dir))
+        env.append((MPS_MEMORY_ENV, ",".join(f"{g.uuid}={g.memory_mib}M" for g in gpus)))
+        if compute is not None:
+            env.append((MPS_THREADS_ENV, compute))
+        mounts.append(Mount(destination=settings.mps_pipe_dir, source=settings.mps_pipe_dir))
+    elif settings.isolation == ISOLATION_HAMI_CORE:
+        for i, g in enumerate(gpus):
+            env.append((f"{HAMI_MEMORY_ENV_PREFIX}{i}", f"{g.memory_mib}m"))
+        if compute is not None:
+            env.append((HAMI_SM_ENV, compute))
+        if settings.hami_core_library:
+            lib = settings.hami_core_library
+            env.append((PRELOAD_ENV, lib))
+            mounts.append(Mount(destination=lib, source=lib, options=("rbind", "ro")))
+    return env, mounts

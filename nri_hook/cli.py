@@ -1,0 +1,334 @@
+"""tessera-nri-hook: the command line of tessera's containerd NRI plugin."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
+from nri_hook.devices import HostDevices
+from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, Metrics
+from nri_hook.netdev import IFNAMSIZ, NetdevMover
+from nri_hook.plugin import (
+    DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_SOCKET_PATH,
+    PLUGIN_IDX_ENV,
+    PLUGIN_NAME_ENV,
+    PLUGIN_SOCKET_ENV,
+    NriPlugin,
+    check_identity,
+)
+from tessera.keys import KeyFileError
+from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
+
+log = logging.getLogger("nri_hook")
+
+DEFAULT_PLUGIN_NAME = "tessera"
+DEFAULT_PLUGIN_INDEX = "50"
+
+DESCRIPTION = f"""\
+tessera's containerd NRI plugin. For every container containerd creates, it reads the
+pod's {ALLOCATION_ANNOTATION} annotation (the scheduler's allocation record), verifies its
+integrity, node and pod UID, and adds the allocated GPU and RDMA device nodes, the
+environment of the GPU isolation layer and its mounts. When a pod sandbox starts it moves
+the pod's RDMA VF network devices into the pod's network namespace, and brings them back
+when the sandbox stops. Pods without the annotation are left untouched.
+
+It runs as an external plugin dialing the runtime's NRI socket (reconnecting whenever the
+runtime restarts), or, when containerd launches it from its plugin directory, on the
+connection passed in {PLUGIN_SOCKET_ENV}."""
+
+EPILOG = """\
+exit status: 0 after SIGTERM/SIGINT or when a launching runtime closes the connection;
+2 for invalid flags or an unreadable integrity key.
+See docs/nri_hook.md for what is injected and how to deploy it."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-nri-hook",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    conn = p.add_argument_group("connection to the runtime")
+    conn.add_argument(
+        "--socket",
+        default=DEFAULT_SOCKET_PATH,
+        metavar="PATH",
+        help="NRI socket of containerd to dial (default: %(default)s). Not used when "
+        f"containerd launched the plugin ({PLUGIN_SOCKET_ENV} set).",
+    )
+    conn.add_argument(
+        "--plugin-name",
+        default=DEFAULT_PLUGIN_NAME,
+        metavar="NAME",
+        help="name to register under; letters, digits, _ . + - (default: %(default)s). "
+        f"{PLUGIN_NAME_ENV} from a launching runtime takes precedence.",
+    )
+    conn.add_argument(
+        "--plugin-index",
+        default=DEFAULT_PLUGIN_INDEX,
+        metavar="NN",
+        help="two-digit index; containerd calls plugins in ascending index order "
+        f"(default: %(default)s). {PLUGIN_IDX_ENV} from a launching runtime takes precedence.",
+    )
+    conn.add_argument(
+        "--registration-timeout",
+        type=float,
+        default=DEFAULT_REGISTRATION_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for the runtime to accept the registration (default: %(default)s)",
+    )
+    rec = p.add_argument_group("allocation records")
+    rec.add_argument(
+        "--node-name",
+        default=None,
+        metavar="NAME",
+        help="this node's Kubernetes name; a record for another node is refused "
+        "(default: $NODE_NAME, else the lower-cased host name, as kubelet does)",
+    )
+    rec.add_argument(
+        "--integrity-key-file",
+        default=DEFAULT_INTEGRITY_KEY_FILE,
+        metavar="PATH",
+        help="file, or directory of files, holding the key(s) that sign allocation records "
+        "(the Secret shared with the scheduler); re-read every 10 s so rotation needs no "
+        "restart (default: %(default)s)",
+    )
+    rec.add_argument(
+        "--no-integrity",
+        action="store_true",
+        help="accept records without checking their integrity proof. Anyone who can "
+        "create a pod can then claim any device: for test clusters only",
+    )
+    rec.add_argument(
+        "--on-invalid-record",
+        choices=("fail", "warn"),
+        default="fail",
+        help="what to do with a malformed or forged record, or one naming a device this "
+        "node lacks: fail the container creation (and a sandbox start that must move VFs) "
+        "with an error saying what is wrong, or log a warning and leave the container "
+        "untouched (default: %(default)s)",
+    )
+    dev = p.add_argument_group("devices")
+    dev.add_argument(
+        "--device-root",
+        default="/",
+        metavar="DIR",
+        help="where the host's /dev, /sys and /proc/driver/nvidia are visible; device type, "
+        "major, minor and mode are read from <DIR>/dev/... (default: %(default)s; /host "
+        "in the DaemonSet)",
+    )
+    dev.add_argument(
+        "--isolation",
+        choices=ISOLATION_LAYERS,
+        default=ISOLATION_NONE,
+        help="GPU sharing layer to configure: 'mps' sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS pipe directory; 'hami-core' "
+        "sets CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; 'none' only gives the "
+        "devices (default: %(default)s)",
+    )
+    dev.add_argument(
+        "--mps-pipe-dir",
+        default=DEFAULT_MPS_PIPE_DIR,
+        metavar="DIR",
+        help="host directory of the MPS control daemon's pipes, mounted at the same path "
+        "(with --isolation=mps; default: %(default)s)",
+    )
+    dev.add_argument(
+        "--hami-core-library",
+        default="",
+        metavar="PATH",
+        help="host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD "
+        "(with --isolation=hami-core; default: none, the node or image provides it)",
+    )
+    net = p.add_argument_group("RDMA VF network devices")
+    net.add_argument(
+        "--no-vf-netdevs",
+        action="store_true",
+        help="do not move allocated VF netdevs into pod network namespaces",
+    )
+    net.add_argument(
+        "--vf-rename-prefix",
+        default="",
+        metavar="PREFIX",
+        help="inside the pod, name the VFs PREFIX0, PREFIX1, ... in record order "
+        "(default: keep the host name)",
+    )
+    obs = p.add_argument_group("logs and metrics")
+    obs.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text lines, or one JSON object per line (default: %(default)s)",
+    )
+    obs.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="least severe messages to log; debug also logs untouched containers "
+        "(default: %(default)s)",
+    )
+    obs.add_argument(
+        "--log-file",
+        default="",
+        metavar="PATH",
+        help="append logs to this file (default: stderr; a plugin launched by containerd "
+        "has its stderr sent to /dev/null, so give it a file)",
+    )
+    obs.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (default: 0, off)",
+    )
+    obs.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="ADDR",
+        help="address for the metrics port (default: all addresses)",
+    )
+    return p
+
+
+class JsonFormatter(logging.Formatter):
+    _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+        "message",
+        "asctime",
+        "taskName",
+    }
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in self._STANDARD:
+                doc[key] = value
+        if record.exc_info:
+            doc["error"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(fmt: str, level: str, path: str = "") -> None:
+    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def default_node_name() -> str:
+    return os.environ.get("NODE_NAME", "") or socket.gethostname().lower()
+
+
+def launched_identity(name: str, index: str) -> tuple[str, str]:
+    """Name and index from a launching runtime's environment (v0.3.0 passes NN-name)."""
+    env_name = os.environ.get(PLUGIN_NAME_ENV, "")
+    env_index = os.environ.get(PLUGIN_IDX_ENV, "")
+    if env_name:
+        match = re.match(r"^(\d\d)-(.+)$", env_name)
+        name = match.group(2) if match else env_name
+    return name, env_index or index
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_format, args.log_level, args.log_file)
+    name, index = launched_identity(args.plugin_name, args.plugin_index)
+    try:
+        check_identity(name, index)
+        if len(args.vf_rename_prefix) + 2 >= IFNAMSIZ:
+            raise ValueError("--vf-rename-prefix is too long for an interface name")
+        settings = Settings(
+            isolation=args.isolation,
+            mps_pipe_dir=args.mps_pipe_dir,
+            hami_core_library=args.hami_core_library,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    node = args.node_name or default_node_name()
+    if args.no_integrity:
+        log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
+        keys = KeyringSource.fixed(None)
+    else:
+        try:
+            keys = KeyringSource(args.integrity_key_file)
+        except KeyFileError as exc:
+            log.error("%s (use --no-integrity only on test clusters)", exc)
+            return 2
+    metrics: Metrics | None = None
+    if args.metrics_port:
+        metrics = Metrics()
+        metrics.serve(args.metrics_port, args.metrics_address)
+    enforcer = Enforcer(
+        EnforcerConfig(
+            node_name=node,
+            settings=settings,
+            on_invalid=args.on_invalid_record,
+            require_integrity=not args.no_integrity,
+            move_vf_netdevs=not args.no_vf_netdevs,
+            vf_rename_prefix=args.vf_rename_prefix,
+        ),
+        keys,
+        HostDevices(args.device_root),
+        NetdevMover(args.device_root),
+        metrics,
+    )
+    plugin = NriPlugin(
+        enforcer,
+        name=name,
+        index=index,
+        socket_path=args.socket,
+        registration_timeout=args.registration_timeout,
+    )
+    log.info(
+        "tessera NRI plugin %s-%s starting: node %s, isolation %s, device root %s, "
+        "invalid records: %s",
+        index,
+        name,
+        node,
+        settings.isolation,
+        args.device_root,
+        args.on_invalid_record,
+    )
+    # Everything allocated so far (imports, protobuf descriptors) lives as long as the
+    # process: keep it out of the collector's way so full collections stay short.
+    gc.collect()
+    gc.freeze()
+    asyncio.run(_run(plugin))
+    return 0
+
+
+async def _run(plugin: NriPlugin) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await plugin.run(stop)
+    log.info("stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""tessera's NRI handler: applies the allocation record to containers and VF netdevs.
+
+Data flows one way: the pod's `tessera.dev/allocation` annotation -> decoded and verified
+record (tessera.record) -> decision (nri_hook.adjust, pure) -> NRI adjustment (here).
+
+- A pod without the annotation, and a container the record does not name, are left
+  untouched (empty adjustment).
+- A record that is malformed, fails integrity, belongs to another pod or node, or names a
+  device this node lacks fails the container creation with a status that says exactly
+  what is wrong. With on_invalid="warn" the container is created untouched instead and a
+  warning is logged.
+- Sandbox start moves the pod's VF netdevs into its network namespace (a failure fails the
+  sandbox, under the same policy); sandbox stop and removal bring them back (never failing:
+  a pod must always be deletable; problems are logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+from nri_hook.adjust import (
+    CODE_FAILED_PRECONDITION,
+    Adjustment,
+    HostView,
+    RejectError,
+    Settings,
+    decode_record,
+    plan_container,
+)
+from nri_hook.netdev import NetdevError, NetdevMove, NetdevMover, network_namespace, plan_moves
+from nri_hook.plugin import Handler
+from nri_hook.ttrpc import RpcError
+from protos.nri import api_pb2 as api
+from tessera.allocation import PodAllocation
+from tessera.keys import KeyFileError, load_keyring
+from tessera.record import Keyring
+from tessera.resources import ALLOCATION_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+OnInvalid = Literal["fail", "warn"]
+KEY_RELOAD_INTERVAL: Final = 10.0
+
+
+class KeyringSource:
+    """The integrity keyring, re-read from its file or directory every few seconds so that
+    a rotated Secret takes effect without a restart. A failed re-read keeps the last good
+    keyring (and says so in the log)."""
+
+    def __init__(self, path: str | Path | None, interval: float = KEY_RELOAD_INTERVAL) -> None:
+        self.path = Path(path) if path else None
+        self.interval = interval
+        self._keyring: Keyring | None = None
+        self._loaded_at = float("-inf")
+        self._last_error = ""
+        if self.path is not None:
+            self._keyring = load_keyring(self.path)  # fail fast at start-up
+            self._loaded_at = time.monotonic()
+
+    @classmethod
+    def fixed(cls, keyring: Keyring | None) -> KeyringSource:
+        source = cls(None)
+        source._keyring = keyring
+        return source
+
+    def get(self) -> Keyring | None:
+        if self.path is not None and time.monotonic() - self._loaded_at >= self.interval:
+            self._loaded_at = time.monotonic()
+            try:
+                self._keyring = load_keyring(self.path)
+                self._last_error = ""
+            except KeyFileError as exc:
+                if str(exc) != self._last_error:
+                    log.error("cannot reload the integrity key, keeping the previous one: %s", exc)
+                    self._last_error = str(exc)
+        return self._keyring
+
+
+@dataclass(frozen=True)
+class EnforcerConfig:
+    node_name: str
+    settings: Settings = field(default_factory=Settings)
+    on_invalid: OnInvalid = "fail"
+    require_integrity: bool = True
+    move_vf_netdevs: bool = True
+    vf_rename_prefix: str = ""
+
+
+@dataclass(frozen=True)
+class _PodNetdevs:
+    key: str
+    netns: str
+    moves: tuple[NetdevMove, ...]
+
+
+def to_proto(adjustment: Adjustment) -> api.ContainerAdjustment:
+    result = api.ContainerAdjustment(
+        env=[api.KeyValue(key=k, value=v) for k, v in adjustment.env],
+        mounts=[
+            api.Mount(destination=m.destination, type=m.type, source=m.source, options=m.options)
+            for m in adjustment.mounts
+        ],
+    )
+    if adjustment.devices:
+        result.linux.devices.extend(
+            api.LinuxDevice(
+                path=d.path,
+                type=d.type,
+                major=d.major,
+                minor=d.minor,
+                file_mode=api.OptionalFileMode(value=d.file_mode),
+            )
+            for d in adjustment.devices
+        )
+    return result
+
+
+def _pod_key(pod: api.PodSandbox) -> str:
+    return f"{pod.namespace}/{pod.name}"
+
+
+class Enforcer(Handler):
+    events = frozenset(
+        {
+            api.RUN_POD_SANDBOX,
+            api.STOP_POD_SANDBOX,
+            api.REMOVE_POD_SANDBOX,
+            api.CREATE_CONTAINER,
+            api.STOP_CONTAINER,
+            api.REMOVE_CONTAINER,
+        }
+    )
+
+    def __init__(
+        self,
+        config: EnforcerConfig,
+        keys: KeyringSource,
+        host: HostView,
+        mover: NetdevMover | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.keys = keys
+        self.host = host
+        self.mover = mover if config.move_vf_netdevs else None
+        self.metrics = metrics
+        self.pod_netdevs: dict[str, _PodNetdevs] = {}
+        """Sandbox ID -> the VF netdevs moved into it."""
+        self.injected: dict[str, tuple[str, str]] = {}
+        """Container ID -> (sandbox ID, what it was given), while the container lives."""
+
+    # --- records ----------------------------------------------------------------------------
+
+    def _decode(self, pod: api.PodSandbox, text: str) -> PodAllocation:
+        return decode_record(
+            text,
+            self.keys.get(),
+            require_integrity=self.config.require_integrity,
+            pod_uid=pod.uid,
+            node=self.config.node_name,
+        )
+
+    def _invalid(self, error: RejectError, operation: str) -> None:
+        """Apply the on-invalid policy: raise the status, or log and carry on."""
+        if self.config.on_invalid == "warn":
+            log.warning("%s (left untouched: --on-invalid-record=warn)", error.message)
+            self._count(operation, "warned")
+            return
+        log.error("refusing %s: %s", operation, error.message)
+        self._count(operation, "rejected")
+        raise RpcError(error.code, f"tessera: {error.message}")
+
+    def _count(self, operation: str, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.count(operation, result)
+
+    # --- containers -------------------------------------------------------------------------
+
+    async def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        started = time.perf_counter()
+        try:
+            return self._create(pod, container)
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe_create(time.perf_counter() - started)
+
+    def _create(self, pod: api.PodSandbox, container: api.Container) -> api.CreateContainerResponse:
+        text = pod.annotations.get(ALLOCATION_ANNOTATION)
+        if text is None:
+            self._count("create", "untouched")
+            return api.CreateContainerResponse()
+        context = f'pod {_pod_key(pod)} (uid {pod.uid}), container "{container.name}"'
+        try:
+            alloc = self._decode(pod, text)
+            plan = plan_container(alloc, container.name, self.config.settings, self.host)
+        except RejectError as exc:
+            self._invalid(exc.with_context(context), "create")
+            return api.CreateContainerResponse()
+        if plan is None or plan.empty:
+            log.debug("%s: not named in the allocation record; untouched", context)
+            self._count("create", "untouched")
+            return api.CreateContainerResponse()
+        summary = (
+            f"gpus={','.join(plan.gpus) or '-'} rdma={','.join(plan.rdma) or '-'} "
+            f"devices={','.join(d.path for d in plan.devices)} "
+            f"isolation={self.config.settings.isolation}"
+        )
+        log.info(
+            "injected pod=%s container=%s %s",
+            _pod_key(pod),
+            container.name,
+            summary,
+            extra={"pod": _pod_key(pod), "container": container.name},
+        )
+        self.injected[container.id] = (pod.id, summary)
+        self._count("create", "injected")
+        return api.CreateContainerResponse(adjust=to_proto(plan))
+
+    async def stop_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> Sequence[api.ContainerUpdate]:
+        if self.injected.pop(container.id, None) is not None:
+            log.info("released pod=%s container=%s", _pod_key(pod), container.name)
+        return ()
+
+    # --- sandboxes and other events ---------------------------------------------------------
+
+    async def event(self, event: int, pod: api.PodSandbox, container: api.Container | None) -> None:
+        if event == api.RUN_POD_SANDBOX:
+            await self._sandbox_started(pod)
+        elif event == api.STOP_POD_SANDBOX:
+            await self._sandbox_stopped(pod, forget=False)
+        elif event == api.REMOVE_POD_SANDBOX:
+            await self._sandbox_stopped(pod, forget=True)
+        elif event == api.REMOVE_CONTAINER and container is not None:
+            self.injected.pop(container.id, None)
+
+    def _plan_pod_netdevs(self, pod: api.PodSandbox) -> _PodNetdevs | None:
+        """The VF moves the pod's record asks for; None when there are none or the pod
+        shares the host network. Raises RejectError for a bad record."""
+        text = pod.annotations.get(ALLOCATION_ANNOTATION)
+        if text is None:
+            return None
+        alloc = self._decode(pod, text)
+        try:
+            moves = plan_moves(alloc, self.config.vf_rename_prefix)
+        except NetdevError as exc:
+            raise RejectError(CODE_FAILED_PRECONDITION, str(exc)) from None
+        if not moves:
+            return None
+        netns = network_namespace((ns.type, ns.path) for ns in pod.linux.namespaces)
+        if netns is None:
+            log.info(
+                "pod %s shares the host network; its VF netdevs stay in the host namespace",
+                _pod_key(pod),
+            )
+            return None
+        return _PodNetdevs(_pod_key(pod), netns, tuple(moves))
+
+    async def _sandbox_started(self, pod: api.PodSandbox) -> None:
+        if self.mover is None:
+            return
+        context = f"pod {_pod_key(pod)} (uid {pod.uid})"
+        try:
+            planned = self._plan_pod_netdevs(pod)
+        except RejectError as exc:
+            self._invalid(exc.with_context(context), "sandbox")
+            return
+        if planned is None:
+            return
+        try:
+            await asyncio.to_thread(self.mover.move_in, planned.netns, list(planned.moves))
+        except NetdevError as exc:
+            self._netdev_count("in", "error")
+            self._invalid(RejectError(CODE_FAILED_PRECONDITION, str(exc), context), "sandbox")
+            return
+        self._netdev_count("in", "ok")
+        self.pod_netdevs[pod.id] = planned
+        log.info(
+            "moved VF netdevs of pod=%s into %s: %s",
+            planned.key,
+            planned.netns,
+            ", ".join(f"{m.host_name}->{m.pod_name}" for m in planned.moves),
+        )
+
+    async def _sandbox_stopped(self, pod: api.PodSandbox, *, forget: bool) -> None:
+        planned = self.pod_netdevs.get(pod.id)
+        if planned is None and self.mover is not None:
+            try:
+                planned = self._plan_pod_netdevs(pod)
+            except RejectError:
+                planned = None  # nothing of ours was moved for an invalid record
+        if forget:
+            self.pod_netdevs.pop(pod.id, None)
+            self.injected = {
+                cid: entry for cid, entry in self.injected.items() if entry[0] != pod.id
+            }
+        if planned is None or self.mover is None:
+            return
+        problems = await asyncio.to_thread(self.mover.move_out, planned.netns, list(planned.moves))
+        if problems:
+            self._netdev_count("out", "error")
+            for problem in problems:
+                log.error("pod %s: %s", planned.key, problem)
+        else:
+            self._netdev_count("out", "ok")
+            log.info("VF netdevs of pod=%s are back in the host namespace", planned.key)
+
+    def _netdev_count(self, direction: str, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.netdev(direction, result)
+
+    # --- synchronization --------------------------------------------------------------------
+
+    async def synchronize(
+        self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
+    ) -> Sequence[api.ContainerUpdate]:
+        """Rebuild what a restarted plugin needs to clean up later: which sandboxes hold
+        moved VF netdevs. Nothing is changed on the node."""
+        tracked = 0
+        for pod in pods:
+            if pod.id in self.pod_netdevs or self.mover is None:
+                continue
+            try:
+                planned = self._plan_pod_netdevs(pod)
+            except RejectError as exc:
+                log.warning("pod %s: %s", _pod_key(pod), exc.message)
+                continue
+            if planned is not None:
+                self.pod_netdevs[pod.id] = planned
+                tracked += 1
+        log.info(
+            "synchronized: %d pods, %d containers; %d pods with VF netdevs tracked",
+            len(pods),
+            len(containers),
+            tracked,
+        )
+        return ()
+
+
+class Metrics:
+    """Prometheus counters in a private registry; served only when a port is given."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = CollectorRegistry()
+        self._results = Counter(
+            "tessera_nri_requests",
+            "Container creations and sandbox starts handled, by result",
+            ["operation", "result"],
+            registry=self.registry,
+        )
+        self._netdevs = Counter(
+            "tessera_nri_vf_netdev_moves",
+            "VF netdev moves into (in) and out of (out) pod namespaces, by result",
+            ["direction", "result"],
+            registry=self.registry,
+        )
+        self._create = Histogram(
+            "tessera_nri_create_container_seconds",
+            "Time to decide a CreateContainer adjustment",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
+            registry=self.registry,
+        )
+
+    def count(self, operation: str, result: str) -> None:
+        self._results.labels(operation, result).inc()
+
+    def netdev(self, direction: str, result: str) -> None:
+        self._netdevs.labels(direction, result).inc()
+
+    def observe_create(self, seconds: float) -> None:
+        self._create.observe(seconds)
+
+    def serve(self, port: int, address: str = "") -> None:
+        from prometheus_client import start_http_server
+
+        start_http_server(port, addr=address or "0.0.0.0", registry=self.registry)

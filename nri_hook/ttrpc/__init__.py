@@ -1,0 +1,48 @@
+"""ttrpc (containerd's lightweight RPC protocol) on asyncio: framing, client and server.
+
+Generic: nothing here knows about NRI. A client or server runs on any ByteStream (a unix
+socket via AsyncioStream, or a multiplexed connection). Unary calls only, which is all
+that NRI uses; streaming frames are answered or ignored as the Go implementation does.
+"""
+
+from nri_hook.ttrpc.client import Client
+from nri_hook.ttrpc.frame import (
+    FLAG_NO_DATA,
+    FLAG_REMOTE_CLOSED,
+    FLAG_REMOTE_OPEN,
+    HEADER_LEN,
+    MAX_DATA_LEN,
+    Frame,
+    FrameDecoder,
+    FrameTooLargeError,
+    MessageType,
+    OversizedFrame,
+    encode_frame,
+)
+from nri_hook.ttrpc.server import CallContext, Handler, Server, unary
+from nri_hook.ttrpc.status import Code, ConnectionClosedError, RpcError
+from nri_hook.ttrpc.stream import AsyncioStream, ByteStream
+
+__all__ = [
+    "FLAG_NO_DATA",
+    "FLAG_REMOTE_CLOSED",
+    "FLAG_REMOTE_OPEN",
+    "HEADER_LEN",
+    "MAX_DATA_LEN",
+    "AsyncioStream",
+    "ByteStream",
+    "CallContext",
+    "Client",
+    "Code",
+    "ConnectionClosedError",
+    "Frame",
+    "FrameDecoder",
+    "FrameTooLargeError",
+    "Handler",
+    "MessageType",
+    "OversizedFrame",
+    "RpcError",
+    "Server",
+    "encode_frame",
+    "unary",
+]

@@ -1,0 +1,208 @@
+"""The server role: answer unary ttrpc calls arriving on one connection.
+
+Behaviour mirrors the Go server (containerd/ttrpc) where a peer can observe it:
+- client stream IDs must be odd and strictly increasing, else INVALID_ARGUMENT on that ID;
+- an undecodable Request envelope gives INVALID_ARGUMENT, an unknown service or method
+  UNIMPLEMENTED ("service X" / "method X"), an undecodable request payload INTERNAL;
+- an oversized frame is skipped and answered with RESOURCE_EXHAUSTED; the connection lives;
+- Data frames get INVALID_ARGUMENT (this implementation serves unary calls only) and
+  unknown frame types are ignored;
+- handlers run concurrently, so responses may leave in a different order than requests;
+- a request's timeout_nano bounds its handler (DEADLINE_EXCEEDED when it runs over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from google.protobuf.message import DecodeError, Message
+
+from nri_hook.ttrpc.frame import (
+    FrameDecoder,
+    FrameTooLargeError,
+    MessageType,
+    OversizedFrame,
+    encode_frame,
+)
+from nri_hook.ttrpc.status import Code, RpcError
+from nri_hook.ttrpc.stream import ByteStream
+from protos.ttrpc import ttrpc_pb2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    service: str
+    method: str
+    stream_id: int
+    metadata: tuple[tuple[str, str], ...]
+    timeout: float | None
+    """Seconds the caller allows (from timeout_nano), None without a deadline."""
+
+
+Handler = Callable[[bytes, CallContext], Awaitable[bytes]]
+"""A method: serialized request in, serialized response out; raise RpcError to fail."""
+
+Req = TypeVar("Req", bound=Message)
+
+
+def unary(
+    request_type: type[Req], handler: Callable[[Req, CallContext], Awaitable[Message]]
+) -> Handler:
+    """Wrap a handler that works on protobuf messages into a byte-level Handler."""
+
+    async def call(payload: bytes, ctx: CallContext) -> bytes:
+        try:
+            request = request_type.FromString(payload)
+        except DecodeError as exc:
+            raise RpcError(Code.INTERNAL, f"cannot decode {request_type.__name__}: {exc}") from None
+        response = await handler(request, ctx)
+        return response.SerializeToString()
+
+    return call
+
+
+class Server:
+    """Services by fully-qualified name; `serve` runs one connection."""
+
+    def __init__(self) -> None:
+        self._services: dict[str, dict[str, Handler]] = {}
+
+    def register(self, service: str, methods: Mapping[str, Handler]) -> None:
+        if service in self._services:
+            raise ValueError(f"service {service} is already registered")
+        self._services[service] = dict(methods)
+
+    async def serve(self, stream: ByteStream) -> None:
+        """Answer calls until the peer closes the stream (or the task is cancelled)."""
+        await _Connection(self._services, stream).run()
+
+
+class _Connection:
+    def __init__(self, services: Mapping[str, Mapping[str, Handler]], stream: ByteStream) -> None:
+        self._services = services
+        self._stream = stream
+        self._last_stream_id = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def run(self) -> None:
+        decoder = FrameDecoder()
+        try:
+            while True:
+                chunk = await self._stream.read()
+                if not chunk:
+                    return
+                for frame in decoder.feed(chunk):
+                    if isinstance(frame, OversizedFrame):
+                        self._send_status(
+                            frame.stream_id,
+                            Code.RESOURCE_EXHAUSTED,
+                            f"message length {frame.length} exceeds maximum message size",
+                        )
+                        continue
+                    if frame.stream_id % 2 != 1:
+                        self._send_status(
+                            frame.stream_id,
+                            Code.INVALID_ARGUMENT,
+                            "StreamID must be odd for client initiated streams",
+                        )
+                        continue
+                    if frame.type == MessageType.REQUEST:
+                        self._on_request(frame.stream_id, frame.data)
+                    elif frame.type == MessageType.DATA:
+                        self._send_status(
+                            frame.stream_id, Code.INVALID_ARGUMENT, "StreamID is no longer active"
+                        )
+                    # any other type is ignored, for compatibility with future versions
+        finally:
+            self._closed = True
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _on_request(self, stream_id: int, data: bytes) -> None:
+        if stream_id <= self._last_stream_id:
+            self._send_status(
+                stream_id, Code.INVALID_ARGUMENT, "StreamID cannot be re-used and must increment"
+            )
+            return
+        self._last_stream_id = stream_id
+        try:
+            request = ttrpc_pb2.Request.FromString(data)
+        except DecodeError as exc:
+            self._send_status(stream_id, Code.INVALID_ARGUMENT, f"unmarshal request error: {exc}")
+            return
+        methods = self._services.get(request.service)
+        if methods is None:
+            self._send_status(stream_id, Code.UNIMPLEMENTED, f"service {request.service}")
+            return
+        handler = methods.get(request.method)
+        if handler is None:
+            self._send_status(stream_id, Code.UNIMPLEMENTED, f"method {request.method}")
+            return
+        ctx = CallContext(
+            service=request.service,
+            method=request.method,
+            stream_id=stream_id,
+            metadata=tuple((kv.key, kv.value) for kv in request.metadata),
+            timeout=request.timeout_nano / 1e9 if request.timeout_nano > 0 else None,
+        )
+        task = asyncio.get_running_loop().create_task(self._handle(handler, request.payload, ctx))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, handler: Handler, payload: bytes, ctx: CallContext) -> None:
+        try:
+            if ctx.timeout is None:
+                result = await handler(payload, ctx)
+            else:
+                async with asyncio.timeout(ctx.timeout):
+                    result = await handler(payload, ctx)
+        except RpcError as exc:
+            self._send_status(ctx.stream_id, exc.code, exc.message)
+            return
+        except TimeoutError:
+            self._send_status(
+                ctx.stream_id, Code.DEADLINE_EXCEEDED, f"{ctx.method}: deadline exceeded"
+            )
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("ttrpc handler %s/%s failed", ctx.service, ctx.method)
+            self._send_status(ctx.stream_id, Code.UNKNOWN, f"{type(exc).__name__}: {exc}")
+            return
+        # An OK response carries no status; with an empty payload the body is 0 bytes.
+        self._send(ctx.stream_id, ttrpc_pb2.Response(payload=result).SerializeToString())
+        await self._drain()
+
+    def _send_status(self, stream_id: int, code: int, message: str) -> None:
+        status = ttrpc_pb2.Status(code=int(code), message=message)
+        self._send(stream_id, ttrpc_pb2.Response(status=status).SerializeToString())
+
+    def _send(self, stream_id: int, body: bytes) -> None:
+        if self._closed:
+            return
+        try:
+            frame = encode_frame(stream_id, MessageType.RESPONSE, 0, body)
+        except FrameTooLargeError as exc:
+            status = ttrpc_pb2.Status(code=Code.RESOURCE_EXHAUSTED, message=str(exc))
+            body = ttrpc_pb2.Response(status=status).SerializeToString()
+            frame = encode_frame(stream_id, MessageType.RESPONSE, 0, body)
+        try:
+            self._stream.write(frame)
+        except ConnectionError:
+            self._closed = True
+
+    async def _drain(self) -> None:
+        try:
+            await self._stream.drain()
+        except ConnectionError:
+            self._closed = True

@@ -1,0 +1,421 @@
+"""tessera's enforcement end to end: the plugin on a real socket, driven by the runtime
+simulator with realistic (and captured) PodSandbox/Container messages."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nri_hook.adjust import Settings
+from nri_hook.devices import HostDevices
+from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, OnInvalid
+from nri_hook.netdev import NetdevMover
+from nri_hook.plugin import NriPlugin
+from nri_hook.runtime_sim import (
+    CONTAINERD_1_7,
+    CONTAINERD_2_3,
+    PluginConnection,
+    RuntimeSimulator,
+    RuntimeVersion,
+    make_container,
+    make_pod,
+)
+from nri_hook.ttrpc import Code, RpcError
+from protos.nri import api_pb2 as api
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.record import Keyring, encode
+from tessera.resources import ALLOCATION_ANNOTATION
+from tests.nri_hook.netns_helpers import links, netlab
+from tests.nri_hook.vectors import Session
+
+NODE = "gpu-node-1"
+UID = "0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c11"
+KEY = b"integrity-key-for-tests-0123456789"
+GPU0 = GpuGrant("GPU-00000000-1111-2222-3333-444444444444", 0, 0, 50, 40960)
+GPU1 = GpuGrant("GPU-11111111-1111-2222-3333-444444444444", 1, 1, 100, 81920)
+DEVICE_PATHS = {
+    "/dev/nvidiactl": (195, 255),
+    "/dev/nvidia-uvm": (508, 0),
+    "/dev/nvidia0": (195, 0),
+    "/dev/nvidia1": (195, 1),
+    "/dev/infiniband/rdma_cm": (10, 58),
+    "/dev/infiniband/uverbs0": (231, 192),
+    "/dev/infiniband/uverbs4": (231, 196),
+}
+
+
+@pytest.fixture
+def device_root(tmp_path: Path) -> Path:
+    """Device nodes under a scratch root: real nodes where mknod is allowed, else links to
+    /dev/null (the assertions read whatever the host root holds)."""
+    root = tmp_path / "host"
+    for path, (major, minor) in DEVICE_PATHS.items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+            os.chmod(target, 0o666)
+        except PermissionError:
+            target.symlink_to("/dev/null")
+    return root
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "key"
+    path.write_bytes(KEY + b"\n")
+    return path
+
+
+def _host_device(root: Path, path: str) -> tuple[str, str, int, int, int]:
+    st = os.stat(root / path.lstrip("/"))
+    return (path, "c", os.major(st.st_rdev), os.minor(st.st_rdev), st.st_mode & 0o777)
+
+
+def _devices(response: api.CreateContainerResponse) -> list[tuple[str, str, int, int, int]]:
+    return [
+        (d.path, d.type, d.major, d.minor, d.file_mode.value) for d in response.adjust.linux.devices
+    ]
+
+
+def _env(response: api.CreateContainerResponse) -> dict[str, str]:
+    return {kv.key: kv.value for kv in response.adjust.env}
+
+
+def record(*containers: ContainerAllocation, uid: str = UID, node: str = NODE) -> str:
+    return encode(PodAllocation(uid, "team-a", "train", node, containers), Keyring.single(KEY))
+
+
+@dataclass
+class Harness:
+    sim: RuntimeSimulator
+    conn: PluginConnection
+    enforcer: Enforcer
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 5)
+        await self.sim.stop()
+
+
+async def start(
+    sock_dir: Path,
+    device_root: Path,
+    key_file: Path,
+    *,
+    version: RuntimeVersion = CONTAINERD_2_3,
+    on_invalid: OnInvalid = "fail",
+    settings: Settings | None = None,
+    sync_pods: list[api.PodSandbox] | None = None,
+    rename_prefix: str = "",
+) -> Harness:
+    enforcer = Enforcer(
+        EnforcerConfig(
+            node_name=NODE,
+            settings=settings or Settings(),
+            on_invalid=on_invalid,
+            vf_rename_prefix=rename_prefix,
+        ),
+        KeyringSource(key_file),
+        HostDevices(device_root),
+        NetdevMover(),
+    )
+    path = str(sock_dir / "nri.sock")
+    sim = RuntimeSimulator(path, version=version, sync_pods=sync_pods or [])
+    await sim.start()
+    stop = asyncio.Event()
+    plugin = NriPlugin(enforcer, name="tessera", index="50", socket_path=path)
+    task = asyncio.create_task(plugin.run(stop))
+    return Harness(sim, await sim.next_plugin(), enforcer, task, stop)
+
+
+def _run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_named_containers_get_their_devices_others_are_untouched(
+    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
+) -> None:
+    async def body() -> None:
+        h = await start(sock_dir, device_root, key_file, version=version)
+        assert h.conn.events == 0x60F  # run/stop/remove sandbox, create/stop/remove container
+        vf = VfGrant("0000:3b:00.4", "mlx5_4", 4, "")
+        text = record(
+            ContainerAllocation(
+                "main", gpus=(GPU0,), rdma=(RdmaGrant("0000:3b:00.0", "mlx5_0", 0, 50, (vf,)),)
+            )
+        )
+        pod = make_pod(
+            "train", namespace="team-a", uid=UID, annotations={ALLOCATION_ANNOTATION: text}
+        )
+        await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        main = make_container(pod, "main")
+        response = await h.conn.create_container(pod, main)
+        assert _devices(response) == [
+            _host_device(device_root, p)
+            for p in (
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm",
+                "/dev/nvidia0",
+                "/dev/infiniband/rdma_cm",
+                "/dev/infiniband/uverbs4",
+            )
+        ]
+        assert _env(response) == {"NVIDIA_VISIBLE_DEVICES": GPU0.uuid}
+        assert main.id in h.enforcer.injected
+        sidecar = await h.conn.create_container(pod, make_container(pod, "sidecar"))
+        assert sidecar == api.CreateContainerResponse()
+        plain_pod = make_pod("plain", uid="0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c12")
+        plain = await h.conn.create_container(plain_pod, make_container(plain_pod, "main"))
+        assert plain == api.CreateContainerResponse()
+        await h.conn.stop_container(pod, main)
+        assert main.id not in h.enforcer.injected
+        await h.close()
+
+    _run(body)
+
+
+def test_isolation_layer_settings_reach_the_container(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    async def body() -> None:
+        h = await start(
+            sock_dir,
+            device_root,
+            key_file,
+            settings=Settings(isolation="mps", mps_pipe_dir="/run/mps"),
+        )
+        pod = make_pod(
+            "train",
+            namespace="team-a",
+            uid=UID,
+            annotations={ALLOCATION_ANNOTATION: record(ContainerAllocation("main", gpus=(GPU0,)))},
+        )
+        response = await h.conn.create_container(pod, make_container(pod, "main"))
+        env = _env(response)
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{GPU0.uuid}=40960M"
+        assert [(m.source, m.destination, m.type) for m in response.adjust.mounts] == [
+            ("/run/mps", "/run/mps", "bind")
+        ]
+        await h.close()
+
+    _run(body)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "code", "words"),
+    [
+        (
+            record(ContainerAllocation("main", gpus=(GPU0,))).replace('"core":50', '"core":90'),
+            Code.PERMISSION_DENIED,
+            "integrity",
+        ),
+        (
+            record(ContainerAllocation("main", gpus=(GPU0,)), node="elsewhere"),
+            Code.INVALID_ARGUMENT,
+            "elsewhere",
+        ),
+        (
+            record(ContainerAllocation("main", gpus=(GpuGrant("GPU-9", 9, 9, 100, 1),))),
+            Code.FAILED_PRECONDITION,
+            "/dev/nvidia9",
+        ),
+        ("{garbage", Code.INVALID_ARGUMENT, "JSON"),
+    ],
+    ids=["forged", "other-node", "missing-gpu", "malformed"],
+)
+def test_bad_records_fail_the_creation_saying_why(
+    sock_dir: Path, device_root: Path, key_file: Path, annotation: str, code: int, words: str
+) -> None:
+    async def body() -> None:
+        h = await start(sock_dir, device_root, key_file)
+        pod = make_pod(
+            "train", namespace="team-a", uid=UID, annotations={ALLOCATION_ANNOTATION: annotation}
+        )
+        with pytest.raises(RpcError) as refused:
+            await h.conn.create_container(pod, make_container(pod, "main"))
+        assert refused.value.code == code
+        assert words in refused.value.message
+        assert "pod team-a/train" in refused.value.message and '"main"' in refused.value.message
+        await h.close()
+        # downgraded to a warning: the container is created untouched
+        h = await start(sock_dir, device_root, key_file, on_invalid="warn")
+        response = await h.conn.create_container(pod, make_container(pod, "main"))
+        assert response == api.CreateContainerResponse()
+        await h.close()
+
+    _run(body)
+
+
+def test_a_rotated_key_is_picked_up(sock_dir: Path, device_root: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        keys = tmp_path / "keys"
+        keys.mkdir()
+        (keys / "old").write_bytes(b"old-key-0123456789abcdef")
+        source = KeyringSource(keys, interval=0.0)
+        enforcer = Enforcer(EnforcerConfig(node_name=NODE), source, HostDevices(device_root))
+        new = Keyring.single(b"new-key-0123456789abcdef", "new")
+        text = encode(
+            PodAllocation(UID, "a", "b", NODE, (ContainerAllocation("main", gpus=(GPU1,)),)), new
+        )
+        pod = make_pod("b", namespace="a", uid=UID, annotations={ALLOCATION_ANNOTATION: text})
+        with pytest.raises(RpcError):
+            await enforcer.create_container(pod, make_container(pod, "main"))
+        (keys / "new").write_bytes(b"new-key-0123456789abcdef")
+        response = await enforcer.create_container(pod, make_container(pod, "main"))
+        assert _env(response)["NVIDIA_VISIBLE_DEVICES"] == GPU1.uuid
+
+    _run(body)
+
+
+def test_captured_containerd_requests_with_a_record(
+    sessions: list[Session], sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    """The CreateContainer requests real containerd sent (2.3.4 and 1.7.34), with our
+    record added to the pod: the named container gets its devices."""
+
+    async def body() -> None:
+        checked = 0
+        for session in sessions:
+            for m in session.messages("r2p"):
+                if m["method"] != "CreateContainer" or m["ttrpc_type"] != "request":
+                    continue
+                request = api.CreateContainerRequest.FromString(session.nri_payload(m))
+                pod, container = request.pod, request.container
+                text = encode(
+                    PodAllocation(
+                        pod.uid,
+                        pod.namespace,
+                        pod.name,
+                        NODE,
+                        (ContainerAllocation(container.name, gpus=(GPU1,)),),
+                    ),
+                    Keyring.single(KEY),
+                )
+                pod.annotations[ALLOCATION_ANNOTATION] = text
+                version = CONTAINERD_2_3 if session.version.startswith("v2") else CONTAINERD_1_7
+                h = await start(sock_dir, device_root, key_file, version=version)
+                response = await h.conn.create_container(pod, container)
+                assert [d[0] for d in _devices(response)] == [
+                    "/dev/nvidiactl",
+                    "/dev/nvidia-uvm",
+                    "/dev/nvidia1",
+                ]
+                assert _env(response) == {"NVIDIA_VISIBLE_DEVICES": GPU1.uuid}
+                await h.close()
+                checked += 1
+        assert checked >= 4
+
+    _run(body)
+
+
+# --- VF netdevs through the sandbox lifecycle ---------------------------------------------------
+
+
+def _vf_record(vf_name: str) -> str:
+    vf = VfGrant("0000:3b:00.4", "mlx5_4", 4, vf_name)
+    return record(
+        ContainerAllocation("main", rdma=(RdmaGrant("0000:3b:00.0", "mlx5_0", 0, 50, (vf,)),))
+    )
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_vf_follows_the_sandbox(
+    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
+) -> None:
+    with netlab() as lab:
+        ns = lab.namespace()
+        vf = lab.vf()
+
+        async def body() -> None:
+            h = await start(sock_dir, device_root, key_file, version=version, rename_prefix="rdma")
+            pod = make_pod(
+                "train",
+                namespace="team-a",
+                uid=UID,
+                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
+                netns=lab.path(ns),
+            )
+            await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert vf not in links() and "rdma0" in links(ns)
+            await h.conn.event(api.STOP_POD_SANDBOX, pod)
+            assert vf in links() and "rdma0" not in links(ns)
+            await h.conn.event(api.REMOVE_POD_SANDBOX, pod)
+            assert pod.id not in h.enforcer.pod_netdevs
+            await h.close()
+
+        _run(body)
+
+
+@pytest.mark.netns
+def test_a_missing_vf_fails_the_sandbox_unless_downgraded(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    with netlab() as lab:
+        ns = lab.namespace()
+
+        async def body() -> None:
+            pod = make_pod(
+                "train",
+                namespace="team-a",
+                uid=UID,
+                annotations={ALLOCATION_ANNOTATION: _vf_record("tsr-novf")},
+                netns=lab.path(ns),
+            )
+            h = await start(sock_dir, device_root, key_file)
+            with pytest.raises(RpcError) as failed:
+                await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert failed.value.code == Code.FAILED_PRECONDITION
+            assert "tsr-novf" in failed.value.message
+            await h.close()
+            h = await start(sock_dir, device_root, key_file, on_invalid="warn")
+            assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            await h.close()
+
+        _run(body)
+
+
+@pytest.mark.netns
+def test_a_restarted_plugin_still_brings_vfs_back(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    """State is rebuilt from Synchronize: a plugin that did not move the VF itself (it
+    restarted) returns it when the sandbox stops, even when the runtime's stop event
+    carries a reduced PodSandbox without annotations (as containerd 1.7 sends)."""
+    with netlab() as lab:
+        ns = lab.namespace()
+        vf = lab.vf()
+
+        async def body() -> None:
+            pod = make_pod(
+                "train",
+                namespace="team-a",
+                uid=UID,
+                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
+                netns=lab.path(ns),
+            )
+            first = await start(sock_dir, device_root, key_file)
+            await first.conn.event(api.RUN_POD_SANDBOX, pod)
+            await first.close()
+            assert vf in links(ns)
+            second = await start(
+                sock_dir, device_root, key_file, sync_pods=[pod], version=CONTAINERD_1_7
+            )
+            assert pod.id in second.enforcer.pod_netdevs
+            reduced = api.PodSandbox(id=pod.id, name=pod.name, namespace=pod.namespace, uid=pod.uid)
+            await second.conn.event(api.STOP_POD_SANDBOX, reduced)
+            assert vf in links() and vf not in links(ns)
+            await second.close()
+
+        _run(body)

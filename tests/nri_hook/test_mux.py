@@ -1,0 +1,160 @@
+"""The NRI multiplexer: framing rules, queue semantics, and ttrpc on top of it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nri_hook.mux import (
+    GO_READ_BUFFER,
+    MAX_PAYLOAD,
+    Mux,
+    MuxDecoder,
+    MuxError,
+    encode_frames,
+    split_payload,
+)
+from nri_hook.ttrpc import CallContext, Client, Server, unary
+from protos.nri import api_pb2
+
+
+def test_split_rule_whole_up_to_4096_then_4096_and_the_rest() -> None:
+    assert split_payload(b"a" * 4096) == [b"a" * 4096]
+    data = bytes(range(256)) * 40  # 10240 bytes
+    parts = split_payload(data)
+    assert [len(p) for p in parts] == [4096, 10240 - 4096]
+    assert b"".join(parts) == data
+
+
+def test_split_rule_respects_the_payload_limit() -> None:
+    data = bytes(GO_READ_BUFFER + 2 * MAX_PAYLOAD + 7)
+    assert [len(p) for p in split_payload(data)] == [GO_READ_BUFFER, MAX_PAYLOAD, MAX_PAYLOAD, 7]
+
+
+def test_frame_layout() -> None:
+    assert encode_frames(2, b"hello") == struct.pack(">II", 2, 5) + b"hello"
+
+
+def test_decoder_refuses_a_payload_over_the_limit() -> None:
+    with pytest.raises(MuxError):
+        MuxDecoder().feed(struct.pack(">II", 1, MAX_PAYLOAD + 1))
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2**32 - 1), st.binary(max_size=9000)), max_size=6),
+    st.lists(st.integers(1, 5000), max_size=12),
+)
+def test_any_writes_come_back_in_order_whatever_the_read_boundaries(
+    writes: list[tuple[int, bytes]], cuts: list[int]
+) -> None:
+    wire = b"".join(encode_frames(c, d) for c, d in writes)
+    decoder = MuxDecoder()
+    got: dict[int, bytes] = {}
+    pos = 0
+    for cut in [*cuts, len(wire)]:
+        for conn_id, payload in decoder.feed(wire[pos : pos + cut]):
+            got[conn_id] = got.get(conn_id, b"") + payload
+        pos += cut
+    expected: dict[int, bytes] = {}
+    for conn_id, data in writes:
+        expected[conn_id] = expected.get(conn_id, b"") + data
+    assert {c: d for c, d in got.items() if d} == {c: d for c, d in expected.items() if d}
+
+
+@given(st.lists(st.binary(max_size=40), max_size=20))
+def test_arbitrary_trunk_bytes_give_frames_or_a_mux_error(chunks: list[bytes]) -> None:
+    decoder = MuxDecoder()
+    try:
+        for chunk in chunks:
+            decoder.feed(chunk)
+    except MuxError:
+        pass
+
+
+async def _pair(**kwargs: int) -> tuple[Mux, Mux]:
+    a, b = socket.socketpair()
+    ra, wa = await asyncio.open_unix_connection(sock=a)
+    rb, wb = await asyncio.open_unix_connection(sock=b)
+    return Mux(ra, wa, **kwargs), Mux(rb, wb)
+
+
+def test_connections_are_independent_and_unopened_ids_are_dropped() -> None:
+    async def body() -> None:
+        left, right = await _pair()
+        one, two = left.open(1), left.open(2)
+        right.open(1).write(b"for one")
+        right.open(3).write(b"nobody listens on 3")
+        right.open(2).write(b"for two")
+        assert await asyncio.wait_for(two.read(), 2) == b"for two"
+        assert await asyncio.wait_for(one.read(), 2) == b"for one"
+        left.close()
+        assert await asyncio.wait_for(one.read(), 2) == b""  # closed: end of stream
+        await asyncio.wait_for(right.wait_closed(), 2)  # the peer sees the trunk close
+
+    asyncio.run(body())
+
+
+def test_queue_overflow_closes_the_whole_trunk() -> None:
+    async def body() -> None:
+        left, right = await _pair(queue_len=4)
+        unread = left.open(1)
+        other = left.open(2)
+        sender = right.open(1)
+        for i in range(5):
+            sender.write(b"x%d" % i)
+        await asyncio.wait_for(left.wait_closed(), 2)
+        assert isinstance(left.error, MuxError)
+        assert await other.read() == b""
+        # the four queued frames are still readable, then end of stream
+        assert [await unread.read() for _ in range(5)] == [b"x0", b"x1", b"x2", b"x3", b""]
+        right.close()
+
+    asyncio.run(body())
+
+
+def test_conn_id_zero_is_reserved() -> None:
+    async def body() -> None:
+        left, right = await _pair()
+        with pytest.raises(ValueError):
+            left.open(0)
+        left.close()
+        right.close()
+
+    asyncio.run(body())
+
+
+def test_ttrpc_over_the_mux_with_large_concurrent_messages() -> None:
+    """Messages of every size class (one frame, 4096 + rest, rest above 4096) in both
+    directions, many in flight: each arrives whole, none interleaved."""
+
+    async def body() -> None:
+        left, right = await _pair()
+        server = Server()
+
+        async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+            await asyncio.sleep(0)
+            return api_pb2.KeyValue(key=req.key, value=req.value[::-1])
+
+        server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
+        serving = asyncio.create_task(server.serve(left.open(1)))
+        client = Client(right.open(1))
+        sizes = [10, 4000, 4086, 4087, 5000, 9000, 70000, 300000]
+        requests = [
+            api_pb2.KeyValue(key=str(i), value=chr(65 + i % 26) * n + "#" * i)
+            for i, n in enumerate(sizes * 3)
+        ]
+        replies = await asyncio.gather(
+            *(client.call_message("t.S", "Echo", r, api_pb2.KeyValue) for r in requests)
+        )
+        assert [r.value for r in replies] == [r.value[::-1] for r in requests]
+        client.close()
+        left.close()
+        right.close()
+        await asyncio.wait_for(serving, 2)
+
+    asyncio.run(body())
