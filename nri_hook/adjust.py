@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.errors import IntegrityError, RecordError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.record import Keyring, decode
 
 ISOLATION_NONE: Final = "none"
@@ -162,6 +162,10 @@ def decode_record(
     except IntegrityError as exc:
         raise RejectError(
             CODE_PERMISSION_DENIED, f"allocation record integrity check failed: {exc}"
+        ) from None
+    except RecordMismatchError as exc:
+        raise RejectError(
+            CODE_PERMISSION_DENIED, f"allocation record belongs elsewhere: {exc}"
         ) from None
     except RecordError as exc:
         raise RejectError(CODE_INVALID_ARGUMENT, f"invalid allocation record: {exc}") from None

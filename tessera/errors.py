@@ -41,6 +41,10 @@ class RecordError(TesseraError):
     """An allocation record is malformed, from an unknown schema, or fails integrity."""
 
 
+class RecordMismatchError(RecordError):
+    """A well-formed record that belongs to another pod UID or another node (copied)."""
+
+
 class IntegrityError(RecordError):
     """An allocation record's integrity proof is missing or does not verify."""
 

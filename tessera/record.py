@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.errors import IntegrityError, RecordError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.model import normalize_bus_id
 from tessera.resources import UNITS_PER_DEVICE
 
@@ -172,9 +172,9 @@ def decode(
 
     alloc = _parse(doc)
     if pod_uid is not None and alloc.pod_uid != pod_uid:
-        raise RecordError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
+        raise RecordMismatchError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
     if node is not None and alloc.node != node:
-        raise RecordError(f"record is for node {alloc.node!r}, not {node!r}")
+        raise RecordMismatchError(f"record is for node {alloc.node!r}, not {node!r}")
     return alloc
 
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tessera import record
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.errors import IntegrityError, RecordError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 
 KEY = record.Keyring.single(b"0123456789abcdef0123456789abcdef", "k1")
 
@@ -106,9 +106,9 @@ def test_rotation_verifies_with_any_key_and_signs_with_the_first():
 def test_pod_and_node_binding():
     text = record.encode(ALLOC, KEY)
     record.decode(text, KEY, pod_uid=ALLOC.pod_uid, node="gpu-node-7")
-    with pytest.raises(RecordError, match="not 'other-uid'"):
+    with pytest.raises(RecordMismatchError, match="not 'other-uid'"):
         record.decode(text, KEY, pod_uid="other-uid")
-    with pytest.raises(RecordError, match="not 'node-x'"):
+    with pytest.raises(RecordMismatchError, match="not 'node-x'"):
         record.decode(text, KEY, node="node-x")
 
 

@@ -99,12 +99,12 @@ def test_a_signed_record_for_this_pod_and_node_decodes() -> None:
         (encode(_alloc(ContainerAllocation("main"))), CODE_PERMISSION_DENIED, "no integrity"),
         (
             encode(_alloc(ContainerAllocation("main"), node="other-node"), KEY),
-            CODE_INVALID_ARGUMENT,
+            CODE_PERMISSION_DENIED,
             "other-node",
         ),
         (
             encode(_alloc(ContainerAllocation("main"), uid="someone-else"), KEY),
-            CODE_INVALID_ARGUMENT,
+            CODE_PERMISSION_DENIED,
             "someone-else",
         ),
         ("{not json", CODE_INVALID_ARGUMENT, "JSON"),

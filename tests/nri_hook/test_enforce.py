@@ -222,7 +222,7 @@ def test_isolation_layer_settings_reach_the_container(
         ),
         (
             record(ContainerAllocation("main", gpus=(GPU0,)), node="elsewhere"),
-            Code.INVALID_ARGUMENT,
+            Code.PERMISSION_DENIED,
             "elsewhere",
         ),
         (
