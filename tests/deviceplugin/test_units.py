@@ -273,3 +273,31 @@ def test_preferred_allocation_properties(free: list[int], size: int, rnd) -> Non
 def test_allocation_summary_counts_units_per_device() -> None:
     ids = ["gpu1-core-0", "gpu0-core-3", "gpu1-core-7", "rdma-mlx5_0-share-1", "gpu2"]
     assert allocation_summary(ids) == "gpu1:2,gpu0:1,rdma-mlx5_0:1,gpu2:1"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(
+                lambda d, k, n: f"gpu{d}-{k}-{n}",
+                st.integers(0, 3),
+                st.sampled_from(["core", "mem", "Core", ""]),
+                st.integers(0, 120),
+            ),
+            st.text(alphabet="gpu0-1x", max_size=8),
+        ),
+        max_size=40,
+    )
+)
+def test_allocation_summary_agrees_with_device_of(ids: list[str]) -> None:
+    expected = Counter(device_of(u) for u in ids)
+    summary = allocation_summary(ids)
+    got = (
+        Counter()
+        if not summary
+        else Counter(
+            {item.rsplit(":", 1)[0]: int(item.rsplit(":", 1)[1]) for item in summary.split(",")}
+        )
+    )
+    assert got == expected
