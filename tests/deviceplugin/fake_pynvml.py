@@ -34,10 +34,11 @@ NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
 NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
 
-nvmlEventTypeSingleBitEccError = 0x1
-nvmlEventTypeDoubleBitEccError = 0x2
-nvmlEventTypeXidCriticalError = 0x8
-nvmlEventTypeClock = 0x10
+# pynvml's own (mixedCase) names
+nvmlEventTypeSingleBitEccError = 0x1  # noqa: N816
+nvmlEventTypeDoubleBitEccError = 0x2  # noqa: N816
+nvmlEventTypeXidCriticalError = 0x8  # noqa: N816
+nvmlEventTypeClock = 0x10  # noqa: N816
 
 _NAMES = {
     NVML_ERROR_UNINITIALIZED: ("Uninitialized", "Uninitialized"),
@@ -58,9 +59,8 @@ class NVMLError(Exception):
     value: int
 
     def __new__(cls, value: int) -> NVMLError:
-        if cls is NVMLError:
-            cls = NVMLError._classes.get(value, cls)
-        obj = Exception.__new__(cls)
+        klass = NVMLError._classes.get(value, cls) if cls is NVMLError else cls
+        obj = Exception.__new__(klass)
         obj.value = value
         return obj
 

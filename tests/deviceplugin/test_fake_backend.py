@@ -83,7 +83,7 @@ def test_file_level_problems_fail(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as err:
         load_topology_lenient(str(unit))
     assert err.value.field == "$.memoryUnitMiB"
-    with pytest.raises(BackendError, match="missing.yaml"):
+    with pytest.raises(BackendError, match=r"missing\.yaml"):
         FakeBackend.from_topology(str(tmp_path / "missing.yaml"))
 
 

@@ -24,6 +24,7 @@ field selectors, or authentication.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import json
@@ -154,7 +155,7 @@ class FakeApiServer:
     def url(self) -> str:
         assert self._server is not None, "not started"
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> str:
         server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -176,10 +177,8 @@ class FakeApiServer:
             self._server.server_close()
             self._server = None
         for connection in list(self._connections):  # kept-alive clients lose the server too
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def __enter__(self) -> FakeApiServer:
         self.start()
@@ -322,7 +321,9 @@ class FakeApiServer:
                     new.pop("status", None)
             return self._store(target.key, new, current)
 
-    def watch(self, key: Key, since: int | None, timeout_s: float, write: Callable[[bytes], bool]):
+    def watch(
+        self, key: Key, since: int | None, timeout_s: float, write: Callable[[bytes], bool]
+    ) -> None:
         """Stream events of one collection until the timeout or the client goes away."""
         deadline = time.monotonic() + timeout_s
         with self._cond:

@@ -29,6 +29,12 @@ from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 CHECKPOINT = "kubelet_internal_checkpoint"
+
+# typed handles on the untyped generated gRPC module
+_plugin_stub: Callable[[grpc.Channel], Any] = pb_grpc.DevicePluginStub
+_add_registration: Callable[[pb_grpc.RegistrationServicer, grpc.Server], None] = (
+    pb_grpc.add_RegistrationServicer_to_server
+)
 SERVICE = "/v1beta1.DevicePlugin/"
 
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -58,7 +64,7 @@ class PluginEndpoint:
         self.resource = resource
         self.socket = socket
         self.channel = channel
-        self.stub: Any = pb_grpc.DevicePluginStub(channel)
+        self.stub: Any = _plugin_stub(channel)
         self.options: pb.DevicePluginOptions | None = None
         self.snapshots: list[pb.ListAndWatchResponse] = []
         self.stream_open = False
@@ -117,7 +123,9 @@ class PluginEndpoint:
 
     def call_raw(self, method: str, request: bytes, timeout_s: float = 10.0) -> bytes:
         """Send serialized request bytes to a DevicePlugin method; the response bytes."""
-        call = self.channel.unary_unary(SERVICE + method)
+        call = self.channel.unary_unary(
+            SERVICE + method, request_serializer=None, response_deserializer=None
+        )
         response: bytes = call(request, timeout=timeout_s)
         return response
 
@@ -173,7 +181,7 @@ class KubeletSimulator:
         if not checkpoint.exists():
             checkpoint.write_text("{}")
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        _add_registration(_Registration(self), server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         server.start()
         self._server = server
