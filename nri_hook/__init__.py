@@ -1,0 +1,1 @@
+"""Placeholder so lint runs on the deviceplugin branch (the nri_hook branch has the real one)."""
