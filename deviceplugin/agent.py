@@ -28,7 +28,13 @@ from deviceplugin.inventory import InventoryPublisher, node_labels
 from deviceplugin.kubeapi import KubeError
 from deviceplugin.rdma import port_health
 from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
-from deviceplugin.units import ResourceUnits, UnitConfig, build_units, check_limits
+from deviceplugin.units import (
+    ResourceUnits,
+    UnitConfig,
+    build_units,
+    check_limits,
+    validate_resource_name,
+)
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory
 
@@ -82,8 +88,10 @@ class Agent:
         self._inventory = self._base
         self._units: dict[str, ResourceUnits] = {}
         self.manager: PluginManager | None = None
-        self.inventory_error: str = ""
-        """The last inventory/heartbeat failure, empty once a later attempt succeeds."""
+        self.inventory_error = ""
+        """The last NodeDevices/labels failure; empty once a later attempt succeeds."""
+        self.heartbeat_error = ""
+        """The last heartbeat failure; empty once a later renewal succeeds."""
 
     # --- discovery ----------------------------------------------------------------------------
 
@@ -152,6 +160,8 @@ class Agent:
         if not self._units:
             self.discover()
         resources = self.config.units.resources(self._inventory)
+        for resource in resources:
+            validate_resource_name(resource)  # the kubelet's rules, before anything listens
         self.manager = PluginManager(
             resources,
             self.config.plugin_dir,
@@ -254,6 +264,11 @@ class Agent:
     # --- inventory ----------------------------------------------------------------------------
 
     def _inventory_loop(self) -> None:
+        """Heartbeat on its interval; NodeDevices and labels when dirty or due for resync.
+
+        Failures (API server down, RBAC, an unexpected answer) are logged and retried after
+        `retry_interval_s`; the thread never dies, and the kubelet side is not affected.
+        """
         publisher = self.publisher
         assert publisher is not None
         cfg = self.config
@@ -266,10 +281,11 @@ class Agent:
             if now >= next_heartbeat:
                 try:
                     publisher.heartbeat()
+                    self.heartbeat_error = ""
                     next_heartbeat = now + publisher.config.heartbeat_interval_s
-                except KubeError as exc:
-                    self.inventory_error = f"heartbeat: {exc}"
-                    log.warning("heartbeat Lease: %s", exc)
+                except Exception as exc:
+                    self.heartbeat_error = str(exc)
+                    _log_api_failure("heartbeat Lease", exc)
                     next_heartbeat = now + min(
                         cfg.retry_interval_s, publisher.config.heartbeat_interval_s
                     )
@@ -286,9 +302,9 @@ class Agent:
                     self.inventory_error = ""
                     if resync:
                         next_resync = now + cfg.resync_interval_s
-                except KubeError as exc:
-                    self.inventory_error = f"inventory: {exc}"
-                    log.warning("node inventory: %s; retrying in %.0fs", exc, cfg.retry_interval_s)
+                except Exception as exc:
+                    self.inventory_error = str(exc)
+                    _log_api_failure("node inventory", exc)
                     self._dirty.set()
                     next_publish = now + cfg.retry_interval_s
             wake = min(next_heartbeat, next_resync)
@@ -299,3 +315,10 @@ class Agent:
                 self._stop.wait(delay)
             else:
                 self._dirty.wait(delay)
+
+
+def _log_api_failure(what: str, exc: Exception) -> None:
+    if isinstance(exc, KubeError):
+        log.warning("%s: %s; retrying", what, exc)
+    else:
+        log.exception("%s: unexpected failure; retrying", what)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,3 +256,15 @@ def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_pa
         labels = apiserver.get(f"/api/v1/nodes/{NODE}")["metadata"]["labels"]  # type: ignore[index]
         assert labels[GPU_MODEL_LABEL] == "Tesla-T4"
     assert agent.inventory_error == ""
+
+
+def test_the_agent_retries_after_api_failures(apiserver: FakeApiServer, tmp_path: Path) -> None:
+    agent, _ = make_agent(tmp_path, "t4-4x", retry_interval_s=0.05)
+    agent.publisher = _publisher(apiserver, Clock())
+    apiserver.fail_next("GET", CR, 500, count=2)
+    apiserver.fail_next("GET", LEASE, 503)
+    with running(agent):
+        _wait(lambda: apiserver.get(CR))
+        _wait(lambda: apiserver.get(LEASE))
+        _wait(lambda: agent.inventory_error == "" and agent.heartbeat_error == "")
+    assert [m for m, p in apiserver.requests if p == CR].count("GET") >= 3
