@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no GOAWAY info lines
+
 import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
@@ -47,7 +49,7 @@ def _start_agent(plugin_dir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
             "--node-name",
             "bench-node",
             "--log-level",
-            "warning",
+            "error",
             *extra,
         ],
         env=env,

@@ -95,6 +95,7 @@ def test_patches(server: FakeApiServer) -> None:
 def test_watch_with_the_kubernetes_client(custom: client.CustomObjectsApi) -> None:
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _widget("a", 1))
     seen: list[tuple[str, str]] = []
+    started = threading.Event()
     done = threading.Event()
 
     def watcher() -> None:
@@ -103,12 +104,14 @@ def test_watch_with_the_kubernetes_client(custom: client.CustomObjectsApi) -> No
             custom.list_cluster_custom_object, GROUP, VERSION, PLURAL, timeout_seconds=5
         ):
             seen.append((event["type"], event["object"]["metadata"]["name"]))
+            started.set()
             if len(seen) == 3:
                 w.stop()
         done.set()
 
     thread = threading.Thread(target=watcher, daemon=True)
     thread.start()
+    assert started.wait(10)  # the watch is open (its first event is the existing object)
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _widget("b", 2))
     custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "a")
     assert done.wait(10)
