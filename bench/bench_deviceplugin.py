@@ -1,0 +1,176 @@
+"""Node agent benchmarks: Allocate round trip over the unix socket, re-registration after a
+kubelet restart, and the agent's resident memory with the 8x H100 topology.
+
+The agent runs as its own process (`python -m deviceplugin.cli`, fake backend), exactly as
+deployed but without NVML; the kubelet is the test suite's simulator (tests/fakes/kubelet.py)
+in this process. Figures are wall-clock on a shared machine, so expect noise.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no GOAWAY info lines
+
+import psutil
+
+from bench.common import BenchContext, Result, mean, percentile
+from tests.fakes.apiserver import FakeApiServer
+from tests.fakes.kubelet import KubeletSimulator
+
+ROOT = Path(__file__).resolve().parent.parent
+TESSERA = (
+    "tessera.dev/gpu-core",
+    "tessera.dev/gpu-memory-ratio",
+    "tessera.dev/gpu-memory",
+    "tessera.dev/gpu",
+    "tessera.dev/rdma",
+)
+
+
+def _start_agent(plugin_dir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "deviceplugin.cli",
+            "--backend",
+            "fake",
+            "--topology",
+            "h100-sxm-8x",
+            "--device-plugin-dir",
+            str(plugin_dir),
+            "--node-name",
+            "bench-node",
+            "--log-level",
+            "error",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _rss_mb(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 1e6
+
+
+def _allocate_and_restarts(ctx: BenchContext) -> list[Result]:
+    calls = 300 if ctx.quick else 3000
+    restarts = 3 if ctx.quick else 10
+    with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp:
+        plugin_dir = Path(tmp)
+        kubelet = KubeletSimulator(plugin_dir)
+        kubelet.start()
+        proc = _start_agent(plugin_dir, ["--no-inventory"])
+        try:
+            kubelet.wait_registered(TESSERA, timeout_s=30)
+            core = kubelet.endpoint("tessera.dev/gpu-core")
+            snapshot = core.wait_for(lambda m: len(m.devices) == 800)
+            ids = [d.ID for d in snapshot.devices]
+            # a container asking for 1.5 GPUs' worth of compute: 150 IDs on two devices
+            request_ids = ids[:150]
+            for _ in range(50):  # warm up the channel and the server's threads
+                kubelet.allocate("tessera.dev/gpu-core", request_ids)
+            samples = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                kubelet.allocate("tessera.dev/gpu-core", request_ids)
+                samples.append((time.perf_counter() - start) * 1000)
+            preferred = []
+            for _ in range(calls // 10):
+                start = time.perf_counter()
+                kubelet.get_preferred_allocation("tessera.dev/gpu-core", ids, [], 250)
+                preferred.append((time.perf_counter() - start) * 1000)
+            rss_serving = _rss_mb(proc.pid)
+            recoveries = []
+            for _ in range(restarts):
+                restarted = kubelet.restart()
+                done = kubelet.wait_registered(TESSERA, since=restarted, timeout_s=30)
+                recoveries.append((max(done.values()) - restarted) * 1000)
+                for resource in TESSERA:
+                    kubelet.endpoint(resource).wait_for(lambda m: len(m.devices) > 0)
+            rss_after = _rss_mb(proc.pid)
+        finally:
+            _stop(proc)
+            kubelet.stop()
+    return [
+        Result(
+            "Allocate round trip p99 (150 IDs, unix socket)",
+            percentile(samples, 99),
+            "ms",
+            target=1.0,
+            note=f"p50 {percentile(samples, 50):.3f} ms over {calls} calls",
+        ),
+        Result(
+            "GetPreferredAllocation p99 (800 available, 250 wanted)",
+            percentile(preferred, 99),
+            "ms",
+        ),
+        Result(
+            "re-registration after kubelet restart (max, 5 resources)",
+            max(recoveries),
+            "ms",
+            target=1000.0,
+            note=f"mean {mean(recoveries):.0f} ms over {restarts} restarts; the socket "
+            "directory is polled every 100 ms",
+        ),
+        Result(
+            "agent RSS, 8x H100, --no-inventory", max(rss_serving, rss_after), "MB", target=60.0
+        ),
+    ]
+
+
+def _rss_with_inventory() -> Result:
+    with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp, FakeApiServer() as api:
+        api.put("/api/v1/nodes/bench-node", {"metadata": {}})
+        kubeconfig = Path(tmp) / "kubeconfig"
+        kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
+            f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
+            "contexts: [{name: fake, context: {cluster: fake, user: u}}]\n"
+            "users: [{name: u, user: {}}]\n"
+        )
+        plugin_dir = Path(tmp) / "dp"
+        kubelet = KubeletSimulator(plugin_dir)
+        kubelet.start()
+        proc = _start_agent(
+            plugin_dir, ["--kubeconfig", str(kubeconfig), "--heartbeat-interval", "1"]
+        )
+        try:
+            kubelet.wait_registered(TESSERA, timeout_s=30)
+            deadline = time.monotonic() + 30
+            while api.get("/apis/tessera.dev/v1alpha1/nodedevices/bench-node") is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the agent did not publish its inventory")
+                time.sleep(0.1)
+            time.sleep(2.5)  # a few heartbeats
+            rss = _rss_mb(proc.pid)
+        finally:
+            _stop(proc)
+            kubelet.stop()
+    return Result(
+        "agent RSS, 8x H100, with inventory (kubernetes client)",
+        rss,
+        "MB",
+        target=60.0,
+        note="the kubernetes 37 client package alone is ~24 MB",
+    )
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    return [*_allocate_and_restarts(ctx), _rss_with_inventory()]

@@ -1,0 +1,89 @@
+"""The interface every GPU backend implements, and the choice among them at start.
+
+A backend discovers the node's GPUs once, then feeds health: `wait_events` blocks for XID
+events (NVML's event set, or injected ones in the fake), and `query` asks one GPU whether it
+still answers normally. RDMA NICs come from a `NicSource`: sysfs on a real node, the topology
+file for the fake backend.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tessera.errors import InventoryError
+from tessera.model import Gpu, RdmaNic
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("nvml", "fake", "auto")
+
+
+class BackendError(Exception):
+    """A backend cannot start (no NVML library, no driver, unreadable topology file)."""
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """A critical-error event. `uuid` None means "some GPU, unknown which" (for instance the
+    event wait itself failed), which marks every GPU unhealthy, as NVIDIA's plugin does."""
+
+    uuid: str | None
+    xid: int
+    detail: str = ""
+
+
+@dataclass
+class GpuDiscovery:
+    gpus: list[Gpu] = field(default_factory=list)
+    errors: list[InventoryError] = field(default_factory=list)
+
+
+class GpuBackend(Protocol):
+    name: str
+
+    def discover(self) -> GpuDiscovery:
+        """Every GPU of the node; a GPU that cannot be read is an error, not a failure."""
+        ...
+
+    def wait_events(self, timeout_s: float) -> list[XidEvent]:
+        """Block up to `timeout_s` for XID events; [] on timeout."""
+        ...
+
+    def query(self, uuid: str) -> str | None:
+        """None if the GPU answers normally, else why not."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class NicSource(Protocol):
+    def discover_nics(self) -> tuple[list[RdmaNic], list[InventoryError]]: ...
+
+    def port_states(self, ibdev: str) -> tuple[str, ...]:
+        """Raises InventoryError when the NIC's ports cannot be read."""
+        ...
+
+
+def open_backend(kind: str, topology: str | None, sysfs_root: str) -> GpuBackend:
+    """The backend for `kind`: `nvml`, `fake` (needs a topology) or `auto` (NVML when its
+    library loads and a driver answers, else the topology file when one is given)."""
+    from deviceplugin.fake_backend import FakeBackend
+    from deviceplugin.nvml_backend import NvmlBackend
+
+    if kind == "nvml":
+        return NvmlBackend(sysfs_root=sysfs_root)
+    if kind == "fake":
+        if not topology:
+            raise BackendError("the fake backend needs --topology (a file or a built-in name)")
+        return FakeBackend.from_topology(topology)
+    if kind != "auto":
+        raise BackendError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})")
+    try:
+        return NvmlBackend(sysfs_root=sysfs_root)
+    except BackendError as exc:
+        if not topology:
+            raise BackendError(f"{exc}; and no --topology to fall back on") from None
+        log.warning("NVML unavailable (%s); using the fake backend with %s", exc, topology)
+        return FakeBackend.from_topology(topology)

@@ -1,0 +1,398 @@
+"""tessera-device-plugin: the node agent's command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from deviceplugin.backend import BACKENDS, BackendError, GpuBackend, NicSource, open_backend
+from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
+from deviceplugin.inventory import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_LEASE_DURATION_S,
+    cr_spec,
+)
+from deviceplugin.server import DEFAULT_PLUGIN_DIR
+from deviceplugin.units import LimitError, UnitConfig, validate_resource_name
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_MEMORY_UNIT_MIB
+from tessera.topology_file import BUILTIN_TOPOLOGIES
+
+log = logging.getLogger("deviceplugin")
+
+DESCRIPTION = """\
+tessera's node agent. Discovers the node's GPUs (NVML, or a topology file) and RDMA NICs
+(sysfs and netlink), advertises fractional resources to the kubelet through the device
+plugin API (one socket per resource), watches device health, and publishes the node's
+NodeDevices object, GPU labels and heartbeat Lease for the scheduler.
+"""
+
+EPILOG = f"""\
+built-in topologies: {", ".join(BUILTIN_TOPOLOGIES)}
+exit status: 0 after SIGTERM/SIGINT, 2 on a configuration error (bad flag, no backend,
+unreadable topology file, more unit IDs than the kubelet can take).
+docs: docs/deviceplugin.md
+"""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, msg (and exc when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def setup_logging(fmt: str, level: str, stream: Any = None) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
+    return value
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xid_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tessera-device-plugin",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d = p.add_argument_group("discovery")
+    d.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="where GPUs come from: nvml (the driver), fake (--topology), or auto (NVML when "
+        "its library loads, else --topology if given). Default: %(default)s.",
+    )
+    d.add_argument(
+        "--topology",
+        metavar="FILE|NAME",
+        help="topology file (YAML/JSON, the inventory schema) or built-in name for the fake "
+        "backend; a broken GPU/NIC entry is skipped with an error naming the field",
+    )
+    d.add_argument(
+        "--rdma",
+        choices=("auto", "sysfs", "topology", "off"),
+        default="auto",
+        help="where RDMA NICs come from: sysfs (+netlink), the topology file, or off; auto "
+        "means the topology file with the fake backend and sysfs otherwise. Default: "
+        "%(default)s.",
+    )
+    d.add_argument(
+        "--sysfs-root",
+        default="/sys",
+        metavar="DIR",
+        help="sysfs mount to read PCI topology and /class/infiniband from. Default: %(default)s.",
+    )
+    d.add_argument(
+        "--no-netlink",
+        action="store_true",
+        help="read NICs from sysfs only (netlink via pyroute2 adds interface names, link and "
+        "VF state, and about 20 MB of memory)",
+    )
+    d.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME") or socket.gethostname(),
+        help="this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
+        "else the host name (%(default)s).",
+    )
+
+    k = p.add_argument_group("kubelet")
+    k.add_argument(
+        "--device-plugin-dir",
+        default=DEFAULT_PLUGIN_DIR,
+        metavar="DIR",
+        help="the kubelet's device-plugins directory; one socket per resource is created here. "
+        "Default: %(default)s.",
+    )
+    k.add_argument(
+        "--kubelet-socket",
+        metavar="PATH",
+        help="the kubelet's registration socket. Default: <device-plugin-dir>/kubelet.sock.",
+    )
+    k.add_argument(
+        "--memory-unit-mib",
+        type=_positive_int,
+        default=DEFAULT_MEMORY_UNIT_MIB,
+        metavar="MIB",
+        help="size of one tessera.dev/gpu-memory unit; published in the inventory so the "
+        "scheduler converts the same way. A unit so small that a resource would need over "
+        "32768 IDs is refused. Default: %(default)s.",
+    )
+    k.add_argument(
+        "--nvidia-gpu",
+        action="store_true",
+        help="also advertise whole GPUs as nvidia.com/gpu (only for clusters that do not run "
+        "NVIDIA's device plugin). Default: off.",
+    )
+    k.add_argument(
+        "--no-rdma-resource",
+        action="store_true",
+        help="do not advertise tessera.dev/rdma even when the node has RDMA NICs",
+    )
+    k.add_argument(
+        "--socket-poll-interval",
+        type=_positive,
+        default=0.1,
+        metavar="SECONDS",
+        help="how often the sockets are checked for a kubelet restart. Default: %(default)s.",
+    )
+
+    h = p.add_argument_group("health")
+    h.add_argument(
+        "--health-ignore-xids",
+        type=_xids,
+        default=DEFAULT_IGNORED_XIDS,
+        metavar="LIST",
+        help="comma-separated XIDs that do not mark a GPU unhealthy (application errors); "
+        "'none' for an empty list. Default: "
+        + ",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS))
+        + ".",
+    )
+    h.add_argument(
+        "--no-xid-health",
+        action="store_true",
+        help="do not watch NVML XID events (periodic queries still run)",
+    )
+    h.add_argument(
+        "--health-query-interval",
+        type=_non_negative,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often each GPU is queried and each NIC's ports re-read; 0 turns the queries "
+        "off (and with them recovery, which needs normal answers). Default: %(default)s.",
+    )
+    h.add_argument(
+        "--health-recovery-seconds",
+        type=_non_negative,
+        default=300.0,
+        metavar="SECONDS",
+        help="quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
+        "again; 0 keeps it unhealthy until the agent restarts. Default: %(default)s.",
+    )
+
+    i = p.add_argument_group("inventory")
+    i.add_argument(
+        "--no-inventory",
+        action="store_true",
+        help="run without a cluster: no NodeDevices object, labels or Lease (demo, tests)",
+    )
+    i.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        default=os.environ.get("KUBECONFIG") or None,
+        help="kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's "
+        "service account (in-cluster).",
+    )
+    i.add_argument("--kube-context", metavar="NAME", help="kubeconfig context to use")
+    i.add_argument(
+        "--heartbeat-namespace",
+        default=DEFAULT_HEARTBEAT_NAMESPACE,
+        metavar="NS",
+        help="namespace of the heartbeat Lease. Default: %(default)s.",
+    )
+    i.add_argument(
+        "--heartbeat-interval",
+        type=_positive,
+        default=DEFAULT_HEARTBEAT_INTERVAL_S,
+        metavar="SECONDS",
+        help="how often the Lease is renewed. Default: %(default)s.",
+    )
+    i.add_argument(
+        "--lease-duration",
+        type=_positive_int,
+        default=DEFAULT_LEASE_DURATION_S,
+        metavar="SECONDS",
+        help="the Lease's leaseDurationSeconds; the scheduler treats an agent whose Lease is "
+        "older than this as dead. Default: %(default)s.",
+    )
+    i.add_argument(
+        "--resync-interval",
+        type=_positive,
+        default=300.0,
+        metavar="SECONDS",
+        help="how often the NodeDevices object and labels are compared with the API server "
+        "even when nothing changed. Default: %(default)s.",
+    )
+
+    o = p.add_argument_group("output")
+    o.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines as text or one JSON object per line. Default: %(default)s.",
+    )
+    o.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="log verbosity. Default: %(default)s.",
+    )
+    o.add_argument(
+        "--print-inventory",
+        action="store_true",
+        help="discover, print the inventory (the NodeDevices spec) and the unit counts as "
+        "JSON, and exit; to compare with `nvidia-smi -q` on a node",
+    )
+    return p
+
+
+def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | None:
+    from deviceplugin.fake_backend import FakeBackend
+
+    mode = args.rdma
+    if mode == "off":
+        return None
+    if mode == "auto":
+        mode = "topology" if isinstance(backend, FakeBackend) else "sysfs"
+    if mode == "topology":
+        if not isinstance(backend, FakeBackend):
+            raise BackendError("--rdma topology needs the fake backend")
+        return backend
+    from deviceplugin.rdma import Pyroute2Links, SysfsRdma
+    from deviceplugin.sysfs import Sysfs
+
+    return SysfsRdma(
+        Sysfs(args.sysfs_root), link_source_factory=None if args.no_netlink else Pyroute2Links
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_format, args.log_level)
+    from deviceplugin.agent import Agent, AgentConfig
+    from deviceplugin.units import build_units
+
+    units = UnitConfig(
+        memory_unit_mib=args.memory_unit_mib,
+        nvidia_gpu=args.nvidia_gpu,
+        rdma=not args.no_rdma_resource,
+    )
+    try:
+        backend = open_backend(args.backend, args.topology, args.sysfs_root)
+        nics = _nic_source(args, backend)
+    except BackendError as exc:
+        log.error("%s", exc)
+        return 2
+    config = AgentConfig(
+        node_name=args.node_name,
+        units=units,
+        plugin_dir=Path(args.device_plugin_dir),
+        kubelet_socket=Path(args.kubelet_socket) if args.kubelet_socket else None,
+        xid_policy=XidPolicy(ignored=args.health_ignore_xids, enabled=not args.no_xid_health),
+        quiet_period_s=args.health_recovery_seconds,
+        query_interval_s=args.health_query_interval,
+        poll_interval_s=args.socket_poll_interval,
+        resync_interval_s=args.resync_interval,
+    )
+    agent = Agent(config, backend, nics)
+    try:
+        inventory = agent.discover()
+        for resource in units.resources(inventory):
+            validate_resource_name(resource)
+    except (LimitError, ValueError) as exc:
+        log.error("%s", exc)
+        backend.close()
+        return 2
+    if args.print_inventory:
+        report = {
+            "spec": cr_spec(inventory),
+            "units": {r: len(u.units) for r, u in build_units(inventory, units).items()},
+            "errors": [str(e) for e in agent.errors],
+        }
+        print(json.dumps(report, indent=2))
+        backend.close()
+        return 0
+    if not args.no_inventory:
+        from deviceplugin.inventory import InventoryConfig, InventoryPublisher
+        from deviceplugin.kubeapi import KubernetesClientApi
+
+        try:
+            api = KubernetesClientApi.connect(args.kubeconfig, args.kube_context)
+        except Exception as exc:  # the kubernetes config loaders raise several types
+            log.error(
+                "cannot configure the Kubernetes client: %s (use --no-inventory "
+                "to run without a cluster)",
+                exc,
+            )
+            backend.close()
+            return 2
+        agent.publisher = InventoryPublisher(
+            api,
+            InventoryConfig(
+                node_name=args.node_name,
+                heartbeat_namespace=args.heartbeat_namespace,
+                lease_duration_s=args.lease_duration,
+                heartbeat_interval_s=args.heartbeat_interval,
+            ),
+        )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    agent.start()
+    log.info("serving %s", ", ".join(agent.units))
+    while not stop.wait(1.0):
+        pass
+    agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""A GPU backend (and NIC source) driven by a topology file, with health controls for tests
+and demos: inject an XID, make a GPU stop (or resume) answering queries, change port states.
+
+Loading is lenient: a GPU or NIC entry with a bad field is dropped with an InventoryError that
+names the file and the field path (`gpus[3].memoryMiB`), and the rest of the file is served.
+Only a file that cannot be used at all (unreadable, not YAML, a bad top-level field) fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import threading
+from collections.abc import MutableMapping
+from dataclasses import replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
+from tessera.errors import InventoryError
+from tessera.model import Gpu, NodeInventory, RdmaNic
+from tessera.topology_file import BUILTIN_TOPOLOGIES
+
+_ENTRY = re.compile(r"^(gpus|rdma)\[(\d+)\]")
+
+
+def _read_topology(name_or_path: str) -> tuple[str, str]:
+    if name_or_path in BUILTIN_TOPOLOGIES:
+        ref = resources.files("tessera") / "topologies" / f"{name_or_path}.yaml"
+        return ref.read_text(), f"builtin:{name_or_path}"
+    path = Path(name_or_path)
+    try:
+        return path.read_text(), str(path)
+    except OSError as exc:
+        raise InventoryError(str(path), "$", f"cannot read topology file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InventoryError(str(path), "$", "not a text file") from None
+
+
+def _drop_gpu(doc: MutableMapping[str, Any], position: int) -> None:
+    gpus = doc["gpus"]
+    dropped = gpus.pop(position)
+    gone: set[Any] = set()
+    if isinstance(dropped, dict):
+        gone = {dropped.get("index", position), str(dropped.get("index", position))}
+        if isinstance(dropped.get("uuid"), str):
+            gone.add(dropped["uuid"])
+    for gpu in gpus:
+        links = gpu.get("nvlinks") if isinstance(gpu, dict) else None
+        if isinstance(links, dict):
+            for key in [k for k in links if k in gone]:
+                del links[key]
+        elif isinstance(links, list):
+            links[:] = [
+                item for item in links if not (isinstance(item, dict) and item.get("peer") in gone)
+            ]
+
+
+def load_topology_lenient(
+    name_or_path: str, node_name: str = ""
+) -> tuple[NodeInventory, list[InventoryError]]:
+    """Load a topology, dropping broken GPU/NIC entries; returns what was read and the errors.
+
+    Raises InventoryError when nothing usable can be read.
+    """
+    text, source = _read_topology(name_or_path)
+    try:
+        doc: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "$"
+        raise InventoryError(source, where, f"not valid YAML/JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InventoryError(source, "$", "expected a mapping with gpus and rdma lists")
+    doc = copy.deepcopy(doc)
+    # pin every GPU's index to its position, so dropping an entry keeps the others' indexes
+    gpus = doc.get("gpus")
+    if isinstance(gpus, list):
+        for i, gpu in enumerate(gpus):
+            if isinstance(gpu, dict) and "index" not in gpu:
+                gpu["index"] = i
+    errors: list[InventoryError] = []
+    entries = sum(len(v) for k in ("gpus", "rdma") if isinstance(v := doc.get(k), list))
+    for _ in range(entries + 1):
+        try:
+            inventory = NodeInventory.from_dict(doc, source=source, node_name=node_name)
+        except InventoryError as exc:
+            m = _ENTRY.match(exc.field)
+            if m is None or not isinstance(doc.get(m.group(1)), list):
+                raise
+            errors.append(exc)
+            kind, position = m.group(1), int(m.group(2))
+            if kind == "gpus":
+                _drop_gpu(doc, position)
+            else:
+                doc["rdma"].pop(position)
+            continue
+        return inventory, errors
+    raise InventoryError(source, "$", "could not salvage any entry")  # pragma: no cover
+
+
+class FakeBackend:
+    """GPUs and NICs from a topology; events and query answers under the caller's control."""
+
+    name = "fake"
+
+    def __init__(
+        self, inventory: NodeInventory, source: str = "", errors: list[InventoryError] | None = None
+    ) -> None:
+        self.source = source
+        self._gpus = tuple(replace(g, healthy=True, health_reason="") for g in inventory.gpus)
+        self._nics = {n.ibdev: n for n in inventory.nics}
+        self._port_states = {n.ibdev: n.port_states for n in inventory.nics}
+        self._load_errors = list(errors or [])
+        self._silent: dict[str, str] = {}
+        self._events: list[XidEvent] = []
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @classmethod
+    def from_topology(cls, name_or_path: str) -> FakeBackend:
+        try:
+            inventory, errors = load_topology_lenient(name_or_path)
+        except InventoryError as exc:
+            raise BackendError(str(exc)) from None
+        return cls(inventory, name_or_path, errors)
+
+    # --- GpuBackend -------------------------------------------------------------------------
+
+    def discover(self) -> GpuDiscovery:
+        gpu_errors = [e for e in self._load_errors if e.field.startswith("gpus")]
+        return GpuDiscovery(list(self._gpus), gpu_errors)
+
+    def wait_events(self, timeout_s: float) -> list[XidEvent]:
+        with self._cond:
+            if not self._events and not self._closed:
+                self._cond.wait(timeout_s)
+            events, self._events = self._events, []
+            return events
+
+    def query(self, uuid: str) -> str | None:
+        with self._cond:
+            return self._silent.get(uuid)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # --- NicSource --------------------------------------------------------------------------
+
+    def discover_nics(self) -> tuple[list[RdmaNic], list[InventoryError]]:
+        nic_errors = [e for e in self._load_errors if e.field.startswith("rdma")]
+        return list(self._nics.values()), nic_errors
+
+    def port_states(self, ibdev: str) -> tuple[str, ...]:
+        with self._cond:
+            if ibdev not in self._port_states:
+                raise InventoryError(f"fake:{self.source}", f"rdma[{ibdev}]", "no such NIC")
+            return self._port_states[ibdev]
+
+    # --- controls ---------------------------------------------------------------------------
+
+    def gpu(self, index: int) -> Gpu:
+        return next(g for g in self._gpus if g.index == index)
+
+    def inject_xid(self, uuid: str | None, xid: int, detail: str = "") -> None:
+        """Deliver an XID event as NVML would (`uuid` None: the device is unknown)."""
+        with self._cond:
+            self._events.append(XidEvent(uuid, xid, detail or f"injected XID {xid}"))
+            self._cond.notify_all()
+
+    def set_answers(self, uuid: str, answers: bool, reason: str = "GPU is lost") -> None:
+        """Make a GPU answer queries normally, or fail them with `reason`."""
+        with self._cond:
+            if answers:
+                self._silent.pop(uuid, None)
+            else:
+                self._silent[uuid] = reason
+
+    def set_port_states(self, ibdev: str, states: tuple[str, ...]) -> None:
+        with self._cond:
+            self._port_states[ibdev] = tuple(states)

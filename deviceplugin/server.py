@@ -1,0 +1,406 @@
+"""The kubelet-facing side: one gRPC device plugin server per resource, registration, and
+recovery from kubelet restarts.
+
+Each resource gets its own unix socket in the device-plugins directory and its own sync gRPC
+server (a small thread pool). A server is serving before it registers, because the kubelet
+calls GetDevicePluginOptions from inside its Register handler.
+
+- ListAndWatch sends the current snapshot at once and again on every change; every message is
+  complete. A newer ListAndWatch stream of the same resource ends the older ones, so a
+  kubelet that reconnects never leaves threads behind.
+- GetPreferredAllocation keeps a container's units on as few devices as possible.
+- Allocate answers every container at once, from the request alone: no pod lookup, no lock
+  held across calls, nothing that can block. What it returns (an env var and a container
+  annotation saying how many units of which device the kubelet counted) is informational;
+  the NRI plugin applies the scheduler's real placement.
+- PreStartContainer is not requested (the option is off) but answered if called.
+
+Kubelet restarts wipe the sockets in the directory and re-create kubelet.sock. A watcher
+thread polls every `poll_interval_s` (default 100 ms; the standard library has no inotify,
+and a stat of a few files is cheap): a missing or replaced plugin socket gets a fresh server,
+a new kubelet.sock triggers registration of every resource. Registration retries with a
+backoff (100 ms doubling to 5 s) until the kubelet accepts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from deviceplugin.units import (
+    ResourceUnits,
+    allocation_summary,
+    annotation_key,
+    env_name,
+    preferred_allocation,
+    socket_name,
+)
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+KUBELET_SOCKET_NAME = "kubelet.sock"
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+# the generated gRPC module is untyped; these give its two entry points we call a type
+_add_servicer: Callable[[pb_grpc.DevicePluginServicer, grpc.Server], None] = (
+    pb_grpc.add_DevicePluginServicer_to_server
+)
+_registration_stub: Callable[[grpc.Channel], Any] = pb_grpc.RegistrationStub
+
+
+def build_snapshot(units: ResourceUnits) -> pb.ListAndWatchResponse:
+    response = pb.ListAndWatchResponse()
+    for unit in units.units:
+        device = response.devices.add(ID=unit.id, health=unit.health)
+        if unit.numa_node >= 0:
+            device.topology.nodes.add(ID=unit.numa_node)
+    return response
+
+
+class ResourceState:
+    """The latest snapshot of one resource, shared by its ListAndWatch streams."""
+
+    def __init__(self, resource: str) -> None:
+        self.resource = resource
+        self._cond = threading.Condition()
+        self._version = 0
+        self._key: object = None
+        self._message = pb.ListAndWatchResponse()
+        self._stream = 0
+        self.healthy = 0
+        self.total = 0
+
+    def update(self, units: ResourceUnits) -> bool:
+        """Install a new snapshot; returns False (and wakes nobody) if nothing changed."""
+        key = units.key()
+        if key == self._key:
+            return False
+        message = build_snapshot(units)
+        with self._cond:
+            self._key = key
+            self._message = message
+            self._version += 1
+            self.healthy = units.healthy_count
+            self.total = len(units.units)
+            self._cond.notify_all()
+        return True
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def open_stream(self) -> int:
+        with self._cond:
+            self._stream += 1
+            self._cond.notify_all()
+            return self._stream
+
+    def is_current(self, stream: int) -> bool:
+        return self._stream == stream
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_newer(
+        self, version: int, stream: int, timeout_s: float
+    ) -> tuple[int, pb.ListAndWatchResponse] | None:
+        with self._cond:
+            if self._version == version and self._stream == stream:
+                self._cond.wait(timeout_s)
+            if self._version != version and self._version > 0:
+                return self._version, self._message
+            return None
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, state: ResourceState, stopping: threading.Event) -> None:
+        self._state = state
+        self._stopping = stopping
+        self._env = env_name(state.resource)
+        self._annotation = annotation_key(state.resource)
+        self.allocations = 0
+
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    def ListAndWatch(
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
+        state = self._state
+        stream = state.open_stream()
+        context.add_callback(state.wake)
+        version = 0
+        log.info("%s: kubelet opened ListAndWatch", state.resource)
+        while True:
+            got = state.wait_newer(version, stream, 1.0)
+            if self._stopping.is_set() or not context.is_active() or not state.is_current(stream):
+                log.debug("%s: ListAndWatch stream %d ends", state.resource, stream)
+                return
+            if got is not None:
+                version, message = got
+                yield message
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        response = pb.PreferredAllocationResponse()
+        for creq in request.container_requests:
+            ids = preferred_allocation(
+                creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size
+            )
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    def Allocate(
+        self, request: pb.AllocateRequest, context: grpc.ServicerContext
+    ) -> pb.AllocateResponse:
+        response = pb.AllocateResponse()
+        for creq in request.container_requests:
+            summary = allocation_summary(creq.devices_ids)
+            container = response.container_responses.add()
+            container.envs[self._env] = summary
+            container.annotations[self._annotation] = summary
+        self.allocations += 1
+        return response
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns
+
+
+class PluginServer:
+    """One resource's socket, gRPC server and registration state."""
+
+    BACKOFF_START_S = 0.1
+    BACKOFF_MAX_S = 5.0
+
+    def __init__(self, resource: str, plugin_dir: Path, workers: int = 4) -> None:
+        self.resource = resource
+        self.plugin_dir = plugin_dir
+        self.endpoint = socket_name(resource)
+        self.socket_path = plugin_dir / self.endpoint
+        self.state = ResourceState(resource)
+        self._workers = workers
+        self._stopping = threading.Event()
+        self.servicer = DevicePluginServicer(self.state, self._stopping)
+        self._server: grpc.Server | None = None
+        self._socket_id: tuple[int, int] | None = None
+        # registration bookkeeping: the watcher asks for a registration by bumping `wanted`;
+        # a registration thread that succeeds records the request it answered in `done`, so
+        # a kubelet restart during an in-flight Register still gets a fresh one
+        self.wanted = 1
+        self.done = 0
+        self.registering = False
+        self.next_attempt = 0.0
+        self.backoff = self.BACKOFF_START_S
+        self.registrations = 0
+        self.last_registered = 0.0
+
+    def start(self) -> None:
+        path = self.socket_path
+        if path.is_socket() or path.is_symlink():
+            path.unlink()
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dp"),
+        )
+        _add_servicer(self.servicer, server)
+        if not server.add_insecure_port(f"unix://{path}"):
+            raise OSError(f"cannot listen on {path}")
+        server.start()
+        st = os.stat(path)
+        self._socket_id = (st.st_dev, st.st_ino)
+        self._server = server
+        log.info("%s: serving on %s", self.resource, path)
+
+    def stop(self, grace_s: float | None = 0) -> None:
+        self._stopping.set()
+        self.state.wake()
+        if self._server is not None:
+            self._server.stop(grace_s).wait(5)
+            self._server = None
+        if self.socket_alive():
+            self.socket_path.unlink(missing_ok=True)
+        self._socket_id = None
+
+    def restart(self) -> None:
+        if self._server is not None:
+            self._stopping.set()
+            self.state.wake()
+            self._server.stop(0).wait(5)
+            self._server = None
+        self._stopping.clear()
+        self.start()
+
+    @property
+    def needs_registration(self) -> bool:
+        return self.done < self.wanted
+
+    def want_registration(self) -> None:
+        self.wanted += 1
+        self.next_attempt = 0.0
+        self.backoff = self.BACKOFF_START_S
+
+    def socket_alive(self) -> bool:
+        try:
+            st = os.stat(self.socket_path)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self._socket_id
+
+    def register(self, kubelet_socket: Path, timeout_s: float) -> None:
+        """One Register call; raises grpc.RpcError when the kubelet refuses or is absent."""
+        request = pb.RegisterRequest(
+            version=API_VERSION,
+            endpoint=self.endpoint,
+            resource_name=self.resource,
+            options=OPTIONS,
+        )
+        with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+            _registration_stub(channel).Register(request, timeout=timeout_s)
+
+
+@dataclass(frozen=True)
+class Registration:
+    resource: str
+    at: float
+
+
+class PluginManager:
+    """Every resource's server, kept serving and registered across kubelet restarts."""
+
+    def __init__(
+        self,
+        resources: Sequence[str],
+        plugin_dir: str | Path = DEFAULT_PLUGIN_DIR,
+        kubelet_socket: str | Path | None = None,
+        poll_interval_s: float = 0.1,
+        register_timeout_s: float = 10.0,
+        on_registered: Callable[[Registration], None] | None = None,
+    ) -> None:
+        self.plugin_dir = Path(plugin_dir)
+        self.kubelet_socket = (
+            Path(kubelet_socket) if kubelet_socket else self.plugin_dir / KUBELET_SOCKET_NAME
+        )
+        self.servers = {r: PluginServer(r, self.plugin_dir) for r in resources}
+        self.poll_interval_s = poll_interval_s
+        self.register_timeout_s = register_timeout_s
+        self._on_registered = on_registered
+        self._kubelet_id: tuple[int, int, int] | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        for server in self.servers.values():
+            server.start()
+        self._watcher = threading.Thread(target=self._watch, name="dp-watcher", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+        for server in self.servers.values():
+            server.stop(0)
+
+    def update(self, units_by_resource: Mapping[str, ResourceUnits]) -> list[str]:
+        """Install new snapshots; returns the resources whose snapshot changed."""
+        changed = []
+        for resource, units in units_by_resource.items():
+            server = self.servers.get(resource)
+            if server is not None and server.state.update(units):
+                changed.append(resource)
+        return changed
+
+    # --- the watcher --------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check_once()
+            except Exception:  # the watcher must survive anything and keep recovering
+                log.exception("device plugin watcher")
+            self._stop.wait(self.poll_interval_s)
+
+    def check_once(self) -> None:
+        kubelet = _identity(self.kubelet_socket)
+        if kubelet != self._kubelet_id:
+            if kubelet is not None:
+                log.info("kubelet socket %s (re)appeared; registering", self.kubelet_socket)
+                for server in self.servers.values():
+                    server.want_registration()
+            self._kubelet_id = kubelet
+        now = time.monotonic()
+        for server in self.servers.values():
+            if self._stop.is_set():
+                return
+            if not server.socket_alive():
+                log.warning(
+                    "%s: socket %s is gone; serving again", server.resource, server.socket_path
+                )
+                server.restart()
+                server.want_registration()
+            if (
+                kubelet is not None
+                and server.needs_registration
+                and not server.registering
+                and now >= server.next_attempt
+            ):
+                server.registering = True
+                threading.Thread(
+                    target=self._register, args=(server,), name="dp-register", daemon=True
+                ).start()
+
+    def _register(self, server: PluginServer) -> None:
+        generation = server.wanted
+        try:
+            server.register(self.kubelet_socket, self.register_timeout_s)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+            log.warning(
+                "%s: registration failed (%s: %s); retrying in %.1fs",
+                server.resource,
+                code,
+                detail,
+                server.backoff,
+            )
+            server.next_attempt = time.monotonic() + server.backoff
+            server.backoff = min(server.backoff * 2, PluginServer.BACKOFF_MAX_S)
+        else:
+            server.done = max(server.done, generation)
+            server.backoff = PluginServer.BACKOFF_START_S
+            server.registrations += 1
+            server.last_registered = time.monotonic()
+            log.info("%s: registered with the kubelet", server.resource)
+            if self._on_registered is not None:
+                self._on_registered(Registration(server.resource, server.last_registered))
+        finally:
+            server.registering = False

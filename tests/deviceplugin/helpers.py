@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.agent import Agent, AgentConfig
+from deviceplugin.fake_backend import FakeBackend
+from deviceplugin.units import UnitConfig
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+
+
+def make_agent(
+    plugin_dir: Path, topology: str = "h100-sxm-8x", units: UnitConfig | None = None, **config: Any
+) -> tuple[Agent, FakeBackend]:
+    backend = FakeBackend.from_topology(topology)
+    settings: dict[str, Any] = {
+        "node_name": "node-a",
+        "plugin_dir": plugin_dir,
+        "poll_interval_s": 0.05,
+        "query_interval_s": 0,
+        "event_timeout_s": 0.2,
+        "units": units or UnitConfig(),
+    }
+    settings.update(config)
+    return Agent(AgentConfig(**settings), backend, backend), backend
+
+
+@contextmanager
+def running(agent: Agent) -> Iterator[Agent]:
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+
+
+def health_by_device(message: pb.ListAndWatchResponse) -> dict[str, set[str]]:
+    """device key -> the set of health strings its units have."""
+    out: dict[str, set[str]] = {}
+    for device in message.devices:
+        key = device.ID.rsplit("-", 2)[0] if device.ID.count("-") >= 2 else device.ID
+        out.setdefault(key, set()).add(device.health)
+    return out
