@@ -66,6 +66,7 @@ class RdmaVf:
     pci_bus_id: str
     ibdev: str
     uverbs_minor: int
+    """N of the verbs device /dev/infiniband/uverbsN (not the character device's minor)."""
     netdev: str = ""
 
 
@@ -76,6 +77,7 @@ class RdmaNic:
     ibdev: str
     pci_bus_id: str
     uverbs_minor: int
+    """N of the verbs device /dev/infiniband/uverbsN (not the character device's minor)."""
     numa_node: int = -1
     pcie_root: str = ""
     pcie_switch: str = ""
