@@ -1,0 +1,1 @@
+"""The kube-scheduler extender: every device decision, binding, recovery and observability."""
