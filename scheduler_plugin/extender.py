@@ -29,7 +29,7 @@ from typing import Any
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
-from tessera.decision import Evaluation
+from tessera.decision import UNKNOWN_NODE, Evaluation
 from tessera.errors import RequestError
 from tessera.node_state import NodeState
 from tessera.placement import Placement, place_pod
@@ -197,6 +197,11 @@ class Extender:
                     continue
                 nofit = evaluation.failures.get(name)
                 if nofit is None:  # a repeated name; its first copy decided it
+                    continue
+                if nofit is UNKNOWN_NODE and name in problems:
+                    # no usable inventory, and we know why (e.g. it does not parse)
+                    failed[name] = REASON_PREFIX + problems[name]
+                    reasons[reason_category(problems[name])] += 1
                     continue
                 target = unresolvable if nofit.unresolvable else failed
                 target[name] = REASON_PREFIX + nofit.reason
