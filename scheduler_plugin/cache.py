@@ -270,7 +270,7 @@ class Cache:
     def update_problem(self, node: str, now: float | None = None) -> None:
         with self.lock:
             problem = self.inventory_errors.get(node)
-            if problem is None and self.require_heartbeat:
+            if problem is None and self.require_heartbeat and node in self.inventories:
                 problem = self.heartbeats.problem(node, self.clock() if now is None else now)
             if self.problems.get(node) == problem:
                 return

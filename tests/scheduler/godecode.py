@@ -30,15 +30,15 @@ Int64 = "int64"
 Raw = "raw"
 
 
-def List(elem: Any) -> tuple[str, Any]:  # noqa: N802 - mirrors Go's []T
+def List(elem: Any) -> tuple[str, Any]:
     return ("list", elem)
 
 
-def Map(elem: Any) -> tuple[str, Any]:  # noqa: N802 - mirrors Go's map[string]T
+def Map(elem: Any) -> tuple[str, Any]:
     return ("map", elem)
 
 
-def Struct(**fields: Any) -> tuple[str, dict[str, Any]]:  # noqa: N802
+def Struct(**fields: Any) -> tuple[str, dict[str, Any]]:
     return ("struct", fields)
 
 

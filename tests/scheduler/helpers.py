@@ -11,11 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tessera import resources as rn
-from tessera.record import Keyring
-
 from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
+from tessera import resources as rn
+from tessera.record import Keyring
 from tests.fakes.kube_apiserver import FakeApiServer
 
 KEY = b"tessera-test-integrity-key-0123456789"

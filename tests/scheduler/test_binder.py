@@ -9,12 +9,10 @@ import pytest
 
 from tessera import resources as rn
 from tessera.record import decode
-
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,
-    heartbeat,
     pod,
     populate,
     running,
@@ -68,7 +66,7 @@ def test_a_failed_binding_removes_the_record_and_the_allocation(fake):
         http = Http(service.server.port)
         created = fake.create("pods", pod("p", share(50, 50)))
         fake.fail("/pods/p/binding", status=403)
-        status, result = http.post("/bind", bind_body(created, "n"))
+        _status, result = http.post("/bind", bind_body(created, "n"))
         assert "creating the Binding failed" in result["Error"]
         assert service.cache.state.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
@@ -83,7 +81,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
         http = Http(service.server.port)
         created = fake.create("pods", pod("p", share(50, 50)))
         fake.fail("/pods/p/binding", status=504, after_apply=True)
-        status, result = http.post("/bind", bind_body(created, "n"))
+        _status, result = http.post("/bind", bind_body(created, "n"))
         assert result["Error"] == ""
         text, obj = record_of(fake, "p")
         assert obj["spec"]["nodeName"] == "n"
@@ -96,7 +94,7 @@ def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
     with running(fake) as service:
         http = Http(service.server.port)
         created = fake.create("pods", pod("p", {rn.GPU: 200}))
-        status, result = http.post("/bind", bind_body(created, "n"))
+        _status, result = http.post("/bind", bind_body(created, "n"))
         assert result["Error"] == ""
         text, _ = record_of(fake, "p")
         alloc = decode(text, KEYRING)

@@ -7,11 +7,10 @@ import json
 
 import pytest
 
+from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
-
-from scheduler_plugin.metrics import sample
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEY,
@@ -122,7 +121,7 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
         fake.update("nodedevices", broken)
         wait_for(lambda: "n" in service.cache.problems)
-        status, reply = h.post(
+        _, reply = h.post(
             "/filter", {"Pod": fake.create("pods", pod("b", share(10, 10))), "NodeNames": ["n"]}
         )
         assert "gpus[1].memoryMiB" in reply["FailedNodes"]["n"]
@@ -131,7 +130,7 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
         wait_for(lambda: "n" not in service.cache.problems)
         fake.delete("nodedevices", "n")
         wait_for(lambda: "n" not in service.cache.state.nodes)
-        status, reply = h.post("/filter", {"Pod": fake.get("pods", "b"), "NodeNames": ["n"]})
+        _status, reply = h.post("/filter", {"Pod": fake.get("pods", "b"), "NodeNames": ["n"]})
         assert "no tessera device inventory" in reply["FailedAndUnresolvableNodes"]["n"]
 
 

@@ -7,12 +7,11 @@ import time
 
 import pytest
 
+from scheduler_plugin.cache import Cache, default_policy_name
+from scheduler_plugin.extender import BadArgsError, Extender, to_priority
 from tessera import resources as rn
 from tessera.placement import Placement
 from tessera.request import parse_pod
-
-from scheduler_plugin.cache import Cache, default_policy_name
-from scheduler_plugin.extender import BadArgsError, Extender, to_priority
 from tests.scheduler import godecode as go
 from tests.scheduler.helpers import heartbeat, inventory_spec, pod, share
 

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from tessera import resources as rn
-from tessera.model import NodeInventory
-from tessera.record import decode, encode
-
 from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, judge, rebuild
 from scheduler_plugin.service import Service
+from tessera import resources as rn
+from tessera.model import NodeInventory
+from tessera.record import decode, encode
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEY,
@@ -285,7 +284,7 @@ def test_crash_at_a_random_point_of_a_burst_leaks_nothing(seed, monkeypatch):
             drain(fake, again)
 
 
-# --- crash as a process ------------------------------------------------------------------------------
+# --- crash as a process -----------------------------------------------------------------
 
 
 def _free_port() -> int:
@@ -363,7 +362,7 @@ def test_sigkill_during_a_burst_then_restart(tmp_path):
             _run_burst(port, fake, rest)
             used = check_no_double_allocation(fake)
             assert len(placements(fake)) > len(bound) and sum(used.values()) > 0
-            status, body = Http(port).get("/debug/pods")
+            status, _body = Http(port).get("/debug/pods")
             assert status == 200
         finally:
             proc.send_signal(signal.SIGTERM)

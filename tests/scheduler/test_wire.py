@@ -9,7 +9,6 @@ import pytest
 
 from tessera import resources as rn
 from tessera.record import decode as decode_record
-
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.scheduler import godecode as go
 from tests.scheduler.helpers import (
@@ -161,7 +160,7 @@ def test_failed_and_unresolvable_nodes_decode_with_reasons(fake):
     ):
         with running(fake) as service:
             http = Http(service.server.port)
-            status, data = http.post_raw("/filter", body)
+            _status, data = http.post_raw("/filter", body)
             result, unknown = go.decode(go.ExtenderFilterResult, data)
             assert unknown == []
             assert go.filter_survivors(result, node_cache_capable=False) == ["peer-node-2"]
@@ -180,7 +179,7 @@ def test_keys_are_matched_case_insensitively_like_go(fake):
     lowered = {"pod": doc["Pod"], "nodes": None, "nodenames": doc["NodeNames"]}
     with running(fake) as service:
         http = Http(service.server.port)
-        status, data = http.post_raw("/filter", json.dumps(lowered).encode())
+        _status, data = http.post_raw("/filter", json.dumps(lowered).encode())
         result, _ = go.decode(go.ExtenderFilterResult, data)
         assert go.filter_survivors(result, True) == doc["NodeNames"]
 
