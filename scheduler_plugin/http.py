@@ -157,7 +157,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._json(400, {"Error": f"tessera: bad {verb} request: {exc}"})
                 outcome = "bad_request"
                 return
-            self._json(200, reply)
+            if isinstance(reply, bytes):
+                self._reply(200, reply)
+            else:
+                self._json(200, reply)
         except Exception as exc:
             log.exception("%s failed", verb)
             self.close_connection = True

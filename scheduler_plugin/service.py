@@ -9,6 +9,7 @@ status writer stop; the leader Lease is released.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -118,6 +119,7 @@ class Service:
         self.server = Server((options.host, options.port), self, tls=tls, max_body=options.max_body)
         self.stopping = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._settled = False
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -149,10 +151,22 @@ class Service:
             self.leader.stop(release=release)
         self.client.close()
 
+    def settle_memory(self) -> None:
+        """After the initial sync: move everything alive into the GC's permanent generation
+        and collect less often. The cluster state is a large, long-lived heap; without this,
+        the cyclic GC walks it again and again during decisions (it doubled the median
+        filter latency at 5,000 nodes). Objects still free by reference counting."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 100)
+        self._settled = True
+
     def _tick(self) -> None:
         last_expiry = time.monotonic()
         while not self.stopping.wait(1.0):
             try:
+                if not self._settled and self.synced:
+                    self.settle_memory()
                 self.cache.refresh_problems()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
@@ -206,7 +220,7 @@ class Service:
             passed = reply.get("NodeNames") or (reply.get("Nodes") or {}).get("items") or []
             return reply, "fit" if passed else "no_fit"
         if verb == "prioritize":
-            return self.extender.prioritize(args), "ok"
+            return self.extender.prioritize_json(args), "ok"
         if verb == "bind":
             result = self.binder.bind(args)
             return result, "refused" if result["Error"] else "bound"

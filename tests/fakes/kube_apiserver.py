@@ -743,3 +743,25 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.close_connection = True
+
+
+def main() -> None:
+    """Serve a fake API server in its own process (benchmarks): prints the port, then
+    serves until killed."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--history", type=int, default=100_000)
+    args = parser.parse_args()
+    server = FakeApiServer(history=args.history)
+    server.port = args.port
+    server.start()
+    sys.stdout.write(f"{server.port}\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -143,7 +143,7 @@ def test_to_priority_rounds_and_clamps():
     assert [to_priority(x) for x in (0.0, 0.04, 0.05, 0.55, 1.0, 1.7, -1, None)] == [
         0,
         0,
-        0,
+        1,
         6,
         10,
         10,
@@ -235,3 +235,17 @@ def test_preempt_with_full_victim_pods_and_priorities():
         "Pods": [{"UID": "uid-b"}],
         "NumPDBViolations": 1,
     }
+
+
+def test_prioritize_json_equals_prioritize_for_small_and_large_lists():
+    nodes = {f"n{i}": {"gpus": 1} for i in range(70)}
+    cache = make_cache(nodes)
+    for i in range(0, 70, 3):
+        occupy(cache, f"x{i}", f"n{i}", share(10 * (i % 9), 10 * (i % 9)))
+    ext = Extender(cache)
+    obj = pod("p", share(10, 10))
+    for names in (list(nodes)[:5], list(nodes), [*list(nodes)[:3], 'we"ird\\name']):
+        body = args(obj, names)
+        fast, _ = go.decode(go.HostPriorityList, ext.prioritize_json(body))
+        assert fast == ext.prioritize(body)
+        assert len({s["Score"] for s in fast}) > 1 or len(names) < 10
