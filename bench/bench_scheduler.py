@@ -68,9 +68,8 @@ def lease(name: str) -> dict[str, Any]:
 def half_full_cache(nodes: int, seed: int = 1) -> Any:
     """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
     mix of whole GPUs and shares."""
-    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-
     from scheduler_plugin.cache import Cache
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
     rng = random.Random(seed)
     cache = Cache("binpack", require_heartbeat=True)
@@ -106,10 +105,9 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
 
 def serving(cache: Any) -> Any:
     """A Service around `cache`, serving HTTP on a free port, without an API server."""
-    from tessera.record import Keyring
-
     from scheduler_plugin.kube import Connection, KubeClient
     from scheduler_plugin.service import Options, Service
+    from tessera.record import Keyring
 
     client = KubeClient(Connection("http://127.0.0.1:9"))
     service = Service(
@@ -200,10 +198,9 @@ def _start_fake_api() -> tuple[subprocess.Popen[str], str]:
 
 def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
     """(binds per CPU-second of this process, binds per wall-clock second)."""
-    from tessera import resources as rn
-
-    from scheduler_plugin.kube import Connection, KubeClient
+    from scheduler_plugin.kube import Connection, KubeClient, lease_path
     from scheduler_plugin.service import Options, Service
+    from tessera import resources as rn
     from tessera.record import Keyring
 
     proc, url = _start_fake_api()
@@ -216,7 +213,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
                 "/apis/tessera.dev/v1alpha1/nodedevices",
                 {"metadata": {"name": name}, "spec": node_spec(name)},
             )
-            setup.create("/apis/coordination.k8s.io/v1/namespaces/tessera-system/leases", lease(name))
+            setup.create(lease_path("tessera-system"), lease(name))
         shape = {rn.GPU_CORE: "10", rn.GPU_MEMORY_RATIO: "10"}
         created = []
         for i in range(binds):
