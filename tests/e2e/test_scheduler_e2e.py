@@ -374,7 +374,9 @@ def _ready(port: int) -> bool:
     return conn.getresponse().status == 200
 
 
-def _pod(name: str, resources: dict[str, str], annotations: dict[str, str] | None = None):
+def _pod(
+    name: str, resources: dict[str, str], annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
         "spec": {
