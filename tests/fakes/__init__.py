@@ -1,1 +1,2 @@
-"""Test doubles shared by the test suites."""
+"""Reusable stand-ins for the peers tessera talks to: a kubelet (device plugin API over unix
+sockets) and a Kubernetes API server (in-memory object store over HTTP). See README.md."""
