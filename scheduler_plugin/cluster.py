@@ -20,7 +20,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from scheduler_plugin.cache import Cache, PodInfo
@@ -34,10 +34,12 @@ from scheduler_plugin.recovery import (
     is_finished,
     judge,
     pod_identity,
+    record_text,
 )
 from tessera.errors import StateError
 from tessera.record import Keyring
 from tessera.resources import (
+    ALLOCATION_ANNOTATION,
     HEARTBEAT_LEASE_PREFIX,
     INVENTORY_GROUP,
     INVENTORY_PLURAL,
@@ -54,7 +56,8 @@ WATCH_TIMEOUT = 290
 class Handler:
     """Receives an informer's changes."""
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        """A full list: `items` (streamed page by page) is everything that exists."""
         raise NotImplementedError
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -73,6 +76,7 @@ class Informer:
         name: str,
         metrics: Metrics | None = None,
         watch_timeout: int = WATCH_TIMEOUT,
+        page_size: int = 500,
     ) -> None:
         self.client = client
         self.path = path
@@ -80,6 +84,7 @@ class Informer:
         self.name = name
         self.metrics = metrics
         self.watch_timeout = watch_timeout
+        self.page_size = page_size
         self.synced = threading.Event()
         self.resource_version = ""
         self._stop = threading.Event()
@@ -121,14 +126,31 @@ class Informer:
                 backoff = min(backoff * 2, 10.0)
 
     def list_once(self) -> None:
-        result = self.client.list(self.path)
-        items = result.get("items") or []
-        self.resource_version = str((result.get("metadata") or {}).get("resourceVersion") or "")
+        """A full list, in pages of `page_size` (a big cluster's pods never sit in memory
+        as one response); the handler consumes the pages as they come."""
+        self.handler.replace(self._pages())
         self.relists += 1
         if self.metrics is not None:
             self.metrics.watch_relists.labels(self.name).inc()
-        self.handler.replace([i for i in items if isinstance(i, dict)])
         self.synced.set()
+
+    def _pages(self) -> Iterator[dict[str, Any]]:
+        token = ""
+        while True:
+            query: dict[str, Any] = {"limit": self.page_size}
+            if token:
+                query["continue"] = token
+            result = self.client.list(self.path, **query)
+            meta = result.get("metadata") or {}
+            if not token:
+                # a paged list is one snapshot, at the first page's resourceVersion
+                self.resource_version = str(meta.get("resourceVersion") or "")
+            for item in result.get("items") or []:
+                if isinstance(item, dict):
+                    yield item
+            token = str(meta.get("continue") or "")
+            if not token:
+                return
 
     def watch_once(self) -> bool:
         """Follow the watch until it ends. Returns True when a relist is needed."""
@@ -170,10 +192,11 @@ class InventoryHandler(Handler):
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        objects = list(items)  # pages are fetched before the lock is taken
         with self.cache.lock:
             seen = set()
-            for obj in items:
+            for obj in objects:
                 name = _name(obj)
                 seen.add(name)
                 self.cache.set_inventory(name, obj.get("spec"))
@@ -192,8 +215,8 @@ class NodeHandler(Handler):
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
-        self.cache.set_node_objects(_name(o) for o in items)
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        self.cache.set_node_objects([_name(o) for o in items])
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         self.cache.node_object(_name(obj), kind != "DELETED")
@@ -203,10 +226,11 @@ class LeaseHandler(Handler):
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        objects = list(items)
         with self.cache.lock:
             seen = set()
-            for obj in items:
+            for obj in objects:
                 seen.add(_name(obj))
                 self.cache.lease_event("ADDED", obj)
             for node in list(self.cache.heartbeats.nodes()):
@@ -217,6 +241,23 @@ class LeaseHandler(Handler):
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         self.cache.lease_event(kind, obj)
+
+
+def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the rebuild rule reads of a pod (a full list keeps only this until sorted)."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "annotations": {ALLOCATION_ANNOTATION: record_text(pod)},
+        },
+        "spec": {"nodeName": spec.get("nodeName"), "priority": spec.get("priority")},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
 
 
 def _priority(pod: Mapping[str, Any]) -> int:
@@ -240,13 +281,20 @@ class Reconciler(Handler):
         self.assume_ttl = assume_ttl
         self.on_invalid = on_invalid
 
-    def replace(self, items: list[dict[str, Any]]) -> None:
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
         cache = self.cache
-        with cache.lock:
-            seen: set[str] = set()
-            for pod in sorted(items, key=apply_order):
-                seen.add(pod_identity(pod)[0])
+        seen: set[str] = set()
+        with_records: list[dict[str, Any]] = []
+        for pod in items:
+            seen.add(pod_identity(pod)[0])
+            if record_text(pod) is None:
                 self.apply(pod)
+            else:
+                with_records.append(_slim(pod))
+        # records are accounted oldest first, as a rebuild does (recovery.apply_order)
+        for pod in sorted(with_records, key=apply_order):
+            self.apply(pod)
+        with cache.lock:
             gone = [
                 uid
                 for uid in list(cache.state.pods) + list(cache.state.pending)
@@ -254,7 +302,7 @@ class Reconciler(Handler):
             ]
             for uid in gone:
                 cache.state.remove(uid)
-            for uid in [u for u in cache.pods if u not in seen]:
+            for uid in [u for u in cache.pods if u not in seen and u not in cache.inflight]:
                 del cache.pods[uid]
             for key, (uid, _) in list(cache.invalid_records.items()):
                 if uid not in seen:

@@ -185,6 +185,7 @@ class FakeApiServer:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.bookmark_interval: float | None = None
+        self.list_calls = 0
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -480,14 +481,26 @@ class FakeApiServer:
 
     # --- list and watch -----------------------------------------------------------------------
 
-    def list(self, resource: str, namespace: str | None) -> Obj:
+    def list(
+        self, resource: str, namespace: str | None, limit: int = 0, continue_token: str = ""
+    ) -> Obj:
+        """A list; with `limit`, one page and a `continue` token (an offset: unlike the
+        real server, later pages show the store as it is then, not a snapshot)."""
         with self._lock:
             prefix, _, kind = RESOURCES[resource]
+            items = self.items(resource, namespace)
+            meta: Obj = {"resourceVersion": str(self._rv)}
+            if limit > 0:
+                start = int(continue_token or 0)
+                if start + limit < len(items):
+                    meta["continue"] = str(start + limit)
+                items = items[start : start + limit]
+            self.list_calls += 1
             return {
                 "kind": f"{kind}List",
                 "apiVersion": _API_VERSION[prefix],
-                "metadata": {"resourceVersion": str(self._rv)},
-                "items": self.items(resource, namespace),
+                "metadata": meta,
+                "items": items,
             }
 
     def watch(
@@ -681,7 +694,8 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         if name is None:
             if method == "GET":
-                return fake.list(resource, ns), 200
+                limit = int(query.get("limit") or 0)
+                return fake.list(resource, ns, limit, query.get("continue", "")), 200
             if method == "POST":
                 obj = dict(body or {})
                 meta = dict(obj.get("metadata") or {})

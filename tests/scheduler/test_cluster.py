@@ -195,3 +195,20 @@ def test_metrics_count_decisions_failures_and_gpu_use(fake):
         assert "tessera_scheduler_request_duration_seconds_bucket" in body
         labels = {"node": "n", "gpu": "0", "uuid": "GPU-n-0", "model": "NVIDIA H100 80GB HBM3"}
         assert sample(service.metrics, "tessera_gpu_memory_allocated_mib", labels) == 81920
+
+
+def test_lists_are_paged(fake):
+    populate(fake, ["n"], gpus=4)
+    for i in range(7):
+        fake.create("pods", pod(f"plain-{i}", {"cpu": "1"}))
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
+        assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
+        pods_informer = next(i for i in service.informers if i.name == "pods")
+        pods_informer.page_size = 3
+        before = fake.list_calls
+        pods_informer.list_once()  # a relist in pages of 3: 9 pods -> 3 requests
+        assert fake.list_calls - before == 3
+        assert used_core(service, "n") == 100 and used_core(service, "n", 1) == 100
+        assert len(service.cache.pods) == 9
