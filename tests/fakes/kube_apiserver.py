@@ -207,8 +207,10 @@ class FakeApiServer:
         self._server = None
         self.drop_watches()
         server.shutdown()
-        server.close_all()
         server.server_close()
+        # a client may have connected between the first drop and the shutdown: end it too
+        self.drop_watches()
+        server.close_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -534,6 +536,8 @@ class FakeApiServer:
         try:
             while True:
                 with self._lock:
+                    if not alive():
+                        return
                     while not watcher.events and not watcher.closed:
                         left = deadline - time.monotonic()
                         if left <= 0:
@@ -747,7 +751,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         try:
-            for event in fake.watch(resource, ns, since, timeout, bookmarks, lambda: True):
+            server = self.server
+            alive = lambda: fake._server is server  # noqa: E731 - ends with a stopped server
+            for event in fake.watch(resource, ns, since, timeout, bookmarks, alive):
+                if not alive():
+                    break
                 data = json.dumps(event).encode() + b"\n"
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()

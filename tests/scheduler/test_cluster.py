@@ -103,10 +103,10 @@ def test_watch_expiry_relists_and_catches_up(fake):
         wait_for(lambda: not service.cache.state.assumed)
         pods_informer = next(i for i in service.informers if i.name == "pods")
         before = pods_informer.relists
-        fake.stop()  # the API server goes away; meanwhile its history is compacted
-        fake.compact()
+        fake.stop()  # the API server goes away; the pod goes while we cannot watch,
+        fake.delete("pods", "a")  # and the history with that event is compacted: a
+        fake.compact()  # watch from our resourceVersion gets 410 Gone
         fake.start()
-        fake.delete("pods", "a")
         wait_for(lambda: pods_informer.relists > before, timeout=15)
         wait_for(lambda: used_core(service, "n") == 0)
         assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
