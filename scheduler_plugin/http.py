@@ -116,11 +116,20 @@ class Handler(BaseHTTPRequestHandler):
     # --- replies ----------------------------------------------------------------------
 
     def _reply(self, code: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        # status line, headers and body leave in one write: split small writes can wait on
+        # the peer's delayed ACK (tens of milliseconds per request)
+        self.log_request(code)
+        phrase = self.responses.get(code, ("",))[0]
+        head = [
+            f"{self.protocol_version} {code} {phrase}",
+            f"Server: {self.version_string()}",
+            f"Date: {self.date_time_string()}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+        ]
+        if self.close_connection:
+            head.append("Connection: close")
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
 
     def _json(self, code: int, obj: Any) -> None:
         self._reply(code, json.dumps(obj, separators=(",", ":")).encode())

@@ -589,6 +589,8 @@ class _Server(ThreadingHTTPServer):
         self._conn_lock = threading.Lock()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with contextlib.suppress(OSError):
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._conn_lock:
             self._conns.add(request)
         try:
@@ -617,8 +619,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        # headers and body in one write: two small writes meet the client's delayed ACK
+        self._headers_buffer.append(b"\r\n" + data)
+        self.flush_headers()
 
     def _problem(self, p: ApiProblemError) -> None:
         self._send(p.code, status_body(p.code, p.reason, p.message))
@@ -661,6 +664,11 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiProblemError(fault.status, "InternalError", "injected fault")
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
             match = _PATH.match(split.path)
+            if match and match["resource"] == "bindings" and method == "POST":
+                # the namespace-level form the python client's create_namespaced_binding uses
+                name = ((body or {}).get("metadata") or {}).get("name") or ""
+                self._send(201, fake.bind(match["ns"] or "default", name, body or {}))
+                return
             if match is None or match["resource"] not in RESOURCES:
                 raise ApiProblemError(404, "NotFound", f"no route for {split.path}")
             if match["name"] is None and match["sub"] is None and match["resource"] == "namespaces":

@@ -334,8 +334,8 @@ def test_sigkill_during_a_burst_then_restart(tmp_path):
     keyfile.write_bytes(KEY)
     pods = burst(30)
     with FakeApiServer() as fake:
-        populate(fake, NODES, gpus=2)
-        fake.latency = 0.003
+        populate(fake, NODES, gpus=4)
+        fake.latency = 0.02  # slow enough that the kill lands in the middle of the burst
         kubeconfig = fake.kubeconfig(str(tmp_path / "kubeconfig"))
         port = _free_port()
         proc = _start(kubeconfig, keyfile, port)
@@ -343,7 +343,8 @@ def test_sigkill_during_a_burst_then_restart(tmp_path):
             _wait_ready(proc, port)
             runner = threading.Thread(target=_run_burst, args=(port, fake, pods))
             runner.start()
-            wait_for(lambda: len(placements(fake)) >= rng.randint(2, 8), timeout=30)
+            kill_after = rng.randint(2, 6)
+            wait_for(lambda: len(placements(fake)) >= kill_after, timeout=30)
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             runner.join(60)
