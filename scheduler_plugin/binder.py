@@ -119,23 +119,27 @@ class Binder:
         with cache.lock:
             if args.uid in cache.inflight:
                 raise BindRefusedError(f"a bind of {args.namespace}/{args.name} is already running")
-            problem = cache.problems.get(args.node)
-            if problem is not None:
-                raise BindRefusedError(problem)
             held = cache.state.allocation(args.uid)
-            if held is not None:
-                raise BindRefusedError(
-                    f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
-                )
-            placed = cache.decider.place(request, args.node)
-            if isinstance(placed, NoFit):
-                raise BindRefusedError(placed.reason)
-            alloc = placed.allocation
-            try:
-                cache.state.add(alloc, assumed=True)
-            except StateError as exc:  # cannot happen: place() saw the same state
-                raise BindRefusedError(f"internal conflict: {exc}") from None
-            cache.inflight.add(args.uid)
+            if held is None:
+                problem = cache.problems.get(args.node)
+                if problem is not None:
+                    raise BindRefusedError(problem)
+                placed = cache.decider.place(request, args.node)
+                if isinstance(placed, NoFit):
+                    raise BindRefusedError(placed.reason)
+                alloc = placed.allocation
+                try:
+                    cache.state.add(alloc, assumed=True)
+                except StateError as exc:  # cannot happen: place() saw the same state
+                    raise BindRefusedError(f"internal conflict: {exc}") from None
+                cache.inflight.add(args.uid)
+        if held is not None:
+            # a retried bind whose first attempt succeeded (its answer was lost) succeeds
+            if held.node == args.node and self._bound_to(args):
+                return
+            raise BindRefusedError(
+                f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
+            )
         record_written = False
         try:
             text = encode(alloc, self.keyring)

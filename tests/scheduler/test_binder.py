@@ -155,3 +155,18 @@ def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake):
         http = Http(service.server.port)
         placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
         assert sorted(placed[:2]) == ["a", "b"] and placed[2] is None
+
+
+def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
+    populate(fake, ["n", "m"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", share(50, 50)))
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        text, _ = record_of(fake, "p")
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        assert record_of(fake, "p")[0] == text
+        refused = http.post("/bind", bind_body(created, "m"))[1]["Error"]
+        assert "already holds devices on n" in refused
+        assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 50
+        assert service.cache.node_summary("m")["gpus"][0]["core"]["used"] == 0
