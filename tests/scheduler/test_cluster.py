@@ -212,3 +212,34 @@ def test_lists_are_paged(fake):
         assert fake.list_calls - before == 3
         assert used_core(service, "n") == 100 and used_core(service, "n", 1) == 100
         assert len(service.cache.pods) == 9
+
+
+def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
+    from scheduler_plugin.cache import Cache
+    from scheduler_plugin.status_writer import StatusWriter
+    from tests.scheduler.helpers import client_for, inventory_spec
+
+    populate(fake, ["a", "b", "c"], gpus=1)
+    cache = Cache("binpack")
+    for name in ("a", "b", "c", "gone"):
+        cache.set_inventory(name, inventory_spec(name, gpus=1))
+    writer = StatusWriter(cache, client_for(fake), max_per_flush=2)
+    writer.mark_all()
+    assert writer.flush() == 2  # at most two per round
+    fake.fail("/nodedevices/c/status", method="PATCH", status=500)
+    assert writer.flush() == 0  # "c" failed, "gone" has no NodeDevices (404): skipped
+    assert writer.flush() == 1  # "c" again, after its failure
+    writer.mark_all()
+    assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
+    fake.requests.clear()
+    from tessera.placement import Placement
+    from tessera.request import parse_pod
+
+    placed = cache.decider.place(parse_pod(pod("x", share(10, 10), uid="ux")), "b")
+    assert isinstance(placed, Placement)
+    cache.state.add(placed.allocation)
+    assert writer.flush() == 1
+    assert fake.requests == [("PATCH", "/apis/tessera.dev/v1alpha1/nodedevices/b/status")]
+    status = fake.get("nodedevices", "b")["status"]["allocation"]
+    assert status["gpus"][0]["pods"][0]["name"] == "x" and status["usable"] is False
+    assert "heartbeat" in status["problem"]  # this cache never saw a Lease for "b"
