@@ -30,6 +30,7 @@ from scheduler_plugin.recovery import (
     Holds,
     Invalid,
     Nothing,
+    Verdict,
     apply_order,
     is_finished,
     judge,
@@ -280,6 +281,7 @@ class Reconciler(Handler):
         self.keyring = keyring
         self.assume_ttl = assume_ttl
         self.on_invalid = on_invalid
+        self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
         cache = self.cache
@@ -304,6 +306,8 @@ class Reconciler(Handler):
                 cache.state.remove(uid)
             for uid in [u for u in cache.pods if u not in seen and u not in cache.inflight]:
                 del cache.pods[uid]
+            for uid in [u for u in self._verdicts if u not in seen]:
+                del self._verdicts[uid]
             for key, (uid, _) in list(cache.invalid_records.items()):
                 if uid not in seen:
                     del cache.invalid_records[key]
@@ -314,8 +318,32 @@ class Reconciler(Handler):
         else:
             self.apply(obj)
 
+    def _judge(self, uid: str, pod: Mapping[str, Any]) -> Verdict:
+        """judge(), remembered per pod while what it reads is unchanged: running pods get
+        many status updates, and each would otherwise verify the record's HMAC again.
+        (str hashes are keyed per process, so nobody can make two records collide.)"""
+        text = record_text(pod)
+        if text is None:
+            self._verdicts.pop(uid, None)
+            return judge(pod, self.keyring)
+        meta = pod.get("metadata") or {}
+        seen = (
+            hash(text),
+            str((pod.get("spec") or {}).get("nodeName") or ""),
+            is_finished(pod),
+            str(meta.get("namespace") or "default"),
+            str(meta.get("name") or ""),
+        )
+        hit = self._verdicts.get(uid)
+        if hit is not None and hit[0] == seen:
+            return hit[1]
+        verdict = judge(pod, self.keyring)
+        self._verdicts[uid] = (seen, verdict)
+        return verdict
+
     def deleted(self, pod: Mapping[str, Any]) -> None:
         uid, namespace, name = pod_identity(pod)
+        self._verdicts.pop(uid, None)
         cache = self.cache
         with cache.lock:
             cache.pods.pop(uid, None)
@@ -333,7 +361,7 @@ class Reconciler(Handler):
             return
         key = f"{namespace}/{name}"
         cache = self.cache
-        verdict = judge(pod, self.keyring)
+        verdict = self._judge(uid, pod)
         with cache.lock:
             node = str((pod.get("spec") or {}).get("nodeName") or "")
             cache.pods[uid] = PodInfo(namespace, name, node, _priority(pod))

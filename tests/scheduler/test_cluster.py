@@ -243,3 +243,23 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
     status = fake.get("nodedevices", "b")["status"]["allocation"]
     assert status["gpus"][0]["pods"][0]["name"] == "x" and status["usable"] is False
     assert "heartbeat" in status["problem"]  # this cache never saw a Lease for "b"
+
+
+def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+        doc = json.loads(good)
+        doc["containers"][0]["gpus"][0]["core"] = 100  # the pod's author asks for more
+        fake.patch(
+            "pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: json.dumps(doc)}}}
+        )
+        wait_for(lambda: "default/a" in service.cache.invalid_records)
+        assert used_core(service, "n") == 0
+        fake.patch("pods", "a", {"status": {"phase": "Running"}}, sub="status")  # an update
+        fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
+        wait_for(lambda: used_core(service, "n") == 40)
+        assert "default/a" not in service.cache.invalid_records
