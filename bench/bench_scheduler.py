@@ -1,0 +1,429 @@
+"""Scheduler extender speed and size.
+
+- filter + prioritize over HTTP (one keep-alive connection, as kube-scheduler uses), p99
+  per pod, for 500 and 5,000 node names; nodes have 8 GPUs each, the cluster half full;
+- bind decisions per second on one core: binds against a local (fake) API server in another
+  process, both pinned to the same core (so the figure includes the API server's work);
+  the scheduler's own CPU per bind is reported beside it;
+- resident memory of a scheduler process holding a 5,000-node half-full cluster, after
+  serving filter/prioritize calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchContext, Result, percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+GPUS_PER_NODE = 8
+MEM = 81920
+KEY = b"bench-integrity-key-0123456789abcdef"
+
+
+def node_spec(name: str) -> dict[str, Any]:
+    return {
+        "nodeName": name,
+        "gpus": [
+            {
+                "uuid": f"GPU-{name}-{i}",
+                "index": i,
+                "minor": i,
+                "model": "NVIDIA H100 80GB HBM3",
+                "memoryMiB": MEM,
+                "pciBusId": f"0000:{0x10 + i:02x}:00.0",
+                "numaNode": i // 4,
+                "pcieRoot": f"pci0000:{i // 2:02x}",
+            }
+            for i in range(GPUS_PER_NODE)
+        ],
+    }
+
+
+def lease(name: str) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
+
+    return {
+        "metadata": {
+            "name": HEARTBEAT_LEASE_PREFIX + name,
+            "namespace": DEFAULT_HEARTBEAT_NAMESPACE,
+        },
+        "spec": {
+            "leaseDurationSeconds": 3600,
+            "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+def half_full_cache(nodes: int, seed: int = 1) -> Any:
+    """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
+    mix of whole GPUs and shares."""
+    from scheduler_plugin.cache import Cache
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+
+    rng = random.Random(seed)
+    cache = Cache("binpack", require_heartbeat=True)
+    for n in range(nodes):
+        name = f"node-{n:05d}"
+        cache.set_inventory(name, node_spec(name))
+        cache.lease_event("ADDED", lease(name))
+        used = 0.0
+        slot = 0
+        pod_no = 0
+        target = GPUS_PER_NODE * rng.uniform(0.3, 0.7)
+        while used < target and slot < GPUS_PER_NODE:
+            pod_no += 1
+            if rng.random() < 0.5:
+                grants = (GpuGrant(f"GPU-{name}-{slot}", slot, slot, 100, MEM),)
+                used += 1
+            else:
+                core = rng.choice((20, 30, 50))
+                grants = (GpuGrant(f"GPU-{name}-{slot}", slot, slot, core, MEM * core // 100),)
+                used += core / 100
+            slot += 1
+            cache.state.add(
+                PodAllocation(
+                    f"uid-{name}-{pod_no}",
+                    "default",
+                    f"p-{name}-{pod_no}",
+                    name,
+                    (ContainerAllocation("main", grants),),
+                )
+            )
+    return cache
+
+
+def serving(cache: Any) -> Any:
+    """A Service around `cache`, serving HTTP on a free port, without an API server."""
+    from scheduler_plugin.kube import Connection, KubeClient
+    from scheduler_plugin.service import Options, Service
+    from tessera.record import Keyring
+
+    client = KubeClient(Connection("http://127.0.0.1:9"))
+    service = Service(
+        Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
+        client,
+        Keyring.single(KEY),
+    )
+    service.cache = cache
+    service.metrics.attach(cache)
+    service.extender.cache = cache
+    for informer in service.informers:
+        informer.synced.set()
+    service.settle_memory()  # what the running service does after its initial sync
+    service.server.start()
+    return service
+
+
+def _pods() -> list[dict[str, Any]]:
+    from tessera import resources as rn
+
+    shapes = [
+        {rn.GPU_CORE: "30", rn.GPU_MEMORY_RATIO: "30"},
+        {rn.GPU: "100"},
+        {rn.GPU: "200"},
+        {rn.GPU_CORE: "50", rn.GPU_MEMORY: "20"},
+    ]
+    return [
+        {
+            "metadata": {"name": f"bench-{i}", "namespace": "default", "uid": f"bench-uid-{i}"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {"limits": shapes[i % 4], "requests": shapes[i % 4]},
+                    }
+                ]
+            },
+        }
+        for i in range(4)
+    ]
+
+
+def filter_prioritize_latency(nodes: int, rounds: int) -> list[float]:
+    import http.client
+
+    cache = half_full_cache(nodes)
+    service = serving(cache)
+    names = sorted(cache.state.nodes)
+    conn = http.client.HTTPConnection("127.0.0.1", service.server.port)
+    pods = _pods()
+    samples = []
+    try:
+        for i in range(rounds + 20):
+            pod = dict(pods[i % len(pods)])
+            pod["metadata"] = dict(pod["metadata"], uid=f"bench-uid-{i}")
+            body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
+            start = time.perf_counter()
+            conn.request("POST", "/filter", body=body)
+            reply = json.loads(conn.getresponse().read())
+            passed = reply["NodeNames"]
+            body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": passed}).encode()
+            conn.request("POST", "/prioritize", body=body)
+            scores = json.loads(conn.getresponse().read())
+            elapsed = time.perf_counter() - start
+            assert len(scores) == len(passed) and passed
+            if i >= 20:  # warm-up rounds are not counted
+                samples.append(elapsed * 1000)
+    finally:
+        service.server.stop()
+    return samples
+
+
+# --- binds ----------------------------------------------------------------------------------------
+
+
+def _start_fake_api() -> tuple[subprocess.Popen[str], str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.kube_apiserver", "--history", "20000"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
+    """(binds per CPU-second of this process, binds per wall-clock second)."""
+    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from scheduler_plugin.service import Options, Service
+    from tessera import resources as rn
+    from tessera.record import Keyring
+
+    proc, url = _start_fake_api()
+    try:
+        setup = KubeClient(Connection(url))
+        for n in range(nodes):
+            name = f"node-{n:03d}"
+            setup.create("/api/v1/nodes", {"metadata": {"name": name}})
+            setup.create(
+                "/apis/tessera.dev/v1alpha1/nodedevices",
+                {"metadata": {"name": name}, "spec": node_spec(name)},
+            )
+            setup.create(lease_path("tessera-system"), lease(name))
+        shape = {rn.GPU_CORE: "10", rn.GPU_MEMORY_RATIO: "10"}
+        created = []
+        for i in range(binds):
+            obj = {
+                "metadata": {"name": f"b{i}", "namespace": "default"},
+                "spec": {"containers": [{"name": "main", "resources": {"limits": shape}}]},
+            }
+            created.append(setup.create("/api/v1/namespaces/default/pods", obj))
+        service = Service(
+            Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
+            KubeClient(Connection(url), pool_size=workers * 2),
+            Keyring.single(KEY),
+        ).start()
+        assert service.wait_ready(60)
+        # warm the request cache as filter does before each bind
+        for obj in created:
+            service.extender.remember(obj, service.extender.parse(obj))
+        queue = list(enumerate(created))
+        lock = threading.Lock()
+        errors: list[str] = []
+
+        def worker() -> None:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    i, obj = queue.pop()
+                meta = obj["metadata"]
+                result = service.binder.bind(
+                    {
+                        "PodName": meta["name"],
+                        "PodNamespace": "default",
+                        "PodUID": meta["uid"],
+                        "Node": f"node-{i % nodes:03d}",
+                    }
+                )
+                if result["Error"]:
+                    errors.append(result["Error"])
+
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        threads = [threading.Thread(target=worker) for _ in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        service.stop()
+        if errors:
+            raise RuntimeError(f"{len(errors)} binds failed, e.g. {errors[0]}")
+        return binds / cpu, binds / wall
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def client_cost(calls: int = 300) -> tuple[float, float]:
+    """CPU milliseconds per bind's two API calls (record patch + Binding), made
+    sequentially: (our thin urllib3 client, the `kubernetes` package's CoreV1Api)."""
+    from kubernetes import client as kclient
+
+    from scheduler_plugin.kube import Connection, KubeClient, pod_path
+
+    proc, url = _start_fake_api()
+    try:
+        thin = KubeClient(Connection(url))
+        names = [f"c{i}" for i in range(2 * calls)]
+        for name in names:
+            spec = {"containers": [{"name": "main", "image": "busybox"}]}
+            thin.create(pod_path("default"), {"metadata": {"name": name}, "spec": spec})
+        record = {"metadata": {"annotations": {"tessera.dev/allocation": "x" * 400}}}
+
+        def binding(name: str) -> dict[str, Any]:
+            return {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "n"},
+            }
+
+        start = time.process_time()
+        for name in names[:calls]:
+            thin.merge_patch(pod_path("default", name), record)
+            thin.create(pod_path("default", name) + "/binding", binding(name))
+        ours = (time.process_time() - start) * 1000 / calls
+
+        cfg = kclient.Configuration()
+        cfg.host = url
+        api = kclient.CoreV1Api(kclient.ApiClient(cfg))
+        start = time.process_time()
+        for name in names[calls:]:
+            api.patch_namespaced_pod(name, "default", record)
+            body = kclient.V1Binding(
+                metadata=kclient.V1ObjectMeta(name=name),
+                target=kclient.V1ObjectReference(api_version="v1", kind="Node", name="n"),
+            )
+            api.create_namespaced_binding("default", body, _preload_content=False)
+        theirs = (time.process_time() - start) * 1000 / calls
+        return ours, theirs
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- memory ---------------------------------------------------------------------------------------
+
+
+def rss_child() -> None:
+    import psutil
+
+    cache = half_full_cache(5000)
+    service = serving(cache)
+    filter_prioritize_rounds(service, cache, 20)
+    print(psutil.Process().memory_info().rss)
+
+
+def filter_prioritize_rounds(service: Any, cache: Any, rounds: int) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", service.server.port)
+    names = sorted(cache.state.nodes)
+    for i in range(rounds):
+        pod = _pods()[i % 4]
+        conn.request("POST", "/filter", body=json.dumps({"Pod": pod, "NodeNames": names}))
+        passed = json.loads(conn.getresponse().read())["NodeNames"]
+        conn.request("POST", "/prioritize", body=json.dumps({"Pod": pod, "NodeNames": passed}))
+        conn.getresponse().read()
+
+
+def rss_at_5000() -> float:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_scheduler", "--rss-child"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1]) / 2**20
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    rounds = 50 if ctx.quick else 300
+    results = []
+    for nodes, target in ((500, 5.0), (5000, 15.0)):
+        samples = filter_prioritize_latency(nodes, rounds)
+        results.append(
+            Result(
+                f"filter+prioritize p99, {nodes} nodes",
+                percentile(samples, 99),
+                "ms",
+                target,
+                note=(
+                    f"{nodes} nodes x {GPUS_PER_NODE} GPUs, half full; p50 "
+                    f"{percentile(samples, 50):.2f} ms over {len(samples)} pods, HTTP keep-alive"
+                ),
+            )
+        )
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the API server process inherits it
+    try:
+        per_cpu, per_wall = bind_rate(200 if ctx.quick else 1000)
+    finally:
+        os.sched_setaffinity(0, cpus)
+    results.append(
+        Result(
+            "bind decisions per second, one core",
+            per_wall,
+            "binds/s",
+            300.0,
+            lower_is_better=False,
+            note=(
+                "wall clock, 8 parallel binds (placement, signed record patch, Binding) with "
+                "the scheduler AND its fake API server pinned to the same single core; the "
+                f"scheduler alone spends {1000 / per_cpu:.2f} ms CPU per bind "
+                f"({per_cpu:.0f} binds per CPU-second)"
+            ),
+        )
+    )
+    ours, theirs = client_cost(100 if ctx.quick else 300)
+    results.append(
+        Result(
+            "bind API calls, thin client",
+            ours,
+            "ms CPU",
+            note="record patch + Binding, sequential, CPU of the calling process",
+        )
+    )
+    results.append(
+        Result(
+            "bind API calls, kubernetes package",
+            theirs,
+            "ms CPU",
+            note="the same two calls through kubernetes.client.CoreV1Api (for comparison)",
+        )
+    )
+    results.append(
+        Result(
+            "resident memory, 5,000 nodes",
+            rss_at_5000(),
+            "MiB",
+            150.0,
+            note="5,000 nodes x 8 GPUs half full, after serving filter and prioritize",
+        )
+    )
+    return results
+
+
+if __name__ == "__main__":
+    if "--rss-child" in sys.argv:
+        rss_child()
+    else:
+        for r in run(BenchContext(openb=ROOT, quick="--quick" in sys.argv)):
+            print(f"{r.name}: {r.measured_text()} (target {r.target_text()}) {r.note}")

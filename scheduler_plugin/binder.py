@@ -1,0 +1,216 @@
+"""Bind: choose the devices, write the allocation record, then create the Binding.
+
+There is no per-node lock. The only serialized step is a short in-memory section (under
+the cache lock) that computes the exact placement on the chosen node and adds it to the
+state as *assumed*; the two API calls happen outside it, so binds on one node overlap.
+Because the placement is assumed before any I/O, a concurrent bind on the same node sees
+those devices as taken: two pods can never get the same share between bind and watch.
+
+Failure handling, so that nothing stays allocated when a bind fails:
+- the record patch fails: the assumed allocation is removed;
+- the Binding fails: the assumed allocation is removed and the record is deleted from the
+  pod (best effort; an unbound pod's record holds nothing anyway, see recovery.py). When
+  the Binding's answer was lost (timeout, 5xx), the pod is read back first: if it is
+  bound to our node, the bind succeeded after all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_plugin.cache import Cache
+from scheduler_plugin.extender import Extender, allocation_summary, get_field
+from scheduler_plugin.kube import ApiError, KubeClient, pod_path
+from scheduler_plugin.metrics import Metrics
+from tessera.errors import RequestError, StateError
+from tessera.placement import NoFit
+from tessera.record import Keyring, encode
+from tessera.request import PodRequest
+from tessera.resources import ALLOCATION_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+
+class BindRefusedError(Exception):
+    """The bind cannot be done; the message goes back to kube-scheduler as `Error`."""
+
+
+@dataclass(frozen=True)
+class BindArgs:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+    @classmethod
+    def parse(cls, args: Any) -> BindArgs:
+        if not isinstance(args, Mapping):
+            raise ValueError("the body must be a JSON object")
+        values = {}
+        for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+            value = get_field(args, key)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{key} is missing or not a non-empty string")
+            values[key] = value
+        return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
+
+
+class Binder:
+    def __init__(
+        self,
+        cache: Cache,
+        extender: Extender,
+        client: KubeClient,
+        keyring: Keyring,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cache = cache
+        self.extender = extender
+        self.client = client
+        self.keyring = keyring
+        self.metrics = metrics
+
+    def bind(self, raw: Any) -> dict[str, Any]:
+        """The ExtenderBindingResult for one ExtenderBindingArgs body."""
+        try:
+            args = BindArgs.parse(raw)
+        except ValueError as exc:
+            return {"Error": f"tessera: bad bind request: {exc}"}
+        try:
+            self._bind(args)
+        except BindRefusedError as exc:
+            return {"Error": f"tessera: {exc}"}
+        return {"Error": ""}
+
+    # --- the steps ---------------------------------------------------------------------
+
+    def _request(self, args: BindArgs) -> PodRequest:
+        request = self.extender.remembered(args.uid)
+        if request is not None:
+            return request
+        try:
+            pod = self.client.get(pod_path(args.namespace, args.name))
+        except ApiError as exc:
+            self._failed("read_pod")
+            raise BindRefusedError(f"cannot read pod {args.namespace}/{args.name}: {exc}") from None
+        if str((pod.get("metadata") or {}).get("uid")) != args.uid:
+            raise BindRefusedError(f"pod {args.namespace}/{args.name} is not UID {args.uid}")
+        try:
+            return self.extender.parse(pod)
+        except RequestError as exc:
+            raise BindRefusedError(f"invalid device request: {exc}") from None
+
+    def _failed(self, step: str) -> None:
+        if self.metrics is not None:
+            self.metrics.bind_failures.labels(step).inc()
+
+    def _bind(self, args: BindArgs) -> None:
+        request = self._request(args)
+        if request.uid != args.uid:
+            raise BindRefusedError(f"pod {args.namespace}/{args.name} is not UID {args.uid}")
+        if not request.wants_devices:
+            self._create_binding(args)
+            return
+        cache = self.cache
+        with cache.lock:
+            if args.uid in cache.inflight:
+                raise BindRefusedError(f"a bind of {args.namespace}/{args.name} is already running")
+            held = cache.state.allocation(args.uid)
+            if held is None:
+                problem = cache.problems.get(args.node)
+                if problem is not None:
+                    raise BindRefusedError(problem)
+                placed = cache.decider.place(request, args.node)
+                if isinstance(placed, NoFit):
+                    raise BindRefusedError(placed.reason)
+                alloc = placed.allocation
+                try:
+                    cache.state.add(alloc, assumed=True)
+                except StateError as exc:  # cannot happen: place() saw the same state
+                    raise BindRefusedError(f"internal conflict: {exc}") from None
+                cache.inflight.add(args.uid)
+        if held is not None:
+            # a retried bind whose first attempt succeeded (its answer was lost) succeeds
+            if held.node == args.node and self._bound_to(args):
+                return
+            raise BindRefusedError(
+                f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
+            )
+        record_written = False
+        try:
+            text = encode(alloc, self.keyring)
+            patch = {"metadata": {"uid": args.uid, "annotations": {ALLOCATION_ANNOTATION: text}}}
+            try:
+                self.client.merge_patch(pod_path(args.namespace, args.name), patch)
+            except ApiError as exc:
+                self._failed("write_record")
+                record_written = exc.transient  # the patch may have landed
+                raise BindRefusedError(f"writing the allocation record failed: {exc}") from None
+            record_written = True
+            self._create_binding(args)
+        except BindRefusedError:
+            self._undo(args, alloc, record_written)
+            raise
+        except Exception as exc:
+            log.exception("bind of %s/%s failed", args.namespace, args.name)
+            self._undo(args, alloc, record_written)
+            raise BindRefusedError(f"bind failed: {exc}") from None
+        with cache.lock:
+            cache.inflight.discard(args.uid)
+            cache.bound_at[args.uid] = time.monotonic()
+        self.extender.forget(args.uid)
+        log.info(
+            "bound %s/%s to %s: %s",
+            args.namespace,
+            args.name,
+            args.node,
+            allocation_summary(alloc),
+        )
+
+    def _create_binding(self, args: BindArgs) -> None:
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": args.name, "namespace": args.namespace, "uid": args.uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+        }
+        path = pod_path(args.namespace, args.name) + "/binding"
+        try:
+            self.client.create(path, binding)
+        except ApiError as exc:
+            if exc.transient and self._bound_to(args):
+                return  # the answer was lost but the Binding exists
+            self._failed("binding")
+            raise BindRefusedError(f"creating the Binding failed: {exc}") from None
+
+    def _bound_to(self, args: BindArgs) -> bool:
+        try:
+            pod = self.client.get(pod_path(args.namespace, args.name))
+        except ApiError:
+            return False
+        meta = pod.get("metadata") or {}
+        return meta.get("uid") == args.uid and (pod.get("spec") or {}).get("nodeName") == args.node
+
+    def _undo(self, args: BindArgs, alloc: Any, record_written: bool) -> None:
+        cache = self.cache
+        with cache.lock:
+            if cache.state.allocation(args.uid) == alloc:
+                cache.state.remove(args.uid)
+            cache.inflight.discard(args.uid)
+        if record_written:
+            # Best effort: an unbound pod's record holds nothing (recovery.py), so a failure
+            # here leaks nothing; the next bind of this pod overwrites the record anyway.
+            patch = {"metadata": {"uid": args.uid, "annotations": {ALLOCATION_ANNOTATION: None}}}
+            try:
+                self.client.merge_patch(pod_path(args.namespace, args.name), patch)
+            except ApiError as exc:
+                log.warning(
+                    "could not remove the record of %s/%s after a failed bind: %s",
+                    args.namespace,
+                    args.name,
+                    exc,
+                )

@@ -1,0 +1,429 @@
+"""The extender verbs as functions of decoded JSON: ExtenderArgs in, reply dict out.
+
+No I/O here: filter, prioritize and preempt read the Cache (under its lock) and answer in
+kube-scheduler's exact shapes (PROTOCOLS.md 3.2, docs/scheduler.md):
+
+- filter: `{"NodeNames"|"Nodes": survivors, "FailedNodes": {...},
+  "FailedAndUnresolvableNodes": {...}, "Error": ""}`; the survivors come back in the form
+  they arrived in (names when nodeCacheCapable, the NodeList items otherwise);
+- prioritize: `[{"Host": name, "Score": 0..10}, ...]`, the policy's [0, 1] node score
+  scaled and rounded to an integer;
+- preempt: `{"NodeNameToMetaVictims": {node: {"Pods": [{"UID": ...}], "NumPDBViolations":
+  n}}}` with, per node, the smallest set of the offered victims that frees room for the
+  pod's devices; nodes where no subset helps are left out.
+
+Go decodes our replies case-insensitively, but it sends PascalCase and so do we; on input
+we accept any casing of the keys, as Go would.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from scheduler_plugin.cache import Cache
+from scheduler_plugin.metrics import Metrics, reason_category
+from tessera.allocation import PodAllocation
+from tessera.decision import UNKNOWN_NODE, Evaluation
+from tessera.errors import RequestError
+from tessera.node_state import NodeState
+from tessera.placement import Placement, place_pod
+from tessera.request import PodRequest, parse_pod
+
+log = logging.getLogger(__name__)
+
+MAX_PRIORITY = 10
+REASON_PREFIX = "tessera: "
+_REQUEST_CACHE = 4096
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")
+"""Node names are DNS subdomains: when all are plain, they need no JSON escaping."""
+_TAILS = [f'","Score":{k}}}' for k in range(MAX_PRIORITY + 1)]
+_PREEMPT_BUDGET = 512
+"""Subset evaluations per node before preempt falls back to a greedy minimal set."""
+
+
+class BadArgsError(ValueError):
+    """The request body is not ExtenderArgs-shaped (answered with HTTP 400)."""
+
+
+def get_field(obj: Any, name: str) -> Any:
+    """A struct field as Go's encoding/json finds it: exact key first, then any casing."""
+    if not isinstance(obj, Mapping):
+        return None
+    if name in obj:
+        return obj[name]
+    lower = name.lower()
+    for key, value in obj.items():
+        if isinstance(key, str) and key.lower() == lower:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    names: list[str]
+    items: list[Any] | None
+    """The NodeList items when the call carried full Nodes (nodeCacheCapable false)."""
+
+
+def _nodes_of(args: Mapping[str, Any]) -> _Nodes:
+    names = get_field(args, "NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not set(map(type, names)) <= {str}:
+            raise BadArgsError("NodeNames must be a list of strings")
+        return _Nodes(names, None)
+    nodes = get_field(args, "Nodes")
+    if nodes is None:
+        return _Nodes([], None)
+    items = get_field(nodes, "items")
+    if items is None:
+        items = []
+    if not isinstance(items, list):
+        raise BadArgsError("Nodes.items must be a list")
+    result = []
+    for item in items:
+        name = (get_field(item, "metadata") or {}).get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str):
+            raise BadArgsError("every node in Nodes.items needs metadata.name")
+        result.append(name)
+    return _Nodes(result, items)
+
+
+def _pod_of(args: Any) -> Mapping[str, Any]:
+    if not isinstance(args, Mapping):
+        raise BadArgsError("the body must be a JSON object")
+    pod = get_field(args, "Pod")
+    if not isinstance(pod, Mapping):
+        raise BadArgsError("Pod is missing or not an object")
+    return pod
+
+
+class Extender:
+    """filter / prioritize / preempt over a Cache. Thread-safe."""
+
+    def __init__(
+        self, cache: Cache, metrics: Metrics | None = None, *, manage_nvidia_gpu: bool = False
+    ) -> None:
+        self.cache = cache
+        self.metrics = metrics
+        self.manage_nvidia_gpu = manage_nvidia_gpu
+        self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
+        self._last: tuple[object, int, frozenset[str], Evaluation] | None = None
+
+    # --- pods ---------------------------------------------------------------------------
+
+    def parse(self, pod: Mapping[str, Any]) -> PodRequest:
+        """The pod's request, with an unknown per-pod policy replaced by the default."""
+        request = parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu)
+        wanted = request.hints.placement
+        if wanted is not None and wanted not in self.cache.policies:
+            log.info(
+                "pod %s asks for policy %r, which this build lacks; using %r",
+                request.key,
+                wanted,
+                self.cache.policy,
+            )
+            request = replace(request, hints=replace(request.hints, placement=None))
+        return request
+
+    def remember(self, pod: Mapping[str, Any], request: PodRequest) -> None:
+        """Keep the parsed request for the bind that usually follows (bind gets no pod)."""
+        rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+        with self.cache.lock:
+            self._requests[request.uid] = (rv, request)
+            self._requests.move_to_end(request.uid)
+            while len(self._requests) > _REQUEST_CACHE:
+                self._requests.popitem(last=False)
+
+    def remembered(self, uid: str) -> PodRequest | None:
+        with self.cache.lock:
+            hit = self._requests.get(uid)
+            return None if hit is None else hit[1]
+
+    def forget(self, uid: str) -> None:
+        with self.cache.lock:
+            self._requests.pop(uid, None)
+
+    # --- evaluation shared by filter and prioritize --------------------------------------
+
+    def _evaluate(self, request: PodRequest, names: Sequence[str]) -> Evaluation:
+        """Evaluate under the lock; prioritize reuses filter's answer while nothing changed."""
+        cache = self.cache
+        key = (request.uid, request.shape())
+        last = self._last
+        if (
+            last is not None
+            and last[0] == key
+            and last[1] == cache.generation
+            and last[2].issuperset(names)
+        ):
+            return last[3]
+        evaluation = cache.decider.evaluate(request, names)
+        self._last = (key, cache.generation, frozenset(names), evaluation)
+        return evaluation
+
+    # --- filter ---------------------------------------------------------------------------
+
+    def filter(self, args: Any) -> dict[str, Any]:
+        pod = _pod_of(args)
+        nodes = _nodes_of(args)
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            message = f"{REASON_PREFIX}invalid device request: {exc}"
+            self._count_failures(Counter({"invalid_request": len(nodes.names)}))
+            return self._filter_reply(nodes, [], {}, dict.fromkeys(nodes.names, message))
+        if not request.wants_devices:
+            return self._filter_reply(nodes, nodes.names, {}, {})
+        self.remember(pod, request)
+        counts: Counter[int] = Counter()
+        text_of: dict[int, str] = {}
+        with self.cache.lock:
+            evaluation = self._evaluate(request, nodes.names)
+            problems = self.cache.problems
+            scores = evaluation.scores
+            passed = [name for name in nodes.names if name in scores]
+            if problems and not problems.keys().isdisjoint(passed):
+                for name in passed:
+                    if name in problems:
+                        failed[name] = REASON_PREFIX + problems[name]
+                passed = [name for name in passed if name not in problems]
+            for name, nofit in evaluation.failures.items():
+                if nofit is UNKNOWN_NODE and name in problems:
+                    # no usable inventory, and we know why (e.g. it does not parse)
+                    failed[name] = REASON_PREFIX + problems[name]
+                    continue
+                key = id(nofit)
+                text = text_of.get(key)
+                if text is None:
+                    text = text_of[key] = REASON_PREFIX + nofit.reason
+                (unresolvable if nofit.unresolvable else failed)[name] = text
+                counts[key] += 1
+        reasons: Counter[str] = Counter()
+        for key, count in counts.items():
+            reasons[reason_category(text_of[key])] += count
+        for name, text in failed.items():
+            if name in problems:
+                reasons[reason_category(text)] += 1
+        self._count_failures(reasons)
+        return self._filter_reply(nodes, passed, failed, unresolvable)
+
+    def _count_failures(self, reasons: Counter[str]) -> None:
+        if self.metrics is not None and reasons:
+            self.metrics.node_failures(reasons)
+
+    @staticmethod
+    def _filter_reply(
+        nodes: _Nodes,
+        passed: Sequence[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> dict[str, Any]:
+        reply: dict[str, Any]
+        if nodes.items is None:
+            reply = {"Nodes": None, "NodeNames": list(passed)}
+        else:
+            keep = set(passed)
+            items = [
+                item for item, name in zip(nodes.items, nodes.names, strict=True) if name in keep
+            ]
+            reply = {"Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+        reply["FailedNodes"] = failed
+        reply["FailedAndUnresolvableNodes"] = unresolvable
+        reply["Error"] = ""
+        return reply
+
+    # --- prioritize -------------------------------------------------------------------------
+
+    def prioritize(self, args: Any) -> list[dict[str, Any]]:
+        pod = _pod_of(args)
+        nodes = _nodes_of(args)
+        try:
+            request = self.parse(pod)
+        except RequestError:
+            return [{"Host": name, "Score": 0} for name in nodes.names]
+        if not request.wants_devices:
+            return [{"Host": name, "Score": 0} for name in nodes.names]
+        with self.cache.lock:
+            scores = self._evaluate(request, nodes.names).scores
+        return [{"Host": name, "Score": to_priority(scores.get(name))} for name in nodes.names]
+
+    def prioritize_json(self, args: Any) -> bytes:
+        """`prioritize` already encoded as JSON (the hot path: thousands of entries)."""
+        pod = _pod_of(args)
+        nodes = _nodes_of(args)
+        try:
+            request = self.parse(pod)
+            scores = {}
+            if request.wants_devices:
+                with self.cache.lock:
+                    scores = self._evaluate(request, nodes.names).scores
+        except RequestError:
+            scores = {}
+        names = nodes.names
+        get = scores.get
+        priorities = (
+            [to_priority(get(name)) for name in names]
+            if len(names) < 64
+            else (
+                np.clip(
+                    np.floor(
+                        np.fromiter((get(n, 0.0) for n in names), float, len(names)) * 10 + 0.5
+                    ),
+                    0,
+                    MAX_PRIORITY,
+                )
+                .astype(np.int64)
+                .tolist()
+            )
+        )
+        if _PLAIN_NAMES.fullmatch("".join(names)):
+            parts = ['{"Host":"' + n + _TAILS[k] for n, k in zip(names, priorities, strict=True)]
+        else:
+            parts = [
+                '{"Host":' + json.dumps(n) + _TAILS[k][1:]
+                for n, k in zip(names, priorities, strict=True)
+            ]
+        return ("[" + ",".join(parts) + "]").encode()
+
+    # --- preempt ------------------------------------------------------------------------------
+
+    def preempt(self, args: Any) -> dict[str, Any]:
+        pod = _pod_of(args)
+        try:
+            request = self.parse(pod)
+        except RequestError as exc:
+            raise BadArgsError(f"invalid device request: {exc}") from None
+        offered = _victims_of(args)
+        result: dict[str, Any] = {}
+        for node, (uids, pdb) in offered.items():
+            if not request.wants_devices:
+                chosen: list[str] | None = uids
+            else:
+                chosen = self._victims_on(request, node, uids)
+            if chosen:
+                result[node] = {
+                    "Pods": [{"UID": uid} for uid in chosen],
+                    "NumPDBViolations": pdb if chosen == uids else min(pdb, len(chosen)),
+                }
+        return {"NodeNameToMetaVictims": result}
+
+    def _victims_on(self, request: PodRequest, node: str, uids: list[str]) -> list[str] | None:
+        cache = self.cache
+        with cache.lock:
+            state = cache.state.nodes.get(node)
+            if state is None or node in cache.problems:
+                return None
+            inventory = state.inventory
+            held = {a.pod_uid: a for a in cache.state.pods_on(node)}
+            policy = cache.decider.policy_for(request)
+            priorities = {
+                uid: (cache.pods[uid].priority if uid in cache.pods else 0) for uid in uids
+            }
+        device_victims = sorted(
+            (u for u in dict.fromkeys(uids) if u in held), key=lambda u: (priorities[u], u)
+        )
+        others = [u for u in uids if u not in held]
+
+        def fits(removed: Iterable[str]) -> bool:
+            gone = set(removed)
+            trial = NodeState(inventory)
+            for uid, alloc in held.items():
+                if uid not in gone:
+                    trial.apply(alloc)
+            return isinstance(place_pod(trial, request, policy), Placement)
+
+        if fits(()):
+            return uids  # the devices fit already: the victims were chosen for other reasons
+        if not device_victims or not fits(device_victims):
+            return None
+        chosen = _smallest_subset(device_victims, fits)
+        return others + chosen
+
+
+def _smallest_subset(candidates: list[str], fits: Any) -> list[str]:
+    """The smallest subset (lowest priority first among equals) for which `fits` holds;
+    past the evaluation budget, a greedy minimal one instead."""
+    budget = _PREEMPT_BUDGET
+    for k in range(1, len(candidates) + 1):
+        for combo in combinations(candidates, k):
+            budget -= 1
+            if budget < 0:
+                return _greedy_subset(candidates, fits)
+            if fits(combo):
+                return list(combo)
+    return list(candidates)
+
+
+def _greedy_subset(candidates: list[str], fits: Any) -> list[str]:
+    """Start from all, then spare victims (highest priority first) while the pod fits."""
+    chosen = list(candidates)
+    for uid in reversed(candidates):
+        trial = [u for u in chosen if u != uid]
+        if fits(trial):
+            chosen = trial
+    return chosen
+
+
+def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
+    """node -> (victim UIDs, NumPDBViolations) from either victims form."""
+    result: dict[str, tuple[list[str], int]] = {}
+    meta = get_field(args, "NodeNameToMetaVictims")
+    full = get_field(args, "NodeNameToVictims")
+    source = meta if meta is not None else full
+    if source is None:
+        return result
+    if not isinstance(source, Mapping):
+        raise BadArgsError("NodeNameToMetaVictims / NodeNameToVictims must be objects")
+    for node, victims in source.items():
+        pods = get_field(victims, "Pods") or []
+        if not isinstance(pods, list):
+            raise BadArgsError(f"victims of {node}: Pods must be a list")
+        uids = []
+        for p in pods:
+            uid = (
+                get_field(p, "UID")
+                if meta is not None
+                else (
+                    (get_field(p, "metadata") or {}).get("uid") if isinstance(p, Mapping) else None
+                )
+            )
+            if not isinstance(uid, str) or not uid:
+                raise BadArgsError(f"victims of {node}: every pod needs a UID")
+            uids.append(uid)
+        pdb = get_field(victims, "NumPDBViolations") or 0
+        if isinstance(pdb, bool) or not isinstance(pdb, int):
+            raise BadArgsError(f"victims of {node}: NumPDBViolations must be an integer")
+        result[str(node)] = (uids, pdb)
+    return result
+
+
+def to_priority(score: float | None) -> int:
+    """A policy's node score in [0, 1] as an extender priority, an integer 0..10 (rounded
+    half up)."""
+    if score is None or math.isnan(score):
+        return 0
+    return max(0, min(MAX_PRIORITY, math.floor(score * MAX_PRIORITY + 0.5)))
+
+
+def allocation_summary(alloc: PodAllocation) -> str:
+    """A short human sentence of what a pod was given (logs and events)."""
+    parts = []
+    for c in alloc.containers:
+        if not c.counted:
+            continue
+        gpus = ", ".join(f"GPU {g.index} {g.core}%/{g.memory_mib}MiB" for g in c.gpus)
+        nics = ", ".join(f"{r.ibdev} {r.share}%" for r in c.rdma)
+        parts.append(f"{c.name}: " + "; ".join(p for p in (gpus, nics) if p))
+    return " | ".join(parts)

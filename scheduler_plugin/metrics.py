@@ -1,0 +1,187 @@
+"""Prometheus metrics of the extender.
+
+Counters and histograms are updated on the request path (cheap: a dict lookup and an add).
+Per-GPU gauges are not kept at all: a collector reads them from the cluster state when
+Prometheus scrapes, so 40,000 GPUs cost nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tessera.resources import UNITS_PER_DEVICE
+
+if TYPE_CHECKING:
+    from scheduler_plugin.cache import Cache
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+
+_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("no tessera device inventory", "no_inventory"),
+    ("device inventory", "inventory_invalid"),
+    ("heartbeat", "agent_silent"),
+    ("invalid device request", "invalid_request"),
+    ("node has no GPUs", "no_gpu"),
+    ("of model", "gpu_model"),
+    ("UUID", "gpu_uuid_hint"),
+    ("unhealthy", "gpu_unhealthy"),
+    ("insufficient cpu", "host_resources"),
+    ("insufficient memory", "host_resources"),
+    ("largest GPU here", "gpu_too_small"),
+    ("whole GPUs", "whole_gpus"),
+    ("no GPU has", "gpu_share"),
+    ("RDMA", "rdma"),
+    (" share ", "topology"),
+)
+
+
+def reason_category(reason: str) -> str:
+    """A small, fixed label for a free-text failure reason (bounded label cardinality)."""
+    for needle, label in _CATEGORIES:
+        if needle in reason:
+            return label
+    return "other"
+
+
+class _GpuCollector(Collector):
+    def __init__(self, source: Callable[[], Cache | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cache = self._source()
+        core = GaugeMetricFamily(
+            "tessera_gpu_core_allocated_percent",
+            "Compute share of the GPU allocated to pods, in percent",
+            labels=["node", "gpu", "uuid", "model"],
+        )
+        mem = GaugeMetricFamily(
+            "tessera_gpu_memory_allocated_mib",
+            "GPU memory allocated to pods, in MiB",
+            labels=["node", "gpu", "uuid", "model"],
+        )
+        total = GaugeMetricFamily(
+            "tessera_gpu_memory_total_mib",
+            "GPU memory of the device, in MiB",
+            labels=["node", "gpu", "uuid", "model"],
+        )
+        unusable = GaugeMetricFamily(
+            "tessera_nodes_unusable",
+            "Nodes that take no new tessera pods (bad inventory or silent node agent)",
+        )
+        invalid = GaugeMetricFamily(
+            "tessera_invalid_allocation_records",
+            "Pods whose allocation record does not count (forged, corrupt or conflicting)",
+        )
+        pods = GaugeMetricFamily(
+            "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
+        )
+        if cache is not None:
+            with cache.lock:
+                for name, node in cache.state.nodes.items():
+                    for slot, g in enumerate(node.inventory.gpus):
+                        labels = [name, str(g.index), g.uuid, g.model]
+                        core.add_metric(labels, UNITS_PER_DEVICE - node.free_core[slot])
+                        mem.add_metric(labels, g.memory_mib - node.free_mem[slot])
+                        total.add_metric(labels, g.memory_mib)
+                unusable.add_metric([], len(cache.problems))
+                invalid.add_metric([], len(cache.invalid_records))
+                assumed = len(cache.state.assumed)
+                pods.add_metric(["assumed"], assumed)
+                pods.add_metric(["confirmed"], len(cache.state.pods) - assumed)
+                pods.add_metric(["pending_node"], len(cache.state.pending))
+        yield from (core, mem, total, unusable, invalid, pods)
+
+
+class Metrics:
+    """Everything /metrics shows; one registry per service (tests run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._cache: Cache | None = None
+        r = self.registry
+        self.requests = Histogram(
+            "tessera_scheduler_request_duration_seconds",
+            "Time to answer an extender call, by verb",
+            ["verb"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tessera_scheduler_decisions",
+            "Extender decisions by verb and outcome",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "tessera_scheduler_node_failures",
+            "Nodes rejected by filter, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.bind_failures = Counter(
+            "tessera_scheduler_bind_failures",
+            "Binds that failed, by step",
+            ["step"],
+            registry=r,
+        )
+        self.watch_relists = Counter(
+            "tessera_scheduler_watch_relists",
+            "Full relists of a watched resource (start, 410 Gone, errors)",
+            ["resource"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "tessera_scheduler_leader", "1 when this replica is the leader", registry=r
+        )
+        self.ready = Gauge(
+            "tessera_scheduler_ready", "1 when this replica answers extender calls", registry=r
+        )
+        self.status_writes = Counter(
+            "tessera_scheduler_status_writes",
+            "NodeDevices status updates, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        r.register(_GpuCollector(lambda: self._cache))
+
+    def attach(self, cache: Cache) -> None:
+        self._cache = cache
+
+    def observe(self, verb: str, seconds: float, outcome: str) -> None:
+        self.requests.labels(verb).observe(seconds)
+        self.decisions.labels(verb, outcome).inc()
+
+    def node_failures(self, reasons: Mapping[str, int]) -> None:
+        for reason, count in reasons.items():
+            self.failures.labels(reason).inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def sample(metrics: Metrics, name: str, labels: Mapping[str, str] | None = None) -> Any:
+    """A metric's current value (tests and the debug API)."""
+    return metrics.registry.get_sample_value(name, dict(labels or {}))

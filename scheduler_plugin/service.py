@@ -1,0 +1,268 @@
+"""The running extender: the pieces wired together, with their life cycle.
+
+start(): the informers list and watch; the HTTP server serves at once (health and metrics
+answer), but extender calls get 503 until every informer has synced and, with leader
+election, this replica leads. A ticker re-checks heartbeats every second and reads back
+assumed binds that the watch has not confirmed. stop(): the server, the informers and the
+status writer stop; the leader Lease is released.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_plugin.binder import Binder
+from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
+from scheduler_plugin.cluster import Informer, Reconciler, informers
+from scheduler_plugin.extender import Extender
+from scheduler_plugin.http import DEFAULT_MAX_BODY, ChangeFeed, Server
+from scheduler_plugin.kube import KubeClient
+from scheduler_plugin.leader import LeaderElector
+from scheduler_plugin.metrics import Metrics
+from scheduler_plugin.status_writer import StatusWriter
+from tessera.record import Keyring
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = "0.0.0.0"
+    port: int = 8888
+    policy: str = "binpack"
+    leader_elect: bool = True
+    leader_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
+    leader_name: str = "tessera-scheduler"
+    identity: str = ""
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
+    heartbeat_grace: float = DEFAULT_HEARTBEAT_GRACE
+    require_heartbeat: bool = True
+    watch_nodes: bool = True
+    status_interval: float = 2.0
+    write_status: bool = True
+    manage_nvidia_gpu: bool = False
+    max_body: int = DEFAULT_MAX_BODY
+    assume_ttl: float = 30.0
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+class Service:
+    def __init__(
+        self,
+        options: Options,
+        client: KubeClient,
+        keyring: Keyring,
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.options = options
+        self.client = client
+        self.keyring = keyring
+        self.metrics = Metrics()
+        self.cache = Cache(
+            options.policy,
+            heartbeat_namespace=options.heartbeat_namespace,
+            heartbeat_grace=options.heartbeat_grace,
+            require_heartbeat=options.require_heartbeat,
+        )
+        self.metrics.attach(self.cache)
+        self.extender = Extender(
+            self.cache, self.metrics, manage_nvidia_gpu=options.manage_nvidia_gpu
+        )
+        self.binder = Binder(self.cache, self.extender, client, keyring, self.metrics)
+        self.reconciler = Reconciler(self.cache, keyring, assume_ttl=options.assume_ttl)
+        self.informers: list[Informer] = informers(
+            client,
+            self.cache,
+            self.reconciler,
+            heartbeat_namespace=options.heartbeat_namespace,
+            watch_nodes=options.watch_nodes,
+            metrics=self.metrics,
+        )
+        self.leader: LeaderElector | None = None
+        if options.leader_elect:
+            self.leader = LeaderElector(
+                client,
+                options.leader_namespace,
+                options.leader_name,
+                options.identity or default_identity(),
+                lease_duration=options.lease_duration,
+                renew_deadline=options.renew_deadline,
+                retry_period=options.retry_period,
+                on_change=self._leadership,
+            )
+        self.status_writer = StatusWriter(
+            self.cache,
+            client,
+            interval=options.status_interval,
+            enabled=self._leading,
+            metrics=self.metrics,
+        )
+        self._feeds: set[ChangeFeed] = set()
+        self._feeds_lock = threading.Lock()
+        self.cache.subscribe(self._feed)
+        self.server = Server((options.host, options.port), self, tls=tls, max_body=options.max_body)
+        self.stopping = threading.Event()
+        self._ticker: threading.Thread | None = None
+        self._settled = False
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def start(self) -> Service:
+        for informer in self.informers:
+            informer.start()
+        if self.leader is not None:
+            self.leader.start()
+        self.server.start()
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="ticker")
+        self._ticker.start()
+        if self.options.write_status:
+            self.status_writer.start()
+        log.info(
+            "tessera-scheduler serving on %s:%d (policy %s)",
+            self.options.host,
+            self.server.port,
+            self.options.policy,
+        )
+        return self
+
+    def stop(self, release: bool = True) -> None:
+        self.stopping.set()
+        self.server.stop()
+        for informer in self.informers:
+            informer.stop()
+        self.status_writer.stop()
+        if self.leader is not None:
+            self.leader.stop(release=release)
+        self.client.close()
+
+    def settle_memory(self) -> None:
+        """After the initial sync: move everything alive into the GC's permanent generation
+        and collect less often. The cluster state is a large, long-lived heap; without this,
+        the cyclic GC walks it again and again during decisions (it doubled the median
+        filter latency at 5,000 nodes). Objects still free by reference counting."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 100)
+        self._settled = True
+
+    def _tick(self) -> None:
+        last_expiry = time.monotonic()
+        while not self.stopping.wait(1.0):
+            try:
+                if not self._settled and self.synced:
+                    self.settle_memory()
+                self.cache.refresh_problems()
+                now = time.monotonic()
+                if now - last_expiry >= 5.0:
+                    last_expiry = now
+                    self.reconciler.expire_assumed(self.client, now)
+                self.metrics.ready.set(1 if self.answering() else 0)
+            except Exception:
+                log.exception("ticker round failed")
+
+    # --- readiness ----------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return all(i.synced.is_set() for i in self.informers)
+
+    def _leading(self) -> bool:
+        return self.leader is None or self.leader.leading
+
+    def _leadership(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        if leading:
+            self.status_writer.mark_all()
+
+    def answering(self) -> bool:
+        return self.synced and self._leading() and not self.stopping.is_set()
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.stopping.is_set():
+            return False, "stopping"
+        if not self.synced:
+            waiting = [i.name for i in self.informers if not i.synced.is_set()]
+            return False, f"waiting for the initial list of {', '.join(waiting)}"
+        if not self._leading():
+            return False, "not the leader"
+        return True, "ok"
+
+    def wait_ready(self, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.answering():
+                return True
+            time.sleep(0.01)
+        return False
+
+    # --- calls ----------------------------------------------------------------------------
+
+    def call(self, verb: str, args: Any) -> tuple[Any, str]:
+        """Answer one extender verb; returns (reply, outcome label for the metrics)."""
+        if verb == "filter":
+            reply = self.extender.filter(args)
+            passed = reply.get("NodeNames") or (reply.get("Nodes") or {}).get("items") or []
+            return reply, "fit" if passed else "no_fit"
+        if verb == "prioritize":
+            return self.extender.prioritize_json(args), "ok"
+        if verb == "bind":
+            result = self.binder.bind(args)
+            return result, "refused" if result["Error"] else "bound"
+        if verb == "preempt":
+            result = self.extender.preempt(args)
+            return result, "ok"
+        raise ValueError(verb)
+
+    # --- debug views ------------------------------------------------------------------------
+
+    def debug_nodes(self) -> dict[str, Any]:
+        nodes = [self.cache.node_summary(n) for n in self.cache.node_names()]
+        return {"nodes": [n for n in nodes if n is not None]}
+
+    def debug_pods(self) -> dict[str, Any]:
+        cache = self.cache
+        with cache.lock:
+            return {
+                "invalidRecords": [
+                    {"pod": key, "uid": uid, "problem": problem}
+                    for key, (uid, problem) in sorted(cache.invalid_records.items())
+                ],
+                "assumed": sorted(cache.state.assumed),
+                "inflight": sorted(cache.inflight),
+                "waitingForNode": sorted(
+                    f"{a.namespace}/{a.name} -> {a.node}" for a in cache.state.pending.values()
+                ),
+                "allocated": len(cache.state.pods),
+            }
+
+    def _feed(self, node: str) -> None:
+        with self._feeds_lock:
+            feeds = list(self._feeds)
+        for feed in feeds:
+            feed.add(node)
+
+    def watch_changes(self) -> ChangeFeed:
+        feed = ChangeFeed(self._drop_feed)
+        with self._feeds_lock:
+            self._feeds.add(feed)
+        return feed
+
+    def _drop_feed(self, feed: ChangeFeed) -> None:
+        with self._feeds_lock:
+            self._feeds.discard(feed)

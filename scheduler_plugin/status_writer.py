@@ -1,0 +1,124 @@
+"""Writes each node's allocation summary into its NodeDevices status, off the hot path.
+
+Changes to the cluster state only mark a node dirty (a set insert, inside the state's
+change notification). A background thread wakes every `interval` seconds, takes the dirty
+set, renders each node's summary under the lock, and patches `status.allocation` through
+the status subresource outside it; at most `max_per_flush` nodes per round, the rest wait
+for the next round. A summary equal to the last one written for that node is skipped.
+Only the leader writes; a failed write re-marks the node dirty.
+
+Layout (docs/scheduler.md): `status.allocation = {updated, usable, problem, gpus: [{uuid,
+index, model, healthy, core: {total, used, free}, memoryMiB: {total, used, free}, pods:
+[{namespace, name, uid, container, core, memoryMiB}]}], rdma: [{ibdev, pciBusId, healthy,
+share: {total, used, free}, vfs: {total, free}, pods: [...]}]}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from scheduler_plugin.cache import Cache
+from scheduler_plugin.cluster import INVENTORY_PATH
+from scheduler_plugin.kube import ApiError, KubeClient
+from scheduler_plugin.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def status_path(node: str) -> str:
+    return f"{INVENTORY_PATH}/{quote(node, safe='')}/status"
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        cache: Cache,
+        client: KubeClient,
+        *,
+        interval: float = 2.0,
+        max_per_flush: int = 200,
+        enabled: Callable[[], bool] = lambda: True,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.cache = cache
+        self.client = client
+        self.interval = interval
+        self.max_per_flush = max_per_flush
+        self.enabled = enabled
+        self.metrics = metrics
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        self._written: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        cache.subscribe(self.mark)
+
+    def mark(self, node: str) -> None:
+        with self._dirty_lock:
+            self._dirty.add(node)
+
+    def mark_all(self) -> None:
+        for name in self.cache.node_names():
+            self.mark(name)
+
+    def flush(self) -> int:
+        """One round; returns how many nodes were written."""
+        if not self.enabled():
+            return 0
+        with self._dirty_lock:
+            batch = sorted(self._dirty)[: self.max_per_flush]
+            self._dirty.difference_update(batch)
+        written = 0
+        for node in batch:
+            summary = self.cache.node_summary(node)
+            if summary is None:
+                self._written.pop(node, None)
+                continue
+            body = {k: v for k, v in summary.items() if k != "node"}
+            if self._written.get(node) == body:
+                continue
+            patch = {
+                "status": {
+                    "allocation": body
+                    | {"updated": datetime.now(UTC).isoformat(timespec="seconds")}
+                }
+            }
+            try:
+                self.client.merge_patch(status_path(node), patch)
+            except ApiError as exc:
+                if exc.status == 404:
+                    self._written.pop(node, None)
+                    continue  # the inventory is gone; nothing to write to
+                log.warning("writing the status of nodedevices/%s failed: %s", node, exc)
+                self.mark(node)
+                self._count("error")
+                continue
+            self._written[node] = body
+            written += 1
+            self._count("ok")
+        return written
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.status_writes.labels(outcome).inc()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, daemon=True, name="status-writer")
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:
+                log.exception("status writer round failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

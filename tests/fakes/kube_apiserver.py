@@ -1,0 +1,797 @@
+"""An in-process fake Kubernetes API server for tests.
+
+A threaded HTTP server on 127.0.0.1 with an in-memory object store. It speaks the part of
+the API that tessera uses, with the semantics that matter for correctness:
+
+- resources: pods (with the `binding` and `status` subresources), nodes, events, leases
+  (coordination.k8s.io/v1) and the `NodeDevices` custom resource (tessera.dev/v1alpha1,
+  cluster-scoped, with a `status` subresource);
+- get, list (all namespaces or one), create, update (PUT with resourceVersion: a stale one
+  gets 409 Conflict), patch (merge, strategic merge treated as merge, JSON patch), delete;
+- one global resourceVersion counter; watch as a chunked stream of JSON lines
+  (`{"type": ..., "object": ...}`), from a given resourceVersion, with optional bookmarks;
+  a resourceVersion older than the kept history gets an ERROR event with a 410 status,
+  as the real server does;
+- binding: sets spec.nodeName once (a second binding is 409), checks metadata.uid when
+  given; a patch whose metadata.uid differs from the stored one is 409;
+- faults for recovery tests: `fail(...)` makes matching requests answer an error status
+  (optionally after the change was applied, to imitate a lost answer), `set_latency`,
+  `drop_watches()` ends every open watch, `compact()` forgets history (watchers then get
+  410), `stop()`/`start()` on the same port imitate an API server restart.
+
+Tests change objects directly through `create/update/patch/delete/get` (Python calls that
+behave like the HTTP ones and notify watchers) or over HTTP with any client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+Obj = dict[str, Any]
+
+# resource key -> (group/version prefix, namespaced, kind)
+RESOURCES: dict[str, tuple[str, bool, str]] = {
+    "pods": ("/api/v1", True, "Pod"),
+    "nodes": ("/api/v1", False, "Node"),
+    "events": ("/api/v1", True, "Event"),
+    "leases": ("/apis/coordination.k8s.io/v1", True, "Lease"),
+    "nodedevices": ("/apis/tessera.dev/v1alpha1", False, "NodeDevices"),
+}
+_API_VERSION = {
+    "/api/v1": "v1",
+    "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1",
+    "/apis/tessera.dev/v1alpha1": "tessera.dev/v1alpha1",
+}
+_STATUS_SUBRESOURCE = {"pods", "nodedevices", "nodes"}
+
+_PATH = re.compile(
+    r"^(?P<prefix>/api/v1|/apis/[^/]+/[^/]+)"
+    r"(?:/namespaces/(?P<ns>[^/]+))?"
+    r"/(?P<resource>[a-z]+)"
+    r"(?:/(?P<name>[^/]+))?"
+    r"(?:/(?P<sub>[a-z]+))?$"
+)
+
+
+class ApiProblemError(Exception):
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
+def status_body(code: int, reason: str, message: str) -> Obj:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+
+
+def json_patch(doc: Any, ops: list[Obj]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = _pointer(op["path"])
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        if not parts:
+            raise ApiProblemError(422, "Invalid", "cannot patch the whole document")
+        last = parts[-1]
+        kind = op["op"]
+        if kind == "test":
+            current = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if current != op.get("value"):
+                raise ApiProblemError(422, "Invalid", f"test failed at {op['path']}")
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif kind == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                if kind == "replace" and last not in parent:
+                    raise ApiProblemError(422, "Invalid", f"no value at {op['path']}")
+                parent[last] = op["value"]
+        elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[int(last)]
+            else:
+                if last not in parent:
+                    raise ApiProblemError(422, "Invalid", f"no value at {op['path']}")
+                del parent[last]
+        else:
+            raise ApiProblemError(422, "Invalid", f"unsupported op {kind}")
+    return doc
+
+
+@dataclass
+class Fault:
+    """Requests matching method and path substring answer `status` (`times` of them)."""
+
+    method: str | None
+    path_contains: str
+    status: int
+    times: int
+    after_apply: bool = False
+    """Apply the change, then answer the error (a lost answer)."""
+    hits: int = 0
+
+
+@dataclass
+class _Watcher:
+    resource: str
+    namespace: str | None
+    events: list[Obj] = field(default_factory=list)
+    closed: bool = False
+
+
+class FakeApiServer:
+    """See the module doc. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, history: int = 100_000) -> None:
+        self._lock = threading.Condition()
+        self._store: dict[tuple[str, str, str], Obj] = {}
+        self._rv = 0
+        self._log: list[tuple[int, str, str, str | None, Obj]] = []
+        """(rv, type, resource, namespace, object) for watch replay."""
+        self._history = history
+        self._compacted = 0
+        self._watchers: list[_Watcher] = []
+        self._faults: list[Fault] = []
+        self.latency = 0.0
+        self.requests: list[tuple[str, str]] = []
+        """(method, path) of every request, in arrival order."""
+        self.port = 0
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self.bookmark_interval: float | None = None
+        self.list_calls = 0
+
+    # --- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> FakeApiServer:
+        server = _Server(("127.0.0.1", self.port), _Handler)
+        server.fake = self
+        self.port = server.server_address[1]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True, name="fakeapi")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (connections are closed, watches end). start() serves the same store
+        on the same port again: an API server restart."""
+        server = self._server
+        if server is None:
+            return
+        self._server = None
+        self.drop_watches()
+        server.shutdown()
+        server.server_close()
+        # a client may have connected between the first drop and the shutdown: end it too
+        self.drop_watches()
+        server.close_all()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kubeconfig(self, path: str) -> str:
+        """Write a kubeconfig pointing at this server (no authentication) and return it."""
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+            "current-context": "fake",
+        }
+        with open(path, "w") as fh:
+            json.dump(doc, fh)
+        return path
+
+    # --- faults ---------------------------------------------------------------------------
+
+    def fail(
+        self,
+        path_contains: str,
+        *,
+        method: str | None = None,
+        status: int = 500,
+        times: int = 1,
+        after_apply: bool = False,
+    ) -> Fault:
+        fault = Fault(method, path_contains, status, times, after_apply)
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.hits >= fault.times:
+                    continue
+                if fault.method and fault.method != method:
+                    continue
+                if fault.path_contains in path:
+                    fault.hits += 1
+                    return fault
+        return None
+
+    def drop_watches(self) -> None:
+        with self._lock:
+            for w in self._watchers:
+                w.closed = True
+            self._lock.notify_all()
+
+    def compact(self) -> None:
+        """Forget the event history: a watch from an older resourceVersion gets 410."""
+        with self._lock:
+            self._compacted = self._rv
+            self._log.clear()
+
+    # --- the store (direct use by tests) ----------------------------------------------------
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def _key(self, resource: str, namespace: str | None, name: str) -> tuple[str, str, str]:
+        return (resource, namespace or "", name)
+
+    def _emit(self, kind: str, resource: str, obj: Obj) -> None:
+        ns = obj["metadata"].get("namespace")
+        self._log.append((self._rv, kind, resource, ns, copy.deepcopy(obj)))
+        if len(self._log) > self._history:
+            drop = len(self._log) - self._history
+            self._compacted = self._log[drop - 1][0]
+            del self._log[:drop]
+        for w in self._watchers:
+            if w.resource == resource and (w.namespace is None or w.namespace == ns):
+                w.events.append({"type": kind, "object": copy.deepcopy(obj)})
+        self._lock.notify_all()
+
+    def _bump(self, obj: Obj) -> None:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+
+    def create(self, resource: str, obj: Obj) -> Obj:
+        with self._lock:
+            obj = copy.deepcopy(obj)
+            prefix, namespaced, kind = RESOURCES[resource]
+            meta = obj.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            if not meta.get("name"):
+                raise ApiProblemError(422, "Invalid", "metadata.name is required")
+            ns = (meta.get("namespace") or "default") if namespaced else None
+            if namespaced:
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
+            key = self._key(resource, ns, meta["name"])
+            if key in self._store:
+                raise ApiProblemError(
+                    409, "AlreadyExists", f'{resource} "{meta["name"]}" already exists'
+                )
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            meta["generation"] = 1
+            obj["apiVersion"] = _API_VERSION[prefix]
+            obj["kind"] = kind
+            if resource == "pods":
+                obj.setdefault("spec", {})
+                obj.setdefault("status", {"phase": "Pending"})
+            self._bump(obj)
+            self._store[key] = obj
+            self._emit("ADDED", resource, obj)
+            return copy.deepcopy(obj)
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> Obj:
+        with self._lock:
+            obj = self._store.get(self._key(resource, self._ns(resource, namespace), name))
+            if obj is None:
+                raise ApiProblemError(404, "NotFound", f'{resource} "{name}" not found')
+            return copy.deepcopy(obj)
+
+    def items(self, resource: str, namespace: str | None = None) -> list[Obj]:
+        with self._lock:
+            return [
+                copy.deepcopy(o)
+                for (r, ns, _), o in sorted(self._store.items())
+                if r == resource and (namespace is None or ns == namespace)
+            ]
+
+    def _ns(self, resource: str, namespace: str | None) -> str | None:
+        return (namespace or "default") if RESOURCES[resource][1] else None
+
+    def _write(
+        self, resource: str, namespace: str | None, name: str, new: Obj, sub: str | None
+    ) -> Obj:
+        """Store `new` as the object (status or main part per subresource rules)."""
+        key = self._key(resource, self._ns(resource, namespace), name)
+        old = self._store.get(key)
+        if old is None:
+            raise ApiProblemError(404, "NotFound", f'{resource} "{name}" not found')
+        new_meta = new.get("metadata") or {}
+        rv = new_meta.get("resourceVersion")
+        if rv not in (None, "") and str(rv) != old["metadata"]["resourceVersion"]:
+            raise ApiProblemError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {resource} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+            )
+        if new_meta.get("uid") not in (None, "", old["metadata"]["uid"]):
+            raise ApiProblemError(
+                409,
+                "Conflict",
+                f"Precondition failed: UID in precondition: {new_meta.get('uid')}, UID in "
+                f"object meta: {old['metadata']['uid']}",
+            )
+        result = copy.deepcopy(old)
+        if sub == "status":
+            result["status"] = copy.deepcopy(new.get("status"))
+        else:
+            for k, v in new.items():
+                if k in ("metadata", "status") and resource in _STATUS_SUBRESOURCE:
+                    continue
+                result[k] = copy.deepcopy(v)
+            meta = copy.deepcopy(new_meta)
+            for fixed in ("uid", "name", "namespace", "creationTimestamp", "resourceVersion"):
+                meta[fixed] = old["metadata"].get(fixed)
+                if meta[fixed] is None:
+                    meta.pop(fixed)
+            result["metadata"] = meta
+            if resource not in _STATUS_SUBRESOURCE and "status" in new:
+                result["status"] = copy.deepcopy(new["status"])
+            if resource == "pods":
+                old_node = (old.get("spec") or {}).get("nodeName")
+                if old_node and (result.get("spec") or {}).get("nodeName") != old_node:
+                    raise ApiProblemError(422, "Invalid", "spec.nodeName: field is immutable")
+        if result == old:
+            return copy.deepcopy(old)  # no-op writes do not bump the resourceVersion
+        self._bump(result)
+        self._store[key] = result
+        self._emit("MODIFIED", resource, result)
+        return copy.deepcopy(result)
+
+    def update(self, resource: str, obj: Obj, sub: str | None = None) -> Obj:
+        with self._lock:
+            meta = obj.get("metadata") or {}
+            return self._write(resource, meta.get("namespace"), meta["name"], obj, sub)
+
+    def patch(
+        self,
+        resource: str,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        sub: str | None = None,
+        kind: str = "merge",
+    ) -> Obj:
+        with self._lock:
+            current = self.get(resource, name, namespace)
+            if kind == "json":
+                new = json_patch(current, patch)
+                uid = None
+            else:
+                new = merge_patch(current, patch)
+                uid = ((patch or {}).get("metadata") or {}).get("uid")
+            if uid is not None and uid != current["metadata"]["uid"]:
+                raise ApiProblemError(
+                    409, "Conflict", f"Precondition failed: UID in precondition: {uid}"
+                )
+            new_meta = new.setdefault("metadata", {})
+            patch_rv = ((patch or {}).get("metadata") or {}).get("resourceVersion")
+            new_meta["resourceVersion"] = patch_rv if kind != "json" else None
+            if sub == "status":
+                return self._write(resource, namespace, name, new, "status")
+            if resource in _STATUS_SUBRESOURCE:
+                new["status"] = current.get("status")
+            return self._write(resource, namespace, name, new, None)
+
+    def delete(self, resource: str, name: str, namespace: str | None = None) -> Obj:
+        with self._lock:
+            key = self._key(resource, self._ns(resource, namespace), name)
+            obj = self._store.pop(key, None)
+            if obj is None:
+                raise ApiProblemError(404, "NotFound", f'{resource} "{name}" not found')
+            self._bump(obj)
+            self._emit("DELETED", resource, obj)
+            return copy.deepcopy(obj)
+
+    def bind(self, namespace: str, name: str, binding: Obj) -> Obj:
+        with self._lock:
+            pod = self.get("pods", name, namespace)
+            want_uid = (binding.get("metadata") or {}).get("uid")
+            if want_uid and want_uid != pod["metadata"]["uid"]:
+                raise ApiProblemError(
+                    409, "Conflict", f"Precondition failed: UID in precondition: {want_uid}"
+                )
+            target = (binding.get("target") or {}).get("name")
+            if not target:
+                raise ApiProblemError(422, "Invalid", "target.name is required")
+            if pod["spec"].get("nodeName"):
+                raise ApiProblemError(
+                    409,
+                    "Conflict",
+                    f"pod {name} is already assigned to node {pod['spec']['nodeName']!r}",
+                )
+            if pod["metadata"].get("deletionTimestamp"):
+                raise ApiProblemError(409, "Conflict", f"pod {name} is being deleted")
+            pod["spec"]["nodeName"] = target
+            conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+            conditions.append({"type": "PodScheduled", "status": "True"})
+            key = self._key("pods", namespace, name)
+            self._bump(pod)
+            self._store[key] = pod
+            self._emit("MODIFIED", "pods", pod)
+            return status_body(201, "", "") | {"status": "Success", "code": 201}
+
+    # --- list and watch -----------------------------------------------------------------------
+
+    def list(
+        self, resource: str, namespace: str | None, limit: int = 0, continue_token: str = ""
+    ) -> Obj:
+        """A list; with `limit`, one page and a `continue` token (an offset: unlike the
+        real server, later pages show the store as it is then, not a snapshot)."""
+        with self._lock:
+            prefix, _, kind = RESOURCES[resource]
+            items = self.items(resource, namespace)
+            meta: Obj = {"resourceVersion": str(self._rv)}
+            if limit > 0:
+                start = int(continue_token or 0)
+                if start + limit < len(items):
+                    meta["continue"] = str(start + limit)
+                items = items[start : start + limit]
+            self.list_calls += 1
+            return {
+                "kind": f"{kind}List",
+                "apiVersion": _API_VERSION[prefix],
+                "metadata": meta,
+                "items": items,
+            }
+
+    def watch(
+        self,
+        resource: str,
+        namespace: str | None,
+        since: int,
+        timeout: float,
+        bookmarks: bool,
+        alive: Callable[[], bool],
+    ) -> Iterable[Obj]:
+        """Events after `since`, then live ones until `timeout` or the watch is dropped."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if since < self._compacted:
+                yield {
+                    "type": "ERROR",
+                    "object": status_body(
+                        410,
+                        "Expired",
+                        f"too old resource version: {since} ({self._compacted})",
+                    ),
+                }
+                return
+            watcher = _Watcher(resource, namespace)
+            for rv, kind, res, ns, obj in self._log:
+                if rv > since and res == resource and (namespace is None or ns == namespace):
+                    watcher.events.append({"type": kind, "object": copy.deepcopy(obj)})
+            self._watchers.append(watcher)
+        last_bookmark = time.monotonic()
+        try:
+            while True:
+                with self._lock:
+                    if not alive():
+                        return
+                    while not watcher.events and not watcher.closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        if self.bookmark_interval and bookmarks:
+                            left = min(
+                                left, self.bookmark_interval - (time.monotonic() - last_bookmark)
+                            )
+                            if left <= 0:
+                                break
+                        self._lock.wait(min(left, 0.5))
+                        if not alive():
+                            return
+                    events, watcher.events = watcher.events, []
+                    closed = watcher.closed
+                    rv_now = self._rv
+                yield from events
+                if closed or time.monotonic() >= deadline:
+                    return
+                if (
+                    bookmarks
+                    and self.bookmark_interval
+                    and time.monotonic() - last_bookmark >= self.bookmark_interval
+                ):
+                    last_bookmark = time.monotonic()
+                    prefix, _, kind = RESOURCES[resource]
+                    yield {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": kind,
+                            "apiVersion": _API_VERSION[prefix],
+                            "metadata": {"resourceVersion": str(rv_now)},
+                        },
+                    }
+        finally:
+            with self._lock:
+                if watcher in self._watchers:
+                    self._watchers.remove(watcher)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    fake: FakeApiServer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conns: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with contextlib.suppress(OSError):
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._conn_lock:
+            self._conns.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conn_lock:
+                self._conns.discard(request)
+
+    def close_all(self) -> None:
+        with self._conn_lock:
+            conns = list(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, code: int, body: Obj) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        # headers and body in one write: two small writes meet the client's delayed ACK
+        self._headers_buffer.append(b"\r\n" + data)
+        self.flush_headers()
+
+    def _problem(self, p: ApiProblemError) -> None:
+        self._send(p.code, status_body(p.code, p.reason, p.message))
+
+    def _body(self) -> Any:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiProblemError(400, "BadRequest", "request body is not JSON") from None
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        fake = self.server.fake
+        split = urlsplit(self.path)
+        fake.requests.append((method, split.path))
+        try:
+            body = self._body() if method in ("POST", "PUT", "PATCH") else None
+            if fake.latency:
+                time.sleep(fake.latency)
+            fault = fake._fault_for(method, split.path)
+            if fault is not None and not fault.after_apply:
+                raise ApiProblemError(fault.status, "InternalError", "injected fault")
+            query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+            match = _PATH.match(split.path)
+            if match and match["resource"] == "bindings" and method == "POST":
+                # the namespace-level form the python client's create_namespaced_binding uses
+                name = ((body or {}).get("metadata") or {}).get("name") or ""
+                self._send(201, fake.bind(match["ns"] or "default", name, body or {}))
+                return
+            if match is None or match["resource"] not in RESOURCES:
+                raise ApiProblemError(404, "NotFound", f"no route for {split.path}")
+            if match["name"] is None and match["sub"] is None and match["resource"] == "namespaces":
+                raise ApiProblemError(404, "NotFound", "namespaces are not served")
+            resource, ns, name, sub = (
+                match["resource"],
+                match["ns"],
+                match["name"],
+                match["sub"],
+            )
+            if RESOURCES[resource][0] != match["prefix"]:
+                raise ApiProblemError(404, "NotFound", f"no route for {split.path}")
+            if method == "GET" and name is None and query.get("watch") in ("1", "true"):
+                self._watch(resource, ns, query)
+                return
+            result, code = self._handle(method, resource, ns, name, sub, body, query)
+            if fault is not None:
+                raise ApiProblemError(fault.status, "InternalError", "injected fault (after apply)")
+            self._send(code, result)
+        except ApiProblemError as p:
+            self._problem(p)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            self._problem(ApiProblemError(400, "BadRequest", f"bad request: {exc!r}"))
+
+    def _handle(
+        self,
+        method: str,
+        resource: str,
+        ns: str | None,
+        name: str | None,
+        sub: str | None,
+        body: Any,
+        query: dict[str, str],
+    ) -> tuple[Obj, int]:
+        fake = self.server.fake
+        if name is None:
+            if method == "GET":
+                limit = int(query.get("limit") or 0)
+                return fake.list(resource, ns, limit, query.get("continue", "")), 200
+            if method == "POST":
+                obj = dict(body or {})
+                meta = dict(obj.get("metadata") or {})
+                if ns:
+                    meta["namespace"] = ns
+                obj["metadata"] = meta
+                return fake.create(resource, obj), 201
+            raise ApiProblemError(405, "MethodNotAllowed", f"{method} on a collection")
+        if sub == "binding":
+            if method != "POST" or resource != "pods":
+                raise ApiProblemError(405, "MethodNotAllowed", "binding takes POST")
+            return fake.bind(ns or "default", name, body or {}), 201
+        if sub not in (None, "status"):
+            raise ApiProblemError(404, "NotFound", f"no subresource {sub}")
+        if method == "GET":
+            return fake.get(resource, name, ns), 200
+        if method == "PUT":
+            obj = dict(body or {})
+            meta = dict(obj.get("metadata") or {})
+            meta["name"] = name
+            if ns:
+                meta["namespace"] = ns
+            obj["metadata"] = meta
+            return fake.update(resource, obj, sub), 200
+        if method == "PATCH":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            kind = {
+                "application/json-patch+json": "json",
+                "application/merge-patch+json": "merge",
+                "application/strategic-merge-patch+json": "merge",
+            }.get(ctype)
+            if kind is None:
+                raise ApiProblemError(
+                    415, "UnsupportedMediaType", f"unsupported patch type {ctype}"
+                )
+            return fake.patch(resource, name, body, ns, sub, kind), 200
+        if method == "DELETE":
+            return fake.delete(resource, name, ns), 200
+        raise ApiProblemError(405, "MethodNotAllowed", method)
+
+    def _watch(self, resource: str, ns: str | None, query: dict[str, str]) -> None:
+        fake = self.server.fake
+        since = int(query.get("resourceVersion") or fake.resource_version)
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        bookmarks = query.get("allowWatchBookmarks") in ("1", "true")
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            server = self.server
+            alive = lambda: fake._server is server  # noqa: E731 - ends with a stopped server
+            for event in fake.watch(resource, ns, since, timeout, bookmarks, alive):
+                if not alive():
+                    break
+                data = json.dumps(event).encode() + b"\n"
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+            return
+        self.close_connection = True
+
+
+def main() -> None:
+    """Serve a fake API server in its own process (benchmarks): prints the port, then
+    serves until killed."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--history", type=int, default=100_000)
+    args = parser.parse_args()
+    server = FakeApiServer(history=args.history)
+    server.port = args.port
+    server.start()
+    sys.stdout.write(f"{server.port}\n")
+    sys.stdout.flush()
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

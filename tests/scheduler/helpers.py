@@ -1,0 +1,216 @@
+"""Builders shared by the scheduler tests: inventories, pods, a running service."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler_plugin.kube import Connection, KubeClient
+from scheduler_plugin.service import Options, Service
+from tessera import resources as rn
+from tessera.record import Keyring
+from tests.fakes.kube_apiserver import FakeApiServer
+
+KEY = b"tessera-test-integrity-key-0123456789"
+KEYRING = Keyring.single(KEY)
+ROOT = Path(__file__).resolve().parents[2]
+VECTORS = ROOT.parent / "shared" / "vectors" / "extender"
+
+
+def gpu_spec(node: str, index: int, model: str = "NVIDIA H100 80GB HBM3", mem: int = 81920):
+    return {
+        "uuid": f"GPU-{node}-{index}",
+        "index": index,
+        "minor": index,
+        "model": model,
+        "memoryMiB": mem,
+        "pciBusId": f"0000:{0x10 + index:02x}:00.0",
+        "numaNode": index // 4,
+        "pcieRoot": f"pci0000:{index // 2:02x}",
+    }
+
+
+def inventory_spec(
+    node: str, gpus: int = 8, model: str = "NVIDIA H100 80GB HBM3", mem: int = 81920, nics: int = 0
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "memoryUnitMiB": 1024,
+        "gpus": [gpu_spec(node, i, model, mem) for i in range(gpus)],
+        "rdma": [
+            {
+                "ibdev": f"mlx5_{i}",
+                "pciBusId": f"0000:{0x80 + i:02x}:00.0",
+                "uverbsMinor": i,
+                "numaNode": i,
+            }
+            for i in range(nics)
+        ],
+        "summary": {"gpus": gpus, "model": model},
+    }
+    return spec
+
+
+def nodedevices(node: str, **kw: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": rn.INVENTORY_API_VERSION,
+        "kind": rn.INVENTORY_KIND,
+        "metadata": {"name": node},
+        "spec": inventory_spec(node, **kw),
+    }
+
+
+def now_text(offset: float = 0.0) -> str:
+    return datetime.fromtimestamp(time.time() + offset, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def heartbeat(node: str, offset: float = 0.0, duration: int = 40) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": rn.HEARTBEAT_LEASE_PREFIX + node,
+            "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": duration,
+            "renewTime": now_text(offset),
+        },
+    }
+
+
+def pod(
+    name: str,
+    resources: Mapping[str, Any] | None = None,
+    *,
+    namespace: str = "default",
+    annotations: Mapping[str, str] | None = None,
+    uid: str | None = None,
+    priority: int = 0,
+) -> dict[str, Any]:
+    res = {k: str(v) for k, v in (resources or {}).items()}
+    obj: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": res, "requests": res}}
+            ],
+            "priority": priority,
+        },
+        "status": {"phase": "Pending"},
+    }
+    if uid:
+        obj["metadata"]["uid"] = uid
+    return obj
+
+
+def share(core: int, ratio: int) -> dict[str, int]:
+    return {rn.GPU_CORE: core, rn.GPU_MEMORY_RATIO: ratio}
+
+
+def populate(fake: FakeApiServer, nodes: list[str], **kw: Any) -> None:
+    for node in nodes:
+        fake.create("nodes", {"metadata": {"name": node}})
+        fake.create("nodedevices", nodedevices(node, **kw))
+        fake.create("leases", heartbeat(node))
+
+
+def client_for(fake: FakeApiServer, timeout: float = 5.0) -> KubeClient:
+    return KubeClient(Connection(host=fake.url), timeout=timeout)
+
+
+def options(**kw: Any) -> Options:
+    base: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "policy": "binpack",
+        "leader_elect": False,
+        "status_interval": 0.2,
+    }
+    base.update(kw)
+    return Options(**base)
+
+
+@contextmanager
+def running(fake: FakeApiServer, **kw: Any) -> Iterator[Service]:
+    service = Service(options(**kw), client_for(fake), KEYRING).start()
+    try:
+        assert service.wait_ready(10), service.readiness()
+        yield service
+    finally:
+        service.stop()
+
+
+class Http:
+    """A keep-alive HTTP client for one server, like kube-scheduler's."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.conn = http.client.HTTPConnection(host, port, timeout=30)
+
+    def post_raw(self, path: str, body: bytes, headers: Mapping[str, str] | None = None):
+        hdrs = {"Content-Type": "application/json"} | dict(headers or {})
+        self.conn.request("POST", path, body=body, headers=hdrs)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        if resp.will_close:
+            self.conn.close()
+        return resp.status, data
+
+    def post(self, path: str, obj: Any) -> tuple[int, Any]:
+        status, data = self.post_raw(path, json.dumps(obj).encode())
+        return status, json.loads(data) if data else None
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        self.conn.request("GET", path)
+        resp = self.conn.getresponse()
+        data = resp.read()
+        return resp.status, data
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def schedule(http_: Http, fake: FakeApiServer, obj: dict[str, Any], nodes: list[str]) -> str | None:
+    """What kube-scheduler does: filter, prioritize, pick the best, bind. Returns the node,
+    or None when nothing fits or the bind was refused."""
+    created = fake.create("pods", obj) if "resourceVersion" not in obj["metadata"] else obj
+    status, result = http_.post("/filter", {"Pod": created, "Nodes": None, "NodeNames": nodes})
+    assert status == 200, result
+    passed = result["NodeNames"]
+    if not passed:
+        return None
+    if len(passed) > 1:
+        status, scores = http_.post(
+            "/prioritize", {"Pod": created, "Nodes": None, "NodeNames": passed}
+        )
+        assert status == 200
+        best = max(scores, key=lambda s: (s["Score"], -passed.index(s["Host"])))["Host"]
+    else:
+        best = passed[0]
+    meta = created["metadata"]
+    status, bound = http_.post(
+        "/bind",
+        {
+            "PodName": meta["name"],
+            "PodNamespace": meta["namespace"],
+            "PodUID": meta["uid"],
+            "Node": best,
+        },
+    )
+    assert status == 200
+    return None if bound["Error"] else best

@@ -1,0 +1,172 @@
+"""Bind against the fake API server: order of writes, failures, parallel binds."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+import pytest
+
+from tessera import resources as rn
+from tessera.record import decode
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.scheduler.helpers import (
+    KEYRING,
+    Http,
+    pod,
+    populate,
+    running,
+    schedule,
+    share,
+    wait_for,
+)
+
+
+@pytest.fixture
+def fake():
+    with FakeApiServer() as server:
+        yield server
+
+
+def bind_body(created, node):
+    meta = created["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }
+
+
+def record_of(fake, name):
+    obj = fake.get("pods", name, "default")
+    return obj["metadata"].get("annotations", {}).get(rn.ALLOCATION_ANNOTATION), obj
+
+
+def test_a_failed_record_write_leaves_nothing_allocated(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", share(100, 100)))
+        fake.fail("/pods/p", method="PATCH", status=500, times=1)
+        status, result = http.post("/bind", bind_body(created, "n"))
+        assert status == 200 and "writing the allocation record failed" in result["Error"]
+        assert service.cache.state.allocation(created["metadata"]["uid"]) is None
+        text, obj = record_of(fake, "p")
+        assert text is None and not obj["spec"].get("nodeName")
+        # the devices are free again: the retry gets them
+        status, result = http.post("/bind", bind_body(created, "n"))
+        assert result["Error"] == ""
+        assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
+
+
+def test_a_failed_binding_removes_the_record_and_the_allocation(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", share(50, 50)))
+        fake.fail("/pods/p/binding", status=403)
+        _status, result = http.post("/bind", bind_body(created, "n"))
+        assert "creating the Binding failed" in result["Error"]
+        assert service.cache.state.allocation(created["metadata"]["uid"]) is None
+        text, obj = record_of(fake, "p")
+        assert text is None and not obj["spec"].get("nodeName")
+        summary = service.cache.node_summary("n")
+        assert summary["gpus"][0]["core"]["used"] == 0
+
+
+def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", share(50, 50)))
+        fake.fail("/pods/p/binding", status=504, after_apply=True)
+        _status, result = http.post("/bind", bind_body(created, "n"))
+        assert result["Error"] == ""
+        text, obj = record_of(fake, "p")
+        assert obj["spec"]["nodeName"] == "n"
+        assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
+        assert service.cache.state.allocation(created["metadata"]["uid"]) is not None
+
+
+def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
+    populate(fake, ["n"], gpus=2)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", {rn.GPU: 200}))
+        _status, result = http.post("/bind", bind_body(created, "n"))
+        assert result["Error"] == ""
+        text, _ = record_of(fake, "p")
+        alloc = decode(text, KEYRING)
+        assert sorted(g.index for g in alloc.containers[0].gpus) == [0, 1]
+
+
+def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake):
+    populate(fake, ["n", "quiet"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", {rn.GPU: 100}))
+        wrong = bind_body(created, "n") | {"PodUID": "not-the-uid"}
+        assert "is not UID" in http.post("/bind", wrong)[1]["Error"]
+        # the node agent of "quiet" goes away with its heartbeat Lease
+        fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
+        wait_for(lambda: "quiet" in service.cache.problems)
+        assert "heartbeat Lease" in http.post("/bind", bind_body(created, "quiet"))[1]["Error"]
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        other = fake.create("pods", pod("q", {rn.GPU: 100}))
+        assert "whole GPUs" in http.post("/bind", bind_body(other, "n"))[1]["Error"]
+        assert record_of(fake, "q")[0] is None
+
+
+def test_parallel_binds_on_one_node_never_share_a_device(fake):
+    populate(fake, ["n"], gpus=2)
+    fake.latency = 0.01  # every API call takes a while, so binds overlap
+    with running(fake) as service:
+        pods = [fake.create("pods", pod(f"p{i}", share(30, 30))) for i in range(12)]
+        results: dict[str, str] = {}
+
+        def bind(created):
+            http = Http(service.server.port)
+            results[created["metadata"]["name"]] = http.post("/bind", bind_body(created, "n"))[1][
+                "Error"
+            ]
+
+        threads = [threading.Thread(target=bind, args=(p,)) for p in pods]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bound = [name for name, err in results.items() if not err]
+        assert len(bound) == 6  # three 30% shares per GPU, two GPUs
+        used: dict[str, int] = defaultdict(int)
+        for name in bound:
+            text, obj = record_of(fake, name)
+            assert obj["spec"]["nodeName"] == "n"
+            for grant in decode(text, KEYRING).containers[0].gpus:
+                used[grant.uuid] += grant.core
+        assert sorted(used.values()) == [90, 90]
+        for name in set(results) - set(bound):
+            assert record_of(fake, name)[0] is None
+
+
+def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake):
+    populate(fake, ["a", "b"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
+        assert sorted(placed[:2]) == ["a", "b"] and placed[2] is None
+
+
+def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
+    populate(fake, ["n", "m"], gpus=1)
+    with running(fake) as service:
+        http = Http(service.server.port)
+        created = fake.create("pods", pod("p", share(50, 50)))
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        text, _ = record_of(fake, "p")
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        assert record_of(fake, "p")[0] == text
+        refused = http.post("/bind", bind_body(created, "m"))[1]["Error"]
+        assert "already holds devices on n" in refused
+        assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 50
+        assert service.cache.node_summary("m")["gpus"][0]["core"]["used"] == 0

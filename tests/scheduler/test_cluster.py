@@ -1,0 +1,265 @@
+"""The Kubernetes side against the fake API server: watches, records, debug API, metrics."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+
+from scheduler_plugin.metrics import sample
+from tessera import resources as rn
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.record import Keyring, encode
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.scheduler.helpers import (
+    KEY,
+    Http,
+    nodedevices,
+    pod,
+    populate,
+    running,
+    schedule,
+    share,
+    wait_for,
+)
+
+
+@pytest.fixture
+def fake():
+    with FakeApiServer() as server:
+        yield server
+
+
+def used_core(service, node, slot=0):
+    return service.cache.node_summary(node)["gpus"][slot]["core"]["used"]
+
+
+def forged_pod(fake, name, node, key: bytes | None, *, record_node=None, record_uid=None):
+    created = fake.create("pods", pod(name, {rn.GPU: 100}))
+    uid = created["metadata"]["uid"]
+    alloc = PodAllocation(
+        pod_uid=record_uid or uid,
+        namespace="default",
+        name=name,
+        node=record_node or node,
+        containers=(ContainerAllocation("main", (GpuGrant(f"GPU-{node}-0", 0, 0, 100, 81920),)),),
+    )
+    text = encode(alloc, Keyring.single(key) if key else None)
+    fake.patch("pods", name, {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: text}}})
+    fake.bind("default", name, {"target": {"name": node}})
+    return created
+
+
+def test_deleted_and_finished_pods_release_their_devices(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
+        assert schedule(h, fake, pod("b", share(40, 40)), ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        assert used_core(service, "n") == 80
+        fake.delete("pods", "a")
+        wait_for(lambda: used_core(service, "n") == 40)
+        fake.patch("pods", "b", {"status": {"phase": "Succeeded"}}, sub="status")
+        wait_for(lambda: used_core(service, "n") == 0)
+
+
+def test_forged_and_copied_records_never_hold_devices(fake):
+    populate(fake, ["n"], gpus=1)
+    forged_pod(fake, "unsigned", "n", None)
+    forged_pod(fake, "wrong-key", "n", b"an-attacker-key-that-is-long-enough")
+    forged_pod(fake, "copied", "n", KEY, record_uid="someone-else")
+    with running(fake) as service:
+        h = Http(service.server.port)
+        invalid = wait_for(lambda: len(service.cache.invalid_records) == 3 and service.debug_pods())
+        problems = {i["pod"]: i["problem"] for i in invalid["invalidRecords"]}
+        assert "no integrity proof" in problems["default/unsigned"]
+        assert "does not verify" in problems["default/wrong-key"]
+        assert "is for pod UID 'someone-else'" in problems["default/copied"]
+        assert used_core(service, "n") == 0
+        # the whole GPU is still free for a real pod, and the service keeps serving
+        assert schedule(h, fake, pod("real", {rn.GPU: 100}), ["n"]) == "n"
+        status, body = h.get("/debug/pods")
+        assert status == 200 and len(json.loads(body)["invalidRecords"]) == 3
+        assert sample(service.metrics, "tessera_invalid_allocation_records") == 3.0
+        fake.delete("pods", "real")
+        wait_for(lambda: used_core(service, "n") == 0)
+
+
+def test_a_signed_record_for_another_node_does_not_count(fake):
+    populate(fake, ["n", "m"], gpus=1)
+    forged_pod(fake, "moved", "n", None, record_node="m")
+    with running(fake) as service:
+        wait_for(lambda: "default/moved" in service.cache.invalid_records)
+        assert used_core(service, "n") == 0 and used_core(service, "m") == 0
+
+
+def test_watch_expiry_relists_and_catches_up(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        pods_informer = next(i for i in service.informers if i.name == "pods")
+        before = pods_informer.relists
+        fake.stop()  # the API server goes away; the pod goes while we cannot watch,
+        fake.delete("pods", "a")  # and the history with that event is compacted: a
+        fake.compact()  # watch from our resourceVersion gets 410 Gone
+        fake.start()
+        wait_for(lambda: pods_informer.relists > before, timeout=15)
+        wait_for(lambda: used_core(service, "n") == 0)
+        assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
+
+
+def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
+    populate(fake, ["n"], gpus=2)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
+        broken = fake.get("nodedevices", "n")
+        broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
+        fake.update("nodedevices", broken)
+        wait_for(lambda: "n" in service.cache.problems)
+        _, reply = h.post(
+            "/filter", {"Pod": fake.create("pods", pod("b", share(10, 10))), "NodeNames": ["n"]}
+        )
+        assert "gpus[1].memoryMiB" in reply["FailedNodes"]["n"]
+        assert used_core(service, "n") == 100  # what "a" holds stays accounted
+        fake.update("nodedevices", nodedevices("n", gpus=2) | {"metadata": {"name": "n"}})
+        wait_for(lambda: "n" not in service.cache.problems)
+        fake.delete("nodedevices", "n")
+        wait_for(lambda: "n" not in service.cache.state.nodes)
+        _status, reply = h.post("/filter", {"Pod": fake.get("pods", "b"), "NodeNames": ["n"]})
+        assert "no tessera device inventory" in reply["FailedAndUnresolvableNodes"]["n"]
+
+
+def test_a_deleted_node_takes_no_pods(fake):
+    populate(fake, ["n", "m"], gpus=1)
+    with running(fake) as service:
+        fake.delete("nodes", "m")
+        wait_for(lambda: "m" not in service.cache.state.nodes)
+        reply = service.extender.filter({"Pod": pod("p", share(5, 5)), "NodeNames": ["n", "m"]})
+        assert reply["NodeNames"] == ["n"]
+
+
+def test_records_seen_before_their_node_wait_for_it(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
+    fake.delete("nodedevices", "n")
+    with running(fake) as service:
+        assert service.debug_pods()["waitingForNode"] == ["default/a -> n"]
+        fake.create("nodedevices", nodedevices("n", gpus=1))
+        wait_for(lambda: "n" in service.cache.state.nodes)
+        assert used_core(service, "n") == 100
+
+
+def test_debug_api_and_its_watch_stream(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=10)
+        conn.request("GET", "/debug/watch?node=n")
+        stream = conn.getresponse()
+        assert json.loads(stream.readline()) == {"type": "SYNC", "nodes": ["n"]}
+        assert schedule(h, fake, pod("a", share(25, 25)), ["n"]) == "n"
+        while True:
+            event = json.loads(stream.readline())
+            if event["type"] == "MODIFIED" and event["node"]["gpus"][0]["pods"]:
+                break
+        gpu = event["node"]["gpus"][0]
+        assert gpu["core"] == {"total": 100, "used": 25, "free": 75}
+        assert gpu["pods"][0]["name"] == "a"
+        conn.close()
+        status, body = h.get("/debug/nodes")
+        assert status == 200 and json.loads(body)["nodes"][0]["node"] == "n"
+        status, body = h.get("/debug/nodes/n")
+        assert json.loads(body)["gpus"][0]["memoryMiB"]["used"] == 81920 // 4
+        assert h.get("/debug/nodes/nope")[0] == 404
+
+
+def test_metrics_count_decisions_failures_and_gpu_use(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
+        assert schedule(h, fake, pod("b", share(10, 10)), ["n"]) is None
+        status, text = h.get("/metrics")
+        body = text.decode()
+        assert status == 200
+        assert 'tessera_scheduler_decisions_total{outcome="bound",verb="bind"} 1.0' in body
+        assert 'tessera_scheduler_node_failures_total{reason="gpu_share"} 1.0' in body
+        assert 'tessera_gpu_core_allocated_percent{gpu="0",model="NVIDIA H100 80GB HBM3"' in body
+        assert "tessera_scheduler_request_duration_seconds_bucket" in body
+        labels = {"node": "n", "gpu": "0", "uuid": "GPU-n-0", "model": "NVIDIA H100 80GB HBM3"}
+        assert sample(service.metrics, "tessera_gpu_memory_allocated_mib", labels) == 81920
+
+
+def test_lists_are_paged(fake):
+    populate(fake, ["n"], gpus=4)
+    for i in range(7):
+        fake.create("pods", pod(f"plain-{i}", {"cpu": "1"}))
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
+        assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
+        pods_informer = next(i for i in service.informers if i.name == "pods")
+        pods_informer.page_size = 3
+        before = fake.list_calls
+        pods_informer.list_once()  # a relist in pages of 3: 9 pods -> 3 requests
+        assert fake.list_calls - before == 3
+        assert used_core(service, "n") == 100 and used_core(service, "n", 1) == 100
+        assert len(service.cache.pods) == 9
+
+
+def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
+    from scheduler_plugin.cache import Cache
+    from scheduler_plugin.status_writer import StatusWriter
+    from tests.scheduler.helpers import client_for, inventory_spec
+
+    populate(fake, ["a", "b", "c"], gpus=1)
+    cache = Cache("binpack")
+    for name in ("a", "b", "c", "gone"):
+        cache.set_inventory(name, inventory_spec(name, gpus=1))
+    writer = StatusWriter(cache, client_for(fake), max_per_flush=2)
+    writer.mark_all()
+    assert writer.flush() == 2  # at most two per round
+    fake.fail("/nodedevices/c/status", method="PATCH", status=500)
+    assert writer.flush() == 0  # "c" failed, "gone" has no NodeDevices (404): skipped
+    assert writer.flush() == 1  # "c" again, after its failure
+    writer.mark_all()
+    assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
+    fake.requests.clear()
+    from tessera.placement import Placement
+    from tessera.request import parse_pod
+
+    placed = cache.decider.place(parse_pod(pod("x", share(10, 10), uid="ux")), "b")
+    assert isinstance(placed, Placement)
+    cache.state.add(placed.allocation)
+    assert writer.flush() == 1
+    assert fake.requests == [("PATCH", "/apis/tessera.dev/v1alpha1/nodedevices/b/status")]
+    status = fake.get("nodedevices", "b")["status"]["allocation"]
+    assert status["gpus"][0]["pods"][0]["name"] == "x" and status["usable"] is False
+    assert "heartbeat" in status["problem"]  # this cache never saw a Lease for "b"
+
+
+def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+        doc = json.loads(good)
+        doc["containers"][0]["gpus"][0]["core"] = 100  # the pod's author asks for more
+        fake.patch(
+            "pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: json.dumps(doc)}}}
+        )
+        wait_for(lambda: "default/a" in service.cache.invalid_records)
+        assert used_core(service, "n") == 0
+        fake.patch("pods", "a", {"status": {"phase": "Running"}}, sub="status")  # an update
+        fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
+        wait_for(lambda: used_core(service, "n") == 40)
+        assert "default/a" not in service.cache.invalid_records

@@ -1,0 +1,139 @@
+"""deploy/scheduler/ agrees with the code: flags exist, every tessera resource is managed,
+and RBAC allows exactly the API calls the scheduler makes (nothing unused)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from scheduler_plugin.cli import build_parser
+from scheduler_plugin.http import VERBS
+from tessera import resources as rn
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share
+
+DEPLOY = ROOT / "deploy" / "scheduler"
+
+
+def docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def test_kube_scheduler_configuration_names_every_tessera_resource_and_verb():
+    (config,) = docs("kube-scheduler-config.yaml")
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    (ext,) = config["extenders"]
+    assert {ext[f"{v}Verb"] for v in VERBS} == set(VERBS)
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is False
+    assert ext["weight"] > 0 and re.fullmatch(r"\d+s", ext["httpTimeout"])
+    managed = {m["name"]: m["ignoredByScheduler"] for m in ext["managedResources"]}
+    assert set(managed) == set(rn.TESSERA_RESOURCES)
+    assert ext["enableHTTPS"] is True and ext["urlPrefix"].startswith("https://")
+
+
+def test_deployment_args_parse_and_mount_the_integrity_key():
+    (deployment,) = docs("deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.integrity_key_file == rn.DEFAULT_INTEGRITY_KEY_FILE
+    assert args.leader_elect and args.tls_client_ca_file
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert rn.DEFAULT_INTEGRITY_KEY_FILE.rsplit("/", 1)[0] in mounts
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def _rules() -> list[tuple[str, str, str, frozenset[str], frozenset[str]]]:
+    """(scope namespace or '*', group, resource, verbs, resourceNames)."""
+    result = []
+    for doc in docs("rbac.yaml"):
+        if doc["kind"] not in ("ClusterRole", "Role"):
+            continue
+        scope = doc["metadata"].get("namespace", "*") if doc["kind"] == "Role" else "*"
+        for rule in doc["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    result.append(
+                        (
+                            scope,
+                            group,
+                            resource,
+                            frozenset(rule["verbs"]),
+                            frozenset(rule.get("resourceNames", ())),
+                        )
+                    )
+    return result
+
+
+_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)"
+    r"(?:/(?P<name>[^/?]+))?(?:/(?P<sub>[a-z]+))?"
+)
+
+
+def _verb(method: str, name: str | None, watch: bool) -> str:
+    if method == "GET":
+        return "watch" if watch else ("get" if name else "list")
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
+
+
+def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
+    with FakeApiServer() as fake:
+        populate(fake, ["n"], gpus=1)
+        fake.create("pods", pod("x", share(10, 10)))  # so the status writer has work
+        seen: list[tuple[str, str]] = []
+        original = fake.requests
+        with running(
+            fake,
+            leader_elect=True,
+            leader_namespace=rn.DEFAULT_HEARTBEAT_NAMESPACE,
+            retry_period=0.05,
+        ) as service:
+            h = Http(service.server.port)
+            assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
+            created = fake.create("pods", pod("b", share(10, 10)))
+            meta = created["metadata"]
+            h.post(
+                "/bind",
+                {"PodName": "b", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n"},
+            )  # bind without filter: reads the pod
+            service.status_writer.flush()
+            service.reconciler.assume_ttl = 0
+            service.reconciler.expire_assumed(service.client, now=float("inf"))
+        seen = list(original)
+    rules = _rules()
+    used: set[int] = set()
+    test_writes = {("POST", "/api/v1/namespaces/default/pods")}  # the test creates pods
+    for method, path in seen:
+        if (method, path) in test_writes:
+            continue
+        m = _PATH.match(path)
+        assert m, path
+        group = m["group"] or ""
+        resource = m["res"] + (f"/{m['sub']}" if m["sub"] else "")
+        watch = False  # list and watch share a path; both verbs are granted together below
+        verb = _verb(method, m["name"], watch)
+        ns = m["ns"]
+        allowed = [
+            i
+            for i, (scope, g, r, verbs, names) in enumerate(rules)
+            if g == group
+            and r == resource
+            and (scope in ("*", ns))
+            and (verb in verbs or (verb == "list" and "watch" in verbs))
+            and (not names or m["name"] in names)
+        ]
+        assert allowed, f"RBAC does not allow {method} {path}"
+        used.update(allowed)
+    assert used == set(range(len(rules))), [r for i, r in enumerate(rules) if i not in used]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["serviceaccount.yaml", "service.yaml", "integrity-secret.example.yaml", "rbac.yaml"],
+)
+def test_everything_lives_in_the_tessera_namespace(name):
+    for doc in docs(name):
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert doc["metadata"]["namespace"] == rn.DEFAULT_HEARTBEAT_NAMESPACE

@@ -1,0 +1,251 @@
+"""The extender verbs as pure functions over a Cache (no HTTP, no API server)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from scheduler_plugin.cache import Cache, default_policy_name
+from scheduler_plugin.extender import BadArgsError, Extender, to_priority
+from tessera import resources as rn
+from tessera.placement import Placement
+from tessera.request import parse_pod
+from tests.scheduler import godecode as go
+from tests.scheduler.helpers import heartbeat, inventory_spec, pod, share
+
+
+def make_cache(nodes: dict[str, dict], policy: str = "binpack") -> Cache:
+    cache = Cache(policy)
+    for name, kw in nodes.items():
+        cache.set_inventory(name, inventory_spec(name, **kw))
+        cache.lease_event("ADDED", heartbeat(name))
+    return cache
+
+
+def occupy(cache: Cache, name: str, node: str, resources: dict, uid: str | None = None):
+    obj = pod(name, resources, uid=uid or f"uid-{name}")
+    placed = cache.decider.place(parse_pod(obj), node)
+    assert isinstance(placed, Placement), placed
+    cache.state.add(placed.allocation)
+    return placed.allocation
+
+
+def args(obj, names):
+    return {"Pod": obj, "Nodes": None, "NodeNames": names}
+
+
+def test_a_pod_without_tessera_resources_passes_everywhere_untouched():
+    ext = Extender(make_cache({"a": {"gpus": 1}}))
+    names = ["a", "unknown-node"]
+    reply = ext.filter(args(pod("plain", {"cpu": "1"}), names))
+    assert reply["NodeNames"] == names
+    assert reply["FailedNodes"] == {} == reply["FailedAndUnresolvableNodes"]
+
+
+def test_filter_sorts_nodes_into_fit_failed_and_unresolvable():
+    cache = make_cache(
+        {"full": {"gpus": 1}, "free": {"gpus": 1}, "small": {"gpus": 1, "mem": 8192}}
+    )
+    occupy(cache, "hog", "full", {rn.GPU: 100})
+    ext = Extender(cache)
+    reply = ext.filter(
+        args(pod("p", {rn.GPU_CORE: 50, rn.GPU_MEMORY: 16}), ["full", "free", "small", "ghost"])
+    )
+    assert reply["NodeNames"] == ["free"]
+    assert set(reply["FailedNodes"]) == {"full"}
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"small", "ghost"}
+    assert "largest GPU here has 8.0 GiB" in reply["FailedAndUnresolvableNodes"]["small"]
+
+
+def test_a_broken_request_fails_every_node_with_the_rule():
+    ext = Extender(make_cache({"a": {"gpus": 1}}))
+    reply = ext.filter(args(pod("p", {rn.GPU_CORE: 50}), ["a"]))
+    assert reply["NodeNames"] == []
+    message = reply["FailedAndUnresolvableNodes"]["a"]
+    assert "compute share needs a memory bound" in message and 'container "main"' in message
+
+
+def test_gpu_model_hint_is_unresolvable_elsewhere():
+    cache = make_cache({"h100": {"gpus": 2}, "t4": {"gpus": 2, "model": "Tesla T4", "mem": 15360}})
+    ext = Extender(cache)
+    obj = pod("p", {rn.GPU: 100}, annotations={rn.GPU_MODEL_ANNOTATION: "T4"})
+    reply = ext.filter(args(obj, ["h100", "t4"]))
+    assert reply["NodeNames"] == ["t4"]
+    assert "no GPU of model T4" in reply["FailedAndUnresolvableNodes"]["h100"]
+
+
+def test_silent_agent_and_bad_inventory_are_resolvable_failures():
+    cache = make_cache({"ok": {"gpus": 1}})
+    cache.set_inventory("silent", inventory_spec("silent", gpus=1))
+    # a first sighting of an old renewTime counts from that renewTime
+    cache.lease_event("ADDED", heartbeat("silent", offset=-120, duration=40))
+    cache.set_inventory("broken", {"gpus": [{"uuid": "x"}]})
+    ext = Extender(cache)
+    reply = ext.filter(args(pod("p", share(10, 10)), ["ok", "silent", "broken"]))
+    assert reply["NodeNames"] == ["ok"]
+    assert "silent" in reply["FailedNodes"]["silent"]
+    assert "nodedevices/broken is invalid" in reply["FailedNodes"]["broken"]
+
+
+def test_a_heartbeat_counts_from_when_we_see_it_change():
+    clock = [time.time()]
+    cache = Cache("binpack", clock=lambda: clock[0])
+    cache.set_inventory("n", inventory_spec("n", gpus=1))
+    lease = heartbeat("n", duration=10)
+    lease["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"  # a skewed node clock
+    cache.lease_event("ADDED", lease)
+    assert "silent" in cache.problems["n"]
+    lease["spec"]["renewTime"] = "2000-01-01T00:00:05.000000Z"  # renewed: seen now
+    cache.lease_event("MODIFIED", lease)
+    assert "n" not in cache.problems
+    clock[0] += 14.0  # within duration + grace
+    cache.refresh_problems()
+    assert "n" not in cache.problems
+    clock[0] += 2.0
+    cache.refresh_problems()
+    assert "not renewed" in cache.problems["n"]
+    cache.lease_event("DELETED", lease)
+    assert "missing" in cache.problems["n"]
+
+
+def test_prioritize_follows_the_policy_in_integers_0_to_10():
+    cache = make_cache({"busy": {"gpus": 2}, "idle": {"gpus": 2}})
+    occupy(cache, "x", "busy", {rn.GPU: 100})
+    obj = pod("p", share(50, 50))
+    binpack = Extender(cache).prioritize(args(obj, ["busy", "idle", "ghost"]))
+    by_host = {s["Host"]: s["Score"] for s in binpack}
+    assert by_host["busy"] > by_host["idle"] and by_host["ghost"] == 0
+    assert all(isinstance(s["Score"], int) and 0 <= s["Score"] <= 10 for s in binpack)
+    spread_cache = make_cache({"busy": {"gpus": 2}, "idle": {"gpus": 2}}, policy="spread")
+    occupy(spread_cache, "x", "busy", {rn.GPU: 100})
+    spread = {
+        s["Host"]: s["Score"]
+        for s in Extender(spread_cache).prioritize(args(obj, ["busy", "idle"]))
+    }
+    assert spread["idle"] > spread["busy"]
+
+
+def test_prioritize_reflects_changes_after_filter():
+    cache = make_cache({"a": {"gpus": 1}, "b": {"gpus": 1}})
+    ext = Extender(cache)
+    obj = pod("p", share(10, 10), uid="same")
+    ext.filter(args(obj, ["a", "b"]))
+    first = {s["Host"]: s["Score"] for s in ext.prioritize(args(obj, ["a", "b"]))}
+    assert first["a"] == first["b"]
+    occupy(cache, "other", "a", share(80, 80))
+    second = {s["Host"]: s["Score"] for s in ext.prioritize(args(obj, ["a", "b"]))}
+    assert second["a"] > second["b"]
+
+
+def test_to_priority_rounds_and_clamps():
+    assert [to_priority(x) for x in (0.0, 0.04, 0.05, 0.55, 1.0, 1.7, -1, None)] == [
+        0,
+        0,
+        1,
+        6,
+        10,
+        10,
+        0,
+        0,
+    ]
+
+
+def test_unknown_pod_policy_falls_back_to_the_default():
+    cache = make_cache({"a": {"gpus": 1}})
+    obj = pod("p", share(10, 10), annotations={rn.PLACEMENT_ANNOTATION: rn.POLICY_FRAGMENTATION})
+    reply = Extender(cache).filter(args(obj, ["a"]))
+    assert reply["NodeNames"] == ["a"]
+
+
+def test_default_policy_is_the_registered_default_or_binpack():
+    from tessera.policy import POLICIES
+
+    expected = rn.DEFAULT_POLICY if rn.DEFAULT_POLICY in POLICIES else rn.POLICY_BINPACK
+    assert default_policy_name() == expected
+
+
+def test_bad_shapes_are_refused():
+    ext = Extender(make_cache({"a": {"gpus": 1}}))
+    for bad in (
+        [],
+        {"Pod": "x"},
+        {"Pod": {}, "NodeNames": "a"},
+        {"Pod": {}, "Nodes": {"items": [{}]}},
+    ):
+        with pytest.raises(BadArgsError):
+            ext.filter(bad)
+
+
+# --- preempt ------------------------------------------------------------------------------
+
+
+def test_preempt_returns_the_smallest_helpful_set_and_drops_hopeless_nodes():
+    cache = make_cache({"n": {"gpus": 1}, "tiny": {"gpus": 1}, "roomy": {"gpus": 2}})
+    occupy(cache, "small", "n", share(30, 30))
+    occupy(cache, "big", "n", share(70, 70))
+    occupy(cache, "t", "tiny", share(90, 90))
+    occupy(cache, "r", "roomy", {rn.GPU: 100})
+    ext = Extender(cache)
+    incoming = pod("p", share(60, 60))
+    body = {
+        "Pod": incoming,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            "n": {
+                "Pods": [{"UID": "uid-small"}, {"UID": "uid-big"}, {"UID": "cpu-hog"}],
+                "NumPDBViolations": 1,
+            },
+            "tiny": {"Pods": [{"UID": "cpu-hog-2"}], "NumPDBViolations": 0},
+            "roomy": {"Pods": [{"UID": "uid-r"}, {"UID": "other"}], "NumPDBViolations": 0},
+        },
+    }
+    reply = ext.preempt(body)
+    decoded, unknown = go.decode(go.ExtenderPreemptionResult, json.dumps(reply).encode())
+    assert unknown == []
+    victims = decoded["NodeNameToMetaVictims"]
+    # n: keep the non-device victim, and only "big" (removing "small" alone is not enough)
+    assert [p["UID"] for p in victims["n"]["Pods"]] == ["cpu-hog", "uid-big"]
+    # tiny: removing the offered victims frees no GPU share: dropped
+    assert "tiny" not in victims
+    # roomy: the pod's devices fit already; kube-scheduler's victims stand as they were
+    assert [p["UID"] for p in victims["roomy"]["Pods"]] == ["uid-r", "other"]
+
+
+def test_preempt_with_full_victim_pods_and_priorities():
+    cache = make_cache({"n": {"gpus": 1}})
+    occupy(cache, "a", "n", share(50, 50))
+    occupy(cache, "b", "n", share(50, 50))
+    from scheduler_plugin.cache import PodInfo
+
+    cache.pods["uid-a"] = PodInfo("default", "a", "n", 100)
+    cache.pods["uid-b"] = PodInfo("default", "b", "n", 5)
+    ext = Extender(cache)
+    full = [pod("a", uid="uid-a"), pod("b", uid="uid-b")]
+    reply = ext.preempt(
+        {
+            "Pod": pod("p", share(50, 50)),
+            "NodeNameToVictims": {"n": {"Pods": full, "NumPDBViolations": 2}},
+            "NodeNameToMetaVictims": None,
+        }
+    )
+    # either victim frees enough; the lower-priority one is chosen
+    assert reply["NodeNameToMetaVictims"]["n"] == {
+        "Pods": [{"UID": "uid-b"}],
+        "NumPDBViolations": 1,
+    }
+
+
+def test_prioritize_json_equals_prioritize_for_small_and_large_lists():
+    nodes = {f"n{i}": {"gpus": 1} for i in range(70)}
+    cache = make_cache(nodes)
+    for i in range(0, 70, 3):
+        occupy(cache, f"x{i}", f"n{i}", share(10 * (i % 9), 10 * (i % 9)))
+    ext = Extender(cache)
+    obj = pod("p", share(10, 10))
+    for names in (list(nodes)[:5], list(nodes), [*list(nodes)[:3], 'we"ird\\name']):
+        body = args(obj, names)
+        fast, _ = go.decode(go.HostPriorityList, ext.prioritize_json(body))
+        assert fast == ext.prioritize(body)
+        assert len({s["Score"] for s in fast}) > 1 or len(names) < 10

@@ -1,0 +1,211 @@
+"""The HTTP surface: bad input, limits, readiness, URL prefixes, TLS with client certs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scheduler_plugin.http import tls_context
+from scheduler_plugin.service import Service
+from tessera import resources as rn
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.scheduler.helpers import (
+    KEYRING,
+    Http,
+    client_for,
+    options,
+    pod,
+    populate,
+    running,
+    share,
+)
+
+
+@pytest.fixture
+def fake():
+    with FakeApiServer() as server:
+        populate(server, ["n"], gpus=1)
+        yield server
+
+
+def good_filter() -> dict:
+    return {"Pod": pod("p", share(10, 10), uid="u"), "Nodes": None, "NodeNames": ["n"]}
+
+
+def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
+    with running(fake, max_body=64 * 1024) as service:
+        h = Http(service.server.port)
+        status, data = h.post_raw("/filter", b"{not json")
+        assert status == 400 and "not JSON" in json.loads(data)["Error"]
+        for body, needle in (
+            ([], "JSON object"),
+            ({"Pod": "x"}, "Pod is missing"),
+            ({"Pod": {}, "NodeNames": [1]}, "NodeNames"),
+        ):
+            status, reply = h.post("/filter", body)
+            assert status == 400 and needle in reply["Error"], reply
+        status, reply = h.post("/preempt", {"Pod": pod("p", {rn.GPU_CORE: 10})})
+        assert status == 400 and "compute share needs a memory bound" in reply["Error"]
+        status, reply = h.post("/bind", {"PodName": "p"})
+        assert status == 200 and "PodNamespace is missing" in reply["Error"]
+        status, reply = h.post("/nonsense", {})
+        assert status == 404
+        status, reply = h.post("/filter", good_filter())
+        assert status == 200 and reply["NodeNames"] == ["n"]
+
+
+def test_oversized_and_unsized_bodies_are_refused_without_reading_them(fake):
+    with running(fake, max_body=1024) as service:
+        h = Http(service.server.port)
+        status, data = h.post_raw("/filter", b"x" * 4096)
+        assert status == 413 and "over 1024" in json.loads(data)["Error"]
+        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
+        conn.putrequest("POST", "/filter")
+        conn.putheader("Transfer-Encoding", "chunked")
+        conn.endheaders()
+        conn.send(b"0\r\n\r\n")
+        assert conn.getresponse().status == 411
+        h = Http(service.server.port)
+        assert h.post("/filter", good_filter())[0] == 200
+
+
+def test_unknown_resource_combinations_are_explained(fake):
+    with running(fake) as service:
+        h = Http(service.server.port)
+        for resources, needle in (
+            ({rn.GPU: 50, rn.GPU_CORE: 50}, "do not combine"),
+            ({rn.GPU: 150}, "not a multiple of 100"),
+            ({"tessera.dev/tpu": 1}, "unknown tessera resource"),
+            ({rn.GPU_MEMORY_RATIO: 10, rn.GPU_MEMORY: 4}, "give the memory bound once"),
+        ):
+            body = {"Pod": pod("p", resources), "NodeNames": ["n"]}
+            status, reply = h.post("/filter", body)
+            assert status == 200 and reply["NodeNames"] == []
+            assert needle in reply["FailedAndUnresolvableNodes"]["n"], reply
+
+
+def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake):
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert h.post("/tessera/v1/filter", good_filter())[1]["NodeNames"] == ["n"]
+        assert h.get("/healthz") == (200, b"ok\n")
+        assert h.get("/readyz") == (200, b"ok\n")
+
+
+def test_not_ready_until_synced(fake):
+    fake.fail("/pods", method="GET", status=500, times=10**6)
+    service = Service(options(), client_for(fake), KEYRING).start()
+    try:
+        h = Http(service.server.port)
+        status, body = h.get("/readyz")
+        assert status == 503 and b"pods" in body
+        assert h.post("/filter", good_filter())[0] == 503
+        assert h.get("/healthz")[0] == 200
+        fake.clear_faults()
+        assert service.wait_ready(15)
+        assert h.post("/filter", good_filter())[0] == 200
+    finally:
+        service.stop()
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    d = tmp_path_factory.mktemp("pki")
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        cwd=d,
+    )
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            cwd=d,
+        )
+    return d
+
+
+def test_https_with_required_client_certificates(fake, pki):
+    tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
+    service = Service(options(), client_for(fake), KEYRING, tls=tls).start()
+    try:
+        assert service.wait_ready()
+        port = service.server.port
+        trusted = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        trusted.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+        conn.request("POST", "/filter", body=json.dumps(good_filter()))
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["NodeNames"] == ["n"]
+        # keep-alive over TLS: a second request on the same connection
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+
+        anonymous = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+            c = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+            c.request("GET", "/healthz")
+            c.getresponse().read()
+        # plain HTTP to the TLS port fails too, and the server keeps serving
+        with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+            plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            plain.request("GET", "/healthz")
+            plain.getresponse().read()
+        conn2 = http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+        conn2.request("GET", "/readyz")
+        assert conn2.getresponse().status == 200
+    finally:
+        service.stop()

@@ -1,0 +1,143 @@
+"""Leader election on a Lease, high availability of two replicas, and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from scheduler_plugin.cli import build_parser
+from scheduler_plugin.leader import LeaderElector
+from scheduler_plugin.service import Service
+from tessera.policy import POLICIES
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.scheduler.helpers import (
+    KEYRING,
+    ROOT,
+    Http,
+    client_for,
+    options,
+    pod,
+    populate,
+    schedule,
+    share,
+    wait_for,
+)
+
+
+@pytest.fixture
+def fake():
+    with FakeApiServer() as server:
+        yield server
+
+
+def elector(fake, identity, clock, **kw):
+    return LeaderElector(
+        client_for(fake),
+        "tessera-system",
+        "tessera-scheduler",
+        identity,
+        lease_duration=10,
+        renew_deadline=6,
+        retry_period=1,
+        clock=lambda: clock[0],
+        **kw,
+    )
+
+
+def test_one_leader_takeover_after_expiry_and_on_release(fake):
+    clock = [100.0]
+    a, b = elector(fake, "a", clock), elector(fake, "b", clock)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    clock[0] += 5
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    # a stops renewing; b takes over only once the lease has not changed for its duration
+    clock[0] += 9
+    assert not b.try_acquire_or_renew()
+    assert not a.leading  # a's renew deadline has passed: it stopped answering first
+    clock[0] += 2
+    assert b.try_acquire_or_renew() and b.leading
+    lease = fake.get("leases", "tessera-scheduler", "tessera-system")
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert not a.try_acquire_or_renew() and not a.is_leader
+    # release hands over at once
+    b.release()
+    assert a.try_acquire_or_renew()
+
+
+def test_a_lost_update_race_makes_no_second_leader(fake):
+    clock = [0.0]
+    a, b = elector(fake, "a", clock), elector(fake, "b", clock)
+    assert a.try_acquire_or_renew()
+    a.release()
+    fake.fail("/leases/tessera-scheduler", method="PUT", status=409)
+    assert not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+
+
+def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake):
+    populate(fake, ["n"], gpus=1)
+    # short enough for a test, long enough that a busy CI machine does not make leaders flap
+    fast = {"leader_elect": True, "lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.2}
+    first = Service(options(identity="first", **fast), client_for(fake), KEYRING).start()
+    assert first.wait_ready()
+    second = Service(options(identity="second", **fast), client_for(fake), KEYRING).start()
+    try:
+        wait_for(lambda: second.synced)
+        assert Http(second.server.port).get("/readyz") == (503, b"not the leader\n")
+        assert (
+            Http(second.server.port).post("/filter", {"Pod": pod("x"), "NodeNames": []})[0] == 503
+        )
+        assert schedule(Http(first.server.port), fake, pod("a", share(50, 50)), ["n"]) == "n"
+        first.stop(release=False)  # dies without releasing: the standby waits for expiry
+        assert second.wait_ready(15)
+        wait_for(lambda: not second.cache.state.assumed and second.cache.state.pods)
+        assert schedule(Http(second.server.port), fake, pod("b", share(60, 60)), ["n"]) is None
+        assert schedule(Http(second.server.port), fake, pod("c", share(50, 50)), ["n"]) == "n"
+    finally:
+        second.stop()
+
+
+def test_help_explains_every_flag():
+    parser = build_parser()
+    text = parser.format_help()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, action.option_strings
+    for flag in (
+        "--listen",
+        "--tls-cert-file",
+        "--tls-key-file",
+        "--tls-client-ca-file",
+        "--kubeconfig",
+        "--policy",
+        "--leader-elect",
+        "--leader-elect-namespace",
+        "--integrity-key-file",
+        "--log-format",
+    ):
+        assert flag in text
+    policy = next(a for a in parser._actions if a.dest == "policy")
+    assert sorted(policy.choices) == sorted(POLICIES)
+
+
+def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "scheduler_plugin.cli", *args],
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+
+    missing = run("--integrity-key-file", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    key = tmp_path / "key"
+    key.write_text("x" * 32)
+    half = run("--integrity-key-file", str(key), "--tls-cert-file", "c.pem")
+    assert half.returncode == 2 and "go together" in half.stderr
+    usage = run("--listen", "nope")
+    assert usage.returncode == 2 and "HOST:PORT" in usage.stderr
