@@ -153,11 +153,19 @@ def decode_record(
     require_integrity: bool,
     pod_uid: str,
     node: str,
+    namespace: str | None = None,
+    name: str | None = None,
 ) -> PodAllocation:
     """Decode and verify the record. Raises RejectError saying what is wrong."""
     try:
         return decode(
-            text, keyring, require_integrity=require_integrity, pod_uid=pod_uid, node=node
+            text,
+            keyring,
+            require_integrity=require_integrity,
+            pod_uid=pod_uid,
+            node=node,
+            namespace=namespace,
+            name=name,
         )
     except IntegrityError as exc:
         raise RejectError(

@@ -164,6 +164,8 @@ class Enforcer(Handler):
             require_integrity=self.config.require_integrity,
             pod_uid=pod.uid,
             node=self.config.node_name,
+            namespace=pod.namespace,
+            name=pod.name,
         )
 
     def _invalid(self, error: RejectError, operation: str) -> None:

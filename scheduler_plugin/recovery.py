@@ -95,11 +95,9 @@ def judge(pod: Mapping[str, Any], keyring: Keyring | None) -> Verdict:
         return Nothing("record without a binding (interrupted bind)")
     uid, namespace, name = pod_identity(pod)
     try:
-        alloc = decode(text, keyring, pod_uid=uid, node=str(node))
+        alloc = decode(text, keyring, pod_uid=uid, node=str(node), namespace=namespace, name=name)
     except RecordError as exc:
         return Invalid(str(exc))
-    if alloc.namespace != namespace or alloc.name != name:
-        return Invalid(f"record names pod {alloc.namespace}/{alloc.name}, not {namespace}/{name}")
     return Holds(alloc)
 
 

@@ -143,12 +143,14 @@ def decode(
     require_integrity: bool | None = None,
     pod_uid: str | None = None,
     node: str | None = None,
+    namespace: str | None = None,
+    name: str | None = None,
 ) -> PodAllocation:
     """Parse and validate a record. Raises RecordError (IntegrityError for the proof).
 
     With a keyring the proof must be present and verify (unless `require_integrity` is
-    False). `pod_uid` and `node`, when given, must match what the record names: a record
-    copied from another pod or node is refused.
+    False). `pod_uid`, `node`, `namespace` and `name`, when given, must match what the
+    record names: a record copied from another pod or node is refused (RecordMismatchError).
     """
     raw = text.encode() if isinstance(text, str) else text
     if len(raw) > MAX_RECORD_BYTES:
@@ -175,6 +177,13 @@ def decode(
         raise RecordMismatchError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
     if node is not None and alloc.node != node:
         raise RecordMismatchError(f"record is for node {alloc.node!r}, not {node!r}")
+    if (namespace is not None and alloc.namespace != namespace) or (
+        name is not None and alloc.name != name
+    ):
+        raise RecordMismatchError(
+            f"record is for pod {alloc.namespace}/{alloc.name}, not "
+            f"{namespace or alloc.namespace}/{name or alloc.name}"
+        )
     return alloc
 
 

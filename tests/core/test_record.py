@@ -110,6 +110,11 @@ def test_pod_and_node_binding():
         record.decode(text, KEY, pod_uid="other-uid")
     with pytest.raises(RecordMismatchError, match="not 'node-x'"):
         record.decode(text, KEY, node="node-x")
+    record.decode(text, KEY, namespace="ml", name="trainer-0")
+    with pytest.raises(RecordMismatchError, match="not ml/trainer-1"):
+        record.decode(text, KEY, namespace="ml", name="trainer-1")
+    with pytest.raises(RecordMismatchError, match="not dev/trainer-0"):
+        record.decode(text, KEY, namespace="dev")
 
 
 def test_short_keys_are_refused():
