@@ -42,7 +42,7 @@ test: $(PROTO_STAMP)
 lint: $(PROTO_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tools bench
+	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tessera_testbed tools bench
 	$(VENV)/bin/lint-imports
 
 bench: $(PROTO_STAMP)

@@ -2,7 +2,7 @@
 kubelet restart, and the agent's resident memory with the 8x H100 topology.
 
 The agent runs as its own process (`python -m deviceplugin.cli`, fake backend), exactly as
-deployed but without NVML; the kubelet is the test suite's simulator (tests/fakes/kubelet.py)
+deployed but without NVML; the kubelet is the test suite's simulator (tessera_testbed/kubelet.py)
 in this process. Figures are wall-clock on a shared machine, so expect noise.
 """
 
@@ -20,8 +20,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no GOAWAY
 import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
+from tessera_testbed.kubelet import KubeletSimulator
 from tests.fakes.apiserver import FakeApiServer
-from tests.fakes.kubelet import KubeletSimulator
 
 ROOT = Path(__file__).resolve().parent.parent
 TESSERA = (

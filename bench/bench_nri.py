@@ -25,17 +25,17 @@ from pathlib import Path
 import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
-from nri_hook.runtime_sim import (
+from protos.nri import api_pb2 as api
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.record import Keyring, encode
+from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_testbed.containerd import (
     CONTAINERD_2_3,
     PluginConnection,
     RuntimeSimulator,
     make_container,
     make_pod,
 )
-from protos.nri import api_pb2 as api
-from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.record import Keyring, encode
-from tessera.resources import ALLOCATION_ANNOTATION
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURED = (

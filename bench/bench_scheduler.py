@@ -186,7 +186,7 @@ def filter_prioritize_latency(nodes: int, rounds: int) -> list[float]:
 def _start_fake_api() -> tuple[subprocess.Popen[str], str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.kube_apiserver", "--history", "20000"],
+        [sys.executable, "-m", "tessera_testbed.apiserver", "--history", "20000"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,

@@ -8,8 +8,8 @@ from pathlib import Path
 from deviceplugin.backend import XidEvent
 from deviceplugin.units import UnitConfig
 from tessera.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA
+from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.helpers import health_by_device, make_agent, running
-from tests.fakes.kubelet import KubeletSimulator
 
 
 class Clock:

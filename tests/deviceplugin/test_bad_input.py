@@ -9,9 +9,9 @@ from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.rdma import SysfsRdma
 from deviceplugin.sysfs import Sysfs
 from tessera.resources import GPU_CORE, RDMA
+from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.helpers import running
 from tests.deviceplugin.sysfs_tree import SysfsTree
-from tests.fakes.kubelet import KubeletSimulator
 
 
 def test_a_broken_nic_is_skipped_and_everything_else_served(sock_dir: Path, tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ import yaml
 
 from deviceplugin.cli import build_parser, main, setup_logging
 from tessera.model import NodeInventory
+from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.conftest import ROOT
-from tests.fakes.kubelet import KubeletSimulator
 
 
 @pytest.fixture(autouse=True)

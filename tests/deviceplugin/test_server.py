@@ -13,8 +13,8 @@ from deviceplugin.server import PluginManager, PluginServer
 from deviceplugin.units import UnitConfig
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVIDIA_GPU, RDMA
+from tessera_testbed.kubelet import CHECKPOINT, KubeletSimulator
 from tests.deviceplugin.helpers import make_agent, running
-from tests.fakes.kubelet import CHECKPOINT, KubeletSimulator
 
 TESSERA = [GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA]
 

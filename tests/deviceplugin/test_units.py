@@ -34,7 +34,7 @@ from tessera.resources import (
     RDMA,
 )
 from tessera.topology_file import load_topology
-from tests.fakes.kubelet import kubelet_accepts
+from tessera_testbed.kubelet import kubelet_accepts
 
 
 @pytest.fixture(scope="module")

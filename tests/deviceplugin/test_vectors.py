@@ -13,8 +13,8 @@ from google.protobuf.message import Message
 
 from deviceplugin.server import API_VERSION
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
+from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.helpers import make_agent, running
-from tests.fakes.kubelet import KubeletSimulator
 
 REQUESTS: dict[str, type[Message]] = {
     "001-Register-sent": pb.RegisterRequest,

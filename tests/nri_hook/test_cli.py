@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from nri_hook.cli import build_parser, launched_identity, main
-from nri_hook.runtime_sim import CONTAINERD_2_3, RuntimeSimulator, make_container, make_pod
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_testbed.containerd import CONTAINERD_2_3, RuntimeSimulator, make_container, make_pod
 
 KEY = b"cli-test-integrity-key-0123456789"
 

@@ -17,7 +17,12 @@ from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, OnInvalid
 from nri_hook.netdev import NetdevMover
 from nri_hook.plugin import NriPlugin
-from nri_hook.runtime_sim import (
+from nri_hook.ttrpc import Code, RpcError
+from protos.nri import api_pb2 as api
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.record import Keyring, encode
+from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_testbed.containerd import (
     CONTAINERD_1_7,
     CONTAINERD_2_3,
     PluginConnection,
@@ -26,11 +31,6 @@ from nri_hook.runtime_sim import (
     make_container,
     make_pod,
 )
-from nri_hook.ttrpc import Code, RpcError
-from protos.nri import api_pb2 as api
-from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.record import Keyring, encode
-from tessera.resources import ALLOCATION_ANNOTATION
 from tests.nri_hook.netns_helpers import links, netlab
 from tests.nri_hook.vectors import Session
 

@@ -23,7 +23,9 @@ from nri_hook.plugin import (
     event_mask,
     valid_events_for,
 )
-from nri_hook.runtime_sim import (
+from nri_hook.ttrpc import Code, RpcError
+from protos.nri import api_pb2 as api
+from tessera_testbed.containerd import (
     CONTAINERD_1_7,
     CONTAINERD_2_3,
     PluginConnection,
@@ -31,8 +33,6 @@ from nri_hook.runtime_sim import (
     make_container,
     make_pod,
 )
-from nri_hook.ttrpc import Code, RpcError
-from protos.nri import api_pb2 as api
 
 
 class Recorder(Handler):

@@ -15,7 +15,7 @@ from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 
 KEY = b"tessera-test-integrity-key-0123456789"
 KEYRING = Keyring.single(KEY)

@@ -9,7 +9,7 @@ import pytest
 
 from tessera import resources as rn
 from tessera.record import decode
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,

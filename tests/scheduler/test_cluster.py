@@ -11,7 +11,7 @@ from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEY,
     Http,

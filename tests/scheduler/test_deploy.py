@@ -11,7 +11,7 @@ import yaml
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share
 
 DEPLOY = ROOT / "deploy" / "scheduler"

@@ -14,7 +14,7 @@ import pytest
 from scheduler_plugin.http import tls_context
 from scheduler_plugin.service import Service
 from tessera import resources as rn
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,

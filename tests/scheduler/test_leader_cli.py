@@ -11,7 +11,7 @@ from scheduler_plugin.cli import build_parser
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
 from tessera.policy import POLICIES
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     ROOT,

@@ -25,7 +25,7 @@ from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
 from tessera.record import decode, encode
-from tests.fakes.kube_apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEY,
     KEYRING,

@@ -616,12 +616,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: Obj) -> None:
         data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        # headers and body in one write: two small writes meet the client's delayed ACK
-        self._headers_buffer.append(b"\r\n" + data)
-        self.flush_headers()
+        phrase = self.responses.get(code, ("",))[0]
+        head = (
+            f"{self.protocol_version} {code} {phrase}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+        )
+        # status, headers and body in one write: small writes meet the client's delayed ACK
+        self.wfile.write(head.encode() + data)
 
     def _problem(self, p: ApiProblemError) -> None:
         self._send(p.code, status_body(p.code, p.reason, p.message))
@@ -760,7 +761,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         try:
             server = self.server
-            alive = lambda: fake._server is server  # noqa: E731 - ends with a stopped server
+
+            def alive() -> bool:  # a stopped (restarted) server ends its watches
+                return fake._server is server
+
             for event in fake.watch(resource, ns, since, timeout, bookmarks, alive):
                 if not alive():
                     break
