@@ -1,0 +1,582 @@
+"""`make demo`: tessera end to end on a simulated cluster, over the real protocols.
+
+Everything runs on this machine, no GPU and no Kubernetes needed:
+1. an in-memory Kubernetes API server on loopback (tessera_testbed.apiserver);
+2. one node agent per simulated node (fake NVML backend driven by a built-in topology),
+   registering its resources with a simulated kubelet over gRPC on unix sockets and
+   publishing its NodeDevices inventory and heartbeat Lease to the API server;
+3. the scheduler extender over HTTP, which the demo calls exactly as kube-scheduler does
+   (filter, prioritize, bind with kube-scheduler's JSON), so every pod gets its devices
+   and its signed allocation record;
+4. the kubelet admitting each pod: GetPreferredAllocation and Allocate on the node agent;
+5. containerd creating each container: the NRI hook, over ttrpc on NRI's multiplexer,
+   turns the record into device nodes and environment.
+Then a short fragmentation comparison on a synthetic cluster, when the simulator is there.
+"""
+
+from __future__ import annotations
+
+import os
+
+# gRPC's C core reads this once, when it loads: keep its connection chatter out of the demo.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import argparse
+import asyncio
+import json
+import logging
+import secrets
+import stat
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from deviceplugin.agent import Agent, AgentConfig
+from deviceplugin.fake_backend import FakeBackend
+from deviceplugin.inventory import InventoryConfig, InventoryPublisher
+from deviceplugin.kubeapi import KubernetesClientApi
+from nri_hook.adjust import Settings
+from nri_hook.devices import HostDevices
+from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource
+from nri_hook.plugin import NriPlugin
+from protos.nri import api_pb2 as nri
+from scheduler_plugin.kube import Connection, KubeClient
+from scheduler_plugin.service import Options, Service
+from tessera import resources as rn
+from tessera.model import NodeInventory
+from tessera.policy import POLICIES
+from tessera.record import Keyring
+from tessera.record import decode as decode_record
+from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
+from tessera_testbed.kubelet import KubeletSimulator
+
+NODES = (("node-h100", "h100-sxm-8x"), ("node-a100", "a100-pcie-8x"), ("node-t4", "t4-4x"))
+NAMESPACE = "ml"
+ISOLATION = "hami-core"
+"""The sharing layer the NRI hook configures (its limits show in the environment)."""
+
+
+@dataclass(frozen=True)
+class DemoPod:
+    name: str
+    containers: Mapping[str, Mapping[str, str]]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""
+
+
+PODS = (
+    DemoPod(
+        "llm-finetune",
+        {"main": {rn.GPU: "400", rn.RDMA: "50"}},
+        {rn.TOPOLOGY_ANNOTATION: "nvlink", rn.RDMA_AFFINITY_ANNOTATION: "pcie"},
+        "4 NVLink GPUs + an RDMA VF beside them",
+    ),
+    DemoPod("notebook-a", {"main": {rn.GPU: "25"}}, note="a quarter of a GPU"),
+    DemoPod(
+        "notebook-b",
+        {"main": {rn.GPU_CORE: "30", rn.GPU_MEMORY: "10"}},
+        note="30% compute, 10 GiB",
+    ),
+    DemoPod("inference", {"main": {rn.GPU: "50"}}, {rn.GPU_MODEL_ANNOTATION: "T4"}, "half a T4"),
+    DemoPod(
+        "trainer-pair",
+        {"main": {rn.GPU: "200"}},
+        {rn.TOPOLOGY_ANNOTATION: "pcie"},
+        "2 GPUs behind one PCIe switch",
+    ),
+    DemoPod(
+        "server-with-cache",
+        {"main": {rn.GPU: "50"}, "cache": {rn.GPU_MEMORY: "4"}},
+        note="two containers",
+    ),
+    DemoPod("batch-1", {"main": {rn.GPU: "10"}}),
+    DemoPod("batch-2", {"main": {rn.GPU: "10"}}),
+    DemoPod("too-big", {"main": {rn.GPU: "1600"}}, note="16 GPUs: no node has them"),
+    DemoPod(
+        "wrong-model", {"main": {rn.GPU: "50"}}, {rn.GPU_MODEL_ANNOTATION: "H200"}, "no H200 here"
+    ),
+    DemoPod("bad-request", {"main": {rn.GPU_CORE: "150"}}, note="150% is not a valid share"),
+)
+
+
+@dataclass
+class Outcome:
+    pod: DemoPod
+    uid: str
+    node: str = ""
+    record: dict[str, Any] | None = None
+    problem: str = ""
+    admitted: list[str] = field(default_factory=list)
+    injected: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+
+
+@dataclass
+class SimNode:
+    name: str
+    topology: str
+    plugin_dir: Path
+    device_root: Path
+    kubelet: KubeletSimulator
+    agent: Agent
+    units_in_use: set[str] = field(default_factory=set)
+
+    @property
+    def inventory(self) -> NodeInventory:
+        return self.agent.inventory
+
+
+class Printer:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __call__(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+
+# --- the pieces ------------------------------------------------------------------------------
+
+
+def _device_nodes(root: Path, inventory: NodeInventory) -> None:
+    """A node's /dev entries under `root`: real device nodes where mknod is allowed (root),
+    else links to /dev/null, so the NRI hook reads types and numbers as on a host."""
+    entries = {"/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (508, 0)}
+    entries |= {f"/dev/nvidia{g.minor}": (195, g.minor) for g in inventory.gpus}
+    if inventory.nics:
+        entries["/dev/infiniband/rdma_cm"] = (10, 58)
+    for nic in inventory.nics:
+        for n in (nic.uverbs_minor, *(vf.uverbs_minor for vf in nic.vfs)):
+            entries[f"/dev/infiniband/uverbs{n}"] = (231, 192 + n)
+    for path, (major, minor) in entries.items():
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+        except PermissionError:
+            target.symlink_to("/dev/null")
+
+
+def _start_node(api: FakeApiServer, work: Path, name: str, topology: str) -> SimNode:
+    api.create(
+        "nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"allocatable": {"cpu": "96", "memory": "512Gi"}},
+        },
+    )
+    plugin_dir = work / name / "device-plugins"
+    plugin_dir.mkdir(parents=True)
+    kubelet = KubeletSimulator(plugin_dir)
+    kubelet.start()
+    backend = FakeBackend.from_topology(topology)
+    agent = Agent(
+        AgentConfig(node_name=name, plugin_dir=plugin_dir, query_interval_s=0),
+        backend,
+        backend,
+        publisher=InventoryPublisher(
+            KubernetesClientApi.for_host(api.url, timeout_s=5), InventoryConfig(name)
+        ),
+    )
+    agent.discover()
+    agent.start()
+    device_root = work / name / "host"
+    _device_nodes(device_root, agent.inventory)
+    return SimNode(name, topology, plugin_dir, device_root, kubelet, agent)
+
+
+def _post(url: str, body: Any) -> Any:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _pod_object(pod: DemoPod) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.name,
+            "namespace": NAMESPACE,
+            "annotations": dict(pod.annotations),
+        },
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "containers": [
+                {
+                    "name": c,
+                    "image": "registry.example/ml:latest",
+                    "resources": {"limits": dict(limits), "requests": dict(limits)},
+                }
+                for c, limits in pod.containers.items()
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+# --- the kube-scheduler side --------------------------------------------------------------------
+
+
+def _schedule(base: str, api: FakeApiServer, pod: DemoPod, nodes: Sequence[str]) -> Outcome:
+    """What kube-scheduler does with an extender: filter, prioritize (more than one node
+    left), pick the best, bind. Bodies are kube-scheduler's (PascalCase, nodeCacheCapable)."""
+    obj = api.create("pods", _pod_object(pod))
+    uid = obj["metadata"]["uid"]
+    outcome = Outcome(pod, uid)
+    args = {"Pod": obj, "Nodes": None, "NodeNames": list(nodes)}
+    filtered = _post(f"{base}/filter", args)
+    if filtered.get("Error"):
+        outcome.problem = filtered["Error"]
+        return outcome
+    passed = filtered.get("NodeNames") or []
+    if not passed:
+        reasons = {
+            **filtered.get("FailedNodes", {}),
+            **filtered.get("FailedAndUnresolvableNodes", {}),
+        }
+        by_reason: dict[str, list[str]] = {}
+        for name, reason in sorted(reasons.items()):
+            by_reason.setdefault(reason, []).append(name)
+        outcome.problem = "; ".join(
+            f"{', '.join(names) if len(names) < len(nodes) else 'every node'}: {reason}"
+            for reason, names in by_reason.items()
+        )
+        return outcome
+    chosen = passed[0]
+    if len(passed) > 1:
+        scores = _post(f"{base}/prioritize", {**args, "NodeNames": passed})
+        best = max(scores, key=lambda s: (s["Score"], -passed.index(s["Host"])))
+        chosen = best["Host"]
+    bound = _post(
+        f"{base}/bind",
+        {"PodName": pod.name, "PodNamespace": NAMESPACE, "PodUID": uid, "Node": chosen},
+    )
+    if bound.get("Error"):
+        outcome.problem = f"bind: {bound['Error']}"
+        return outcome
+    stored = api.get("pods", pod.name, NAMESPACE)
+    outcome.node = stored["spec"]["nodeName"]
+    outcome.record = json.loads(stored["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION])
+    return outcome
+
+
+# --- the kubelet side ------------------------------------------------------------------------
+
+
+def _admit(node: SimNode, outcome: Outcome) -> None:
+    """kubelet admission: for each container and tessera resource, pick unit IDs (asking
+    the plugin for a preference) and Allocate them."""
+    for limits in outcome.pod.containers.values():
+        for resource, value in limits.items():
+            endpoint = node.kubelet.endpoint(resource)
+            snapshot = endpoint.latest()
+            assert snapshot is not None
+            available = [
+                d.ID
+                for d in snapshot.devices
+                if d.health == "Healthy" and d.ID not in node.units_in_use
+            ]
+            count = int(value)
+            preferred = node.kubelet.get_preferred_allocation(resource, available, [], count)
+            chosen = (list(preferred) + [a for a in available if a not in preferred])[:count]
+            node.kubelet.allocate(resource, chosen)
+            node.units_in_use.update(chosen)
+            outcome.admitted.append(f"{resource.removeprefix(rn.DOMAIN + '/')}={len(chosen)}")
+
+
+# --- the containerd side ---------------------------------------------------------------------
+
+
+async def _create_containers(
+    nodes: Mapping[str, SimNode], outcomes: Sequence[Outcome], key_file: Path, work: Path
+) -> None:
+    stops: list[tuple[asyncio.Event, asyncio.Task[None], RuntimeSimulator]] = []
+    try:
+        for node in nodes.values():
+            placed = [o for o in outcomes if o.node == node.name]
+            if not placed:
+                continue
+            socket_path = str(work / node.name / "nri.sock")
+            runtime = RuntimeSimulator(socket_path)
+            await runtime.start()
+            enforcer = Enforcer(
+                EnforcerConfig(
+                    node_name=node.name,
+                    settings=Settings(isolation=ISOLATION),
+                    move_vf_netdevs=False,
+                ),
+                KeyringSource(key_file),
+                HostDevices(node.device_root),
+            )
+            stop = asyncio.Event()
+            plugin = NriPlugin(enforcer, name="tessera", index="50", socket_path=socket_path)
+            task = asyncio.create_task(plugin.run(stop))
+            stops.append((stop, task, runtime))
+            conn = await runtime.next_plugin()
+            for outcome in placed:
+                meta = outcome.pod
+                stored_annotations = dict(meta.annotations)
+                assert outcome.record is not None
+                stored_annotations[rn.ALLOCATION_ANNOTATION] = json.dumps(
+                    outcome.record, sort_keys=True, separators=(",", ":")
+                )
+                sandbox = make_pod(
+                    meta.name, namespace=NAMESPACE, uid=outcome.uid, annotations=stored_annotations
+                )
+                await conn.event(nri.RUN_POD_SANDBOX, sandbox)
+                for container in meta.containers:
+                    response = await conn.create_container(
+                        sandbox, make_container(sandbox, container)
+                    )
+                    devices = [d.path for d in response.adjust.linux.devices]
+                    env = {kv.key: kv.value for kv in response.adjust.env}
+                    outcome.injected[container] = (devices, env)
+    finally:
+        for stop, task, runtime in stops:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+            await runtime.stop()
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def _gpus_of(record: Mapping[str, Any], container: str) -> str:
+    for c in record["containers"]:
+        if c["name"] == container:
+            parts = [
+                f"GPU{g['index']}"
+                + ("" if g["core"] == 100 else f" {g['core']}%/{g['memoryMiB'] // 1024}GiB")
+                for g in c.get("gpus", [])
+            ]
+            parts += [
+                f"{r['ibdev']} {r['share']}%"
+                + (f" VF {r['vfs'][0]['ibdev']}" if r.get("vfs") else "")
+                for r in c.get("rdma", [])
+            ]
+            suffix = f" (runs on {c['reuses']}'s devices)" if c.get("reuses") else ""
+            return ", ".join(parts) + suffix
+    return "-"
+
+
+def _compact_devices(paths: Sequence[str]) -> str:
+    gpus = [p.removeprefix("/dev/nvidia") for p in paths if p[len("/dev/nvidia") :].isdigit()]
+    rest = [
+        p for p in paths if not p[len("/dev/nvidia") :].isdigit() or not p.startswith("/dev/nvidia")
+    ]
+    shown = (
+        [f"/dev/nvidia{{{','.join(gpus)}}}"] if len(gpus) > 1 else [f"/dev/nvidia{g}" for g in gpus]
+    )
+    return " ".join(shown + [p for p in rest if p not in ("/dev/nvidiactl", "/dev/nvidia-uvm")])
+
+
+def _usage_table(base: str) -> list[str]:
+    with urllib.request.urlopen(f"{base}/debug/nodes", timeout=10) as response:
+        doc = json.loads(response.read())
+    lines = []
+    for node in doc.get("nodes", []):
+        cells = []
+        for g in node.get("gpus", []):
+            used = g["core"]["total"] - g["core"]["free"]
+            cells.append(f"{used:3d}%")
+        lines.append(f"  {node['node']:<10} GPU compute in use: {' '.join(cells)}")
+    return lines
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@contextmanager
+def _quiet_logs() -> Iterator[None]:
+    root = logging.getLogger()
+    previous = root.level
+    root.setLevel(logging.ERROR)
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    try:
+        yield
+    finally:
+        root.setLevel(previous)
+
+
+def _start_nodes(
+    stack: ExitStack, api: FakeApiServer, work: Path, say: Printer
+) -> dict[str, SimNode]:
+    nodes: dict[str, SimNode] = {}
+    for name, topology in NODES:
+        node = _start_node(api, work, name, topology)
+        stack.callback(node.kubelet.stop)
+        stack.callback(node.agent.stop)
+        nodes[name] = node
+    for node in nodes.values():
+        resources = [r for r in rn.TESSERA_RESOURCES if r in node.agent.units]
+        node.kubelet.wait_registered(resources, timeout_s=10)
+        counts = []
+        for r in resources:
+            snapshot = node.kubelet.endpoint(r).wait_for(lambda m: bool(m.devices))
+            counts.append(f"{r.removeprefix(rn.DOMAIN + '/')}={len(snapshot.devices)}")
+        inv = node.inventory
+        model = inv.gpus[0].model if inv.gpus else "-"
+        say(f"      {node.name:<10} {len(inv.gpus)}x {model}, {len(inv.nics)} RDMA NICs")
+        say(f"      {'':<10} kubelet sees: {', '.join(counts)}")
+    return nodes
+
+
+def _start_scheduler(
+    stack: ExitStack, api: FakeApiServer, keyring: Keyring, policy: str, nodes: Sequence[str]
+) -> Service:
+    options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False)
+    service = Service(options, KubeClient(Connection(host=api.url)), keyring).start()
+    stack.callback(service.stop)
+    if not service.wait_ready(20):
+        raise RuntimeError("the scheduler extender did not become ready")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        summaries = [service.cache.node_summary(n) for n in nodes]
+        if all(s is not None and not s.get("problem") for s in summaries):
+            return service
+        time.sleep(0.05)
+    raise RuntimeError("the simulated nodes did not become usable for the scheduler")
+
+
+def _describe(pod: DemoPod) -> str:
+    asks = "; ".join(
+        f"{c}: " + ", ".join(f"{k.removeprefix(rn.DOMAIN + '/')}={v}" for k, v in lim.items())
+        for c, lim in pod.containers.items()
+    )
+    return f"  {NAMESPACE + '/' + pod.name:<22} {asks}" + (f"  ({pod.note})" if pod.note else "")
+
+
+def _report_injections(say: Printer, outcomes: Sequence[Outcome]) -> None:
+    for outcome in outcomes:
+        for container, (devices, env) in outcome.injected.items():
+            visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
+            n_visible = len(visible.split(",")) if visible else 0
+            memory = [v for k, v in sorted(env.items()) if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]
+            limits = []
+            if memory:
+                limits.append(
+                    "memory "
+                    + (
+                        f"{memory[0]} x{len(memory)}"
+                        if len(set(memory)) == 1 and len(memory) > 1
+                        else ",".join(memory)
+                    )
+                )
+            if "CUDA_DEVICE_SM_LIMIT" in env:
+                limits.append(f"SM {env['CUDA_DEVICE_SM_LIMIT']}%")
+            say(
+                f"  {outcome.pod.name + '/' + container:<24} {_compact_devices(devices):<44}"
+                f" {n_visible} UUID{'s' if n_visible > 1 else ''} visible"
+                + (f"; limits: {', '.join(limits)}" if limits else "")
+            )
+
+
+def run(
+    out: TextIO = sys.stdout, *, policy: str | None = None, with_simulation: bool = True
+) -> list[Outcome]:
+    """Run the demo, printing to `out`; the outcome of every pod (tests read them)."""
+    say = Printer(out)
+    policy = policy or (rn.DEFAULT_POLICY if rn.DEFAULT_POLICY in POLICIES else "binpack")
+    started = time.monotonic()
+    say("tessera demo: a simulated cluster on this machine, every part over its real protocol")
+    say()
+    with ExitStack() as stack, _quiet_logs():
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tessera-demo-")))
+        api = stack.enter_context(FakeApiServer())
+        say(f"[1/5] API server (simulated, in memory) at {api.url}")
+        key_file = work / "integrity-key"
+        key_file.write_text(secrets.token_hex(32))
+        keyring = Keyring.single(key_file.read_text().strip().encode())
+
+        say("[2/5] node agents (fake NVML backend) register with their node's kubelet:")
+        nodes = _start_nodes(stack, api, work, say)
+        service = _start_scheduler(stack, api, keyring, policy, list(nodes))
+        base = f"http://127.0.0.1:{service.server.port}"
+        say(f"[3/5] scheduler extender at {base} (policy: {policy})")
+        say()
+
+        say("[4/5] scheduling as kube-scheduler calls an extender (filter, prioritize, bind):")
+        outcomes = []
+        for pod in PODS:
+            outcome = _schedule(base, api, pod, list(nodes))
+            outcomes.append(outcome)
+            say(_describe(pod))
+            if outcome.record is None:
+                say(f"      -> stays Pending: {outcome.problem}")
+                continue
+            # what the node will check: the record verifies and belongs to this pod
+            decode_record(json.dumps(outcome.record), keyring, pod_uid=outcome.uid)
+            for container in pod.containers:
+                placed_on = _gpus_of(outcome.record, container)
+                say(f"      -> {outcome.node} {container}: {placed_on}")
+            _admit(nodes[outcome.node], outcome)
+            say(f"         kubelet admits it: Allocate {', '.join(outcome.admitted)} units")
+        say()
+
+        say(
+            "[5/5] containerd creates the containers; the NRI hook injects devices and "
+            f"{ISOLATION} limits:"
+        )
+        asyncio.run(_create_containers(nodes, outcomes, key_file, work))
+        _report_injections(say, outcomes)
+        say()
+        say("GPU compute in use per node, from the extender's debug API:")
+        for line in _usage_table(base):
+            say(line)
+        placed = sum(1 for o in outcomes if o.node)
+        say()
+        say(
+            f"{placed} of {len(outcomes)} pods placed, {len(outcomes) - placed} refused with "
+            f"a reason, in {time.monotonic() - started:.1f} s"
+        )
+    if with_simulation:
+        _simulation(say)
+    return outcomes
+
+
+def _simulation(say: Printer) -> None:
+    """A short fragmentation comparison of the policies on a synthetic cluster."""
+    try:
+        from tessera.sim import synthetic  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return
+    say()
+    synthetic.demo(say)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="tessera-demo",
+        description=(
+            "Run tessera end to end on a simulated cluster on this machine: node agents with a "
+            "fake NVML backend, the scheduler extender called as kube-scheduler calls it, and "
+            "the NRI hook driven as containerd drives it. No GPU or cluster needed."
+        ),
+    )
+    parser.add_argument(
+        "--policy",
+        choices=sorted(POLICIES),
+        default=None,
+        help=f"node policy of the scheduler (default: {rn.DEFAULT_POLICY} when available)",
+    )
+    parser.add_argument(
+        "--no-simulation",
+        action="store_true",
+        help="skip the fragmentation comparison on a synthetic cluster at the end",
+    )
+    args = parser.parse_args(argv)
+    run(policy=args.policy, with_simulation=not args.no_simulation)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The demo is the whole system in one run; check what it decided, not just that it ran."""
+
+import io
+import json
+from collections import defaultdict
+
+from tessera import resources as rn
+from tessera.topology_file import load_topology
+from tessera_testbed import demo
+
+
+def test_demo_places_enforces_and_refuses_for_the_right_reasons():
+    out = io.StringIO()
+    outcomes = {o.pod.name: o for o in demo.run(out, with_simulation=False)}
+    text = out.getvalue()
+
+    finetune = outcomes["llm-finetune"]
+    assert finetune.node == "node-h100"
+    main = finetune.record["containers"][0]
+    assert len(main["gpus"]) == 4 and all(g["core"] == 100 for g in main["gpus"])
+    # the RDMA VF is on a NIC under the same PCIe root as one of its GPUs
+    h100 = load_topology("h100-sxm-8x")
+    roots = {h100.gpus[g["index"]].pcie_root for g in main["gpus"]}
+    nic = next(n for n in h100.nics if n.pci_bus_id == main["rdma"][0]["pciBusId"])
+    assert nic.pcie_root in roots and len(main["rdma"][0]["vfs"]) == 1
+
+    assert outcomes["inference"].node == "node-t4"
+    assert (
+        outcomes["trainer-pair"].node
+        and len(outcomes["trainer-pair"].record["containers"][0]["gpus"]) == 2
+    )
+
+    assert not outcomes["too-big"].node and "needs 16 whole GPUs" in outcomes["too-big"].problem
+    assert "no GPU of model H200" in outcomes["wrong-model"].problem
+    assert "not a multiple of 100" in outcomes["bad-request"].problem
+
+    # no GPU is given more than it has, across every record
+    used = defaultdict(int)
+    for o in outcomes.values():
+        if o.record:
+            for c in o.record["containers"]:
+                if not c.get("reuses"):
+                    for g in c.get("gpus", []):
+                        used[(o.node, g["uuid"])] += g["core"]
+    assert used and max(used.values()) <= 100
+
+    # what the NRI hook injected is exactly what each record names
+    for o in outcomes.values():
+        if not o.record:
+            assert not o.injected
+            continue
+        for c in o.record["containers"]:
+            devices, env = o.injected[c["name"]]
+            gpu_nodes = sorted(d for d in devices if d.removeprefix("/dev/nvidia").isdigit())
+            assert gpu_nodes == sorted(f"/dev/nvidia{g['minor']}" for g in c.get("gpus", []))
+            assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == [g["uuid"] for g in c["gpus"]]
+
+    # every placed pod was admitted by the kubelet for each of its tessera resources
+    for o in outcomes.values():
+        if o.node:
+            asked = sum(len(lim) for lim in o.pod.containers.values())
+            assert len(o.admitted) == asked
+    assert "8 of 11 pods placed" in text
+    assert rn.ALLOCATION_ANNOTATION not in text  # the output explains, it does not dump JSON
+    json.dumps([o.record for o in outcomes.values()])
