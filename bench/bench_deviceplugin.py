@@ -3,7 +3,8 @@ kubelet restart, and the agent's resident memory with the 8x H100 topology.
 
 The agent runs as its own process (`python -m deviceplugin.cli`, fake backend), exactly as
 deployed but without NVML; the kubelet is the test suite's simulator (tessera_testbed/kubelet.py)
-in this process. Figures are wall-clock on a shared machine, so expect noise.
+in this process, and so is the API server (tessera_testbed/apiserver.py). Figures are
+wall-clock on a shared machine, so expect noise.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no GOAWAY
 import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
+from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.kubelet import KubeletSimulator
-from tests.fakes.apiserver import FakeApiServer
 
 ROOT = Path(__file__).resolve().parent.parent
 TESSERA = (
@@ -137,24 +138,16 @@ def _allocate_and_restarts(ctx: BenchContext) -> list[Result]:
 
 def _rss_with_inventory() -> Result:
     with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp, FakeApiServer() as api:
-        api.put("/api/v1/nodes/bench-node", {"metadata": {}})
-        kubeconfig = Path(tmp) / "kubeconfig"
-        kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: fake\n"
-            f"clusters: [{{name: fake, cluster: {{server: '{api.url}'}}}}]\n"
-            "contexts: [{name: fake, context: {cluster: fake, user: u}}]\n"
-            "users: [{name: u, user: {}}]\n"
-        )
+        api.create("nodes", {"metadata": {"name": "bench-node"}})
+        kubeconfig = api.kubeconfig(str(Path(tmp) / "kubeconfig"))
         plugin_dir = Path(tmp) / "dp"
         kubelet = KubeletSimulator(plugin_dir)
         kubelet.start()
-        proc = _start_agent(
-            plugin_dir, ["--kubeconfig", str(kubeconfig), "--heartbeat-interval", "1"]
-        )
+        proc = _start_agent(plugin_dir, ["--kubeconfig", kubeconfig, "--heartbeat-interval", "1"])
         try:
             kubelet.wait_registered(TESSERA, timeout_s=30)
             deadline = time.monotonic() + 30
-            while api.get("/apis/tessera.dev/v1alpha1/nodedevices/bench-node") is None:
+            while api.find("nodedevices", "bench-node") is None:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the agent did not publish its inventory")
                 time.sleep(0.1)

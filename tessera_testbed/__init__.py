@@ -1,4 +1,5 @@
-"""Simulated Kubernetes peers for the demo and the tests, speaking the real protocols.
+"""Simulated Kubernetes peers for the demo and the tests, speaking the real protocols (how to
+use them: README.md).
 
 - `apiserver`: an in-memory Kubernetes API server over HTTP on loopback (objects, watches,
   bindings, status subresources, faults and restarts for recovery tests);

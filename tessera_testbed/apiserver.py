@@ -15,12 +15,17 @@ the API that tessera uses, with the semantics that matter for correctness:
 - binding: sets spec.nodeName once (a second binding is 409), checks metadata.uid when
   given; a patch whose metadata.uid differs from the stored one is 409;
 - faults for recovery tests: `fail(...)` makes matching requests answer an error status
-  (optionally after the change was applied, to imitate a lost answer), `set_latency`,
+  (optionally after the change was applied, to imitate a lost answer), `latency`,
   `drop_watches()` ends every open watch, `compact()` forgets history (watchers then get
   410), `stop()`/`start()` on the same port imitate an API server restart.
 
 Tests change objects directly through `create/update/patch/delete/get` (Python calls that
-behave like the HTTP ones and notify watchers) or over HTTP with any client.
+behave like the HTTP ones and notify watchers; `find` is `get` that answers None for a
+missing object) or over HTTP with any client. `requests` logs every (method, path) that came
+over HTTP (`writes(...)` picks the writes out of it; `parse_path` takes a path apart, e.g. to
+derive RBAC rules from the log), and `before`, when set, is called with (method, path)
+before each HTTP request is handled: a test plays a concurrent writer there to provoke a
+real 409 Conflict.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ _PATH = re.compile(
     r"(?:/(?P<sub>[a-z]+))?$"
 )
 
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
 
 class ApiProblemError(Exception):
     def __init__(self, code: int, reason: str, message: str) -> None:
@@ -71,6 +78,33 @@ class ApiProblemError(Exception):
         self.code = code
         self.reason = reason
         self.message = message
+
+
+@dataclass(frozen=True)
+class ApiPath:
+    """A request path taken apart (any resource name, served here or not)."""
+
+    prefix: str
+    """`/api/v1` or `/apis/<group>/<version>`."""
+    namespace: str | None
+    resource: str
+    name: str | None
+    """None for a collection."""
+    subresource: str | None
+
+    @property
+    def group(self) -> str:
+        """The API group, "" for the core group (as RBAC rules write it)."""
+        return "" if self.prefix == "/api/v1" else self.prefix.split("/")[2]
+
+
+def parse_path(path: str) -> ApiPath:
+    """`/api/v1[/namespaces/<ns>]/<resource>[/<name>[/<sub>]]` or the same under
+    `/apis/<group>/<version>`; a query string is ignored. ApiProblemError 404 otherwise."""
+    match = _PATH.match(urlsplit(path).path)
+    if match is None:
+        raise ApiProblemError(404, "NotFound", f"no route for {path}")
+    return ApiPath(match["prefix"], match["ns"], match["resource"], match["name"], match["sub"])
 
 
 def status_body(code: int, reason: str, message: str) -> Obj:
@@ -181,6 +215,9 @@ class FakeApiServer:
         self.latency = 0.0
         self.requests: list[tuple[str, str]] = []
         """(method, path) of every request, in arrival order."""
+        self.before: Callable[[str, str], None] | None = None
+        """Called with (method, path) before each request is handled (after it is logged,
+        before latency and faults): play a concurrent writer to provoke a real conflict."""
         self.port = 0
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -270,6 +307,12 @@ class FakeApiServer:
                     return fault
         return None
 
+    def writes(self, method: str | None = None, path: str = "") -> list[tuple[str, str]]:
+        """The logged writes (POST, PUT, PATCH, DELETE; or only `method`) whose path starts
+        with `path`, in arrival order."""
+        methods = _WRITES if method is None else {method.upper()}
+        return [(m, p) for m, p in list(self.requests) if m in methods and p.startswith(path)]
+
     def drop_watches(self) -> None:
         with self._lock:
             for w in self._watchers:
@@ -340,11 +383,16 @@ class FakeApiServer:
             return copy.deepcopy(obj)
 
     def get(self, resource: str, name: str, namespace: str | None = None) -> Obj:
+        obj = self.find(resource, name, namespace)
+        if obj is None:
+            raise ApiProblemError(404, "NotFound", f'{resource} "{name}" not found')
+        return obj
+
+    def find(self, resource: str, name: str, namespace: str | None = None) -> Obj | None:
+        """A copy of the object, or None where there is none (get raises 404)."""
         with self._lock:
             obj = self._store.get(self._key(resource, self._ns(resource, namespace), name))
-            if obj is None:
-                raise ApiProblemError(404, "NotFound", f'{resource} "{name}" not found')
-            return copy.deepcopy(obj)
+            return copy.deepcopy(obj) if obj is not None else None
 
     def items(self, resource: str, namespace: str | None = None) -> list[Obj]:
         with self._lock:
@@ -435,8 +483,13 @@ class FakeApiServer:
                     409, "Conflict", f"Precondition failed: UID in precondition: {uid}"
                 )
             new_meta = new.setdefault("metadata", {})
-            patch_rv = ((patch or {}).get("metadata") or {}).get("resourceVersion")
-            new_meta["resourceVersion"] = patch_rv if kind != "json" else None
+            # a merge patch may carry a resourceVersion precondition; a JSON patch has its own
+            # `test` operations instead (and is a list, not an object)
+            new_meta["resourceVersion"] = (
+                None
+                if kind == "json"
+                else ((patch or {}).get("metadata") or {}).get("resourceVersion")
+            )
             if sub == "status":
                 return self._write(resource, namespace, name, new, "status")
             if resource in _STATUS_SUBRESOURCE:
@@ -656,6 +709,9 @@ class _Handler(BaseHTTPRequestHandler):
         fake = self.server.fake
         split = urlsplit(self.path)
         fake.requests.append((method, split.path))
+        before = fake.before
+        if before is not None:
+            before(method, split.path)
         try:
             body = self._body() if method in ("POST", "PUT", "PATCH") else None
             if fake.latency:
@@ -664,23 +720,19 @@ class _Handler(BaseHTTPRequestHandler):
             if fault is not None and not fault.after_apply:
                 raise ApiProblemError(fault.status, "InternalError", "injected fault")
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-            match = _PATH.match(split.path)
-            if match and match["resource"] == "bindings" and method == "POST":
+            target = parse_path(split.path)
+            if target.resource == "bindings" and method == "POST":
                 # the namespace-level form the python client's create_namespaced_binding uses
                 name = ((body or {}).get("metadata") or {}).get("name") or ""
-                self._send(201, fake.bind(match["ns"] or "default", name, body or {}))
+                self._send(201, fake.bind(target.namespace or "default", name, body or {}))
                 return
-            if match is None or match["resource"] not in RESOURCES:
-                raise ApiProblemError(404, "NotFound", f"no route for {split.path}")
-            if match["name"] is None and match["sub"] is None and match["resource"] == "namespaces":
-                raise ApiProblemError(404, "NotFound", "namespaces are not served")
             resource, ns, name, sub = (
-                match["resource"],
-                match["ns"],
-                match["name"],
-                match["sub"],
+                target.resource,
+                target.namespace,
+                target.name,
+                target.subresource,
             )
-            if RESOURCES[resource][0] != match["prefix"]:
+            if resource not in RESOURCES or RESOURCES[resource][0] != target.prefix:
                 raise ApiProblemError(404, "NotFound", f"no route for {split.path}")
             if method == "GET" and name is None and query.get("watch") in ("1", "true"):
                 self._watch(resource, ns, query)

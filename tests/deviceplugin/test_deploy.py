@@ -18,8 +18,8 @@ from tessera.resources import (
     INVENTORY_VERSION,
 )
 from tessera.topology_file import load_topology
+from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.deviceplugin.conftest import ROOT
-from tests.fakes.apiserver import FakeApiServer, parse_path
 
 DEPLOY = ROOT / "deploy"
 
@@ -139,17 +139,16 @@ def _needed(requests: list[tuple[str, str]]) -> set[tuple[str, str, str, str]]:
     needed = set()
     for method, path in requests:
         target = parse_path(path)
-        prefix, namespace, plural = target.key
-        group = "" if prefix == "/api/v1" else prefix.split("/")[2]
-        resource = plural + (f"/{target.subresource}" if target.subresource else "")
-        needed.add((namespace or "*", group, resource, _VERBS[(method, target.name is not None)]))
+        resource = target.resource + (f"/{target.subresource}" if target.subresource else "")
+        verb = _VERBS[(method, target.name is not None)]
+        needed.add((target.namespace or "*", target.group, resource, verb))
     return needed
 
 
 def test_rbac_grants_exactly_what_the_agent_calls() -> None:
     inventory = load_topology("t4-4x", "node-a")
     with FakeApiServer() as server:
-        server.put("/api/v1/nodes/node-a", {"metadata": {}})
+        server.create("nodes", {"metadata": {"name": "node-a"}})
         publisher = InventoryPublisher(
             KubernetesClientApi.for_host(server.url), InventoryConfig("node-a")
         )
@@ -158,7 +157,7 @@ def test_rbac_grants_exactly_what_the_agent_calls() -> None:
         publisher.update_labels(inventory)
         publisher.heartbeat()
         publisher.publish(inventory.with_gpu_health(inventory.gpus[0].uuid, False, "x"))
-        server.fail_next("PUT", "/apis/coordination.k8s.io", 409)
+        server.fail("/apis/coordination.k8s.io", method="PUT", status=409)
         publisher.heartbeat()  # a conflict path: GET again, then PUT
         needed = _needed(server.requests)
     assert needed == _granted()

@@ -23,27 +23,42 @@ from tessera.resources import (
     GPU_COUNT_LABEL,
     GPU_MEMORY_LABEL,
     GPU_MODEL_LABEL,
-    INVENTORY_GROUP,
-    INVENTORY_VERSION,
+    INVENTORY_PLURAL,
 )
 from tessera.topology_file import load_topology
+from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin.helpers import make_agent, running
-from tests.fakes.apiserver import FakeApiServer
 
 NODE = "node-a"
 CR = cr_path(NODE)
-LEASE = lease_path("tessera-system", "tessera-node-node-a")
+LEASE_NAMESPACE, LEASE_NAME = "tessera-system", "tessera-node-node-a"
+LEASE = lease_path(LEASE_NAMESPACE, LEASE_NAME)
 
 
 @pytest.fixture
 def apiserver() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
-        server.enable_status(f"/apis/{INVENTORY_GROUP}/{INVENTORY_VERSION}", "nodedevices")
-        server.put(
-            f"/api/v1/nodes/{NODE}",
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"labels": {"zone": "a"}}},
+        server.create(
+            "nodes",
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": NODE, "labels": {"zone": "a"}},
+            },
         )
         yield server
+
+
+def _cr(server: FakeApiServer) -> dict[str, Any] | None:
+    return server.find(INVENTORY_PLURAL, NODE)
+
+
+def _lease(server: FakeApiServer) -> dict[str, Any] | None:
+    return server.find("leases", LEASE_NAME, LEASE_NAMESPACE)
+
+
+def _labels(server: FakeApiServer) -> dict[str, str]:
+    return dict(server.get("nodes", NODE)["metadata"]["labels"])
 
 
 class Clock:
@@ -65,16 +80,14 @@ def h100() -> NodeInventory:
 
 
 def _node_uid(server: FakeApiServer) -> str:
-    node = server.get(f"/api/v1/nodes/{NODE}")
-    assert node is not None
-    return str(node["metadata"]["uid"])
+    return str(server.get("nodes", NODE)["metadata"]["uid"])
 
 
 def test_creates_the_object_owned_by_the_node(
     apiserver: FakeApiServer, h100: NodeInventory
 ) -> None:
     assert _publisher(apiserver).publish(h100)
-    obj = apiserver.get(CR)
+    obj = _cr(apiserver)
     assert obj is not None
     assert (obj["apiVersion"], obj["kind"], obj["metadata"]["name"]) == (
         "tessera.dev/v1alpha1",
@@ -108,7 +121,7 @@ def test_writes_only_when_something_changed(apiserver: FakeApiServer, h100: Node
     sick = h100.with_gpu_health(h100.gpus[2].uuid, False, "XID 79")
     assert publisher.publish(sick)
     assert apiserver.writes("PUT", CR) == [("PUT", CR)]
-    obj = apiserver.get(CR)
+    obj = _cr(apiserver)
     assert obj is not None and obj["spec"]["summary"]["healthyGpuCount"] == 7
     assert obj["spec"]["gpus"][2]["healthReason"] == "XID 79"
 
@@ -123,16 +136,16 @@ def test_conflict_is_retried_and_the_schedulers_status_kept(
     def scheduler(method: str, path: str) -> None:
         # the scheduler writes its status between our GET and our PUT, once
         if method == "PUT" and path == CR and not scheduler_writes:
-            current = apiserver.get(CR)
+            current = _cr(apiserver)
             assert current is not None
             current["status"] = {"allocatedGpus": 3}
-            scheduler_writes.append(apiserver.handle("PUT", CR + "/status", {}, current))
+            scheduler_writes.append(apiserver.update(INVENTORY_PLURAL, current, "status"))
 
     apiserver.before = scheduler
     sick = h100.with_gpu_health(h100.gpus[0].uuid, False, "XID 79")
     assert publisher.publish(sick)
     assert apiserver.writes("PUT", CR) == [("PUT", CR), ("PUT", CR)]  # 409, then success
-    obj = apiserver.get(CR)
+    obj = _cr(apiserver)
     assert obj is not None
     assert obj["status"] == {"allocatedGpus": 3}
     assert obj["spec"]["summary"]["healthyGpuCount"] == 7
@@ -143,16 +156,16 @@ def test_an_object_deleted_meanwhile_is_recreated(
 ) -> None:
     publisher = _publisher(apiserver)
     publisher.publish(h100)
-    apiserver.handle("DELETE", CR, {}, None)
+    apiserver.delete(INVENTORY_PLURAL, NODE)
     assert publisher.publish(h100, force_check=True)
-    assert apiserver.get(CR) is not None
+    assert _cr(apiserver) is not None
 
 
 def test_api_errors_surface_and_the_next_attempt_works(
     apiserver: FakeApiServer, h100: NodeInventory
 ) -> None:
     publisher = _publisher(apiserver)
-    apiserver.fail_next("GET", CR, 500)
+    apiserver.fail(CR, method="GET", status=500)
     with pytest.raises(KubeError) as err:
         publisher.publish(h100)
     assert err.value.status == 500
@@ -166,7 +179,7 @@ def test_api_errors_surface_and_the_next_attempt_works(
 def test_node_labels(apiserver: FakeApiServer, h100: NodeInventory) -> None:
     publisher = _publisher(apiserver)
     assert publisher.update_labels(h100)
-    labels = apiserver.get(f"/api/v1/nodes/{NODE}")["metadata"]["labels"]  # type: ignore[index]
+    labels = _labels(apiserver)
     assert labels == {
         "zone": "a",
         GPU_MODEL_LABEL: "NVIDIA-H100-80GB-HBM3",
@@ -176,7 +189,7 @@ def test_node_labels(apiserver: FakeApiServer, h100: NodeInventory) -> None:
     assert not publisher.update_labels(h100)
     assert len(apiserver.writes("PATCH")) == 1
     assert publisher.update_labels(NodeInventory(NODE))  # no GPUs: our labels go away
-    labels = apiserver.get(f"/api/v1/nodes/{NODE}")["metadata"]["labels"]  # type: ignore[index]
+    labels = _labels(apiserver)
     assert labels == {"zone": "a"}
 
 
@@ -199,7 +212,7 @@ def test_heartbeat_lease(apiserver: FakeApiServer) -> None:
     publisher = _publisher(apiserver, clock)
     publisher.node_uid()
     publisher.heartbeat()
-    lease = apiserver.get(LEASE)
+    lease = _lease(apiserver)
     assert lease is not None
     spec = lease["spec"]
     assert (spec["holderIdentity"], spec["leaseDurationSeconds"]) == (NODE, 40)
@@ -207,25 +220,25 @@ def test_heartbeat_lease(apiserver: FakeApiServer) -> None:
     assert lease["metadata"]["ownerReferences"][0]["uid"] == _node_uid(apiserver)
     clock.now += 10
     publisher.heartbeat()
-    spec = apiserver.get(LEASE)["spec"]  # type: ignore[index]
+    spec = _lease(apiserver)["spec"]  # type: ignore[index]
     assert spec["renewTime"] == micro_time(clock.now)
     assert spec["acquireTime"] == micro_time(clock.now - 10)
     # someone else touches the Lease: our cached resourceVersion is stale, we re-read
-    other: dict[str, Any] = apiserver.get(LEASE)  # type: ignore[assignment]
+    other: dict[str, Any] = _lease(apiserver)  # type: ignore[assignment]
     other["metadata"]["labels"] = {"touched": "yes"}
-    apiserver.handle("PUT", LEASE, {}, other)
+    apiserver.update("leases", other)
     clock.now += 10
     publisher.heartbeat()
-    lease = apiserver.get(LEASE)
+    lease = _lease(apiserver)
     assert lease is not None and lease["spec"]["renewTime"] == micro_time(clock.now)
     assert lease["metadata"]["labels"] == {"touched": "yes"}
     # first GET finds nothing (then a POST to the collection), a renew, a renew refused
     # with 409, the re-read, the renew again
     assert [m for m, p in apiserver.requests if p == LEASE] == ["GET", "PUT", "PUT", "GET", "PUT"]
-    apiserver.handle("DELETE", LEASE, {}, None)
+    apiserver.delete("leases", LEASE_NAME, LEASE_NAMESPACE)
     clock.now += 10
     publisher.heartbeat()
-    assert apiserver.get(LEASE)["spec"]["renewTime"] == micro_time(clock.now)  # type: ignore[index]
+    assert _lease(apiserver)["spec"]["renewTime"] == micro_time(clock.now)  # type: ignore[index]
 
 
 def test_micro_time_format() -> None:
@@ -246,14 +259,14 @@ def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_pa
     agent, backend = make_agent(tmp_path, "t4-4x", quiet_period_s=600)
     agent.publisher = _publisher(apiserver, Clock())
     with running(agent):
-        _wait(lambda: apiserver.get(CR))
-        _wait(lambda: apiserver.get(LEASE))
+        _wait(lambda: _cr(apiserver))
+        _wait(lambda: _lease(apiserver))
         backend.inject_xid(backend.gpu(1).uuid, 79)
         obj = _wait(
-            lambda: (o := apiserver.get(CR)) and o["spec"]["summary"]["healthyGpuCount"] == 3 and o
+            lambda: (o := _cr(apiserver)) and o["spec"]["summary"]["healthyGpuCount"] == 3 and o
         )
         assert obj["spec"]["gpus"][1]["healthy"] is False
-        labels = apiserver.get(f"/api/v1/nodes/{NODE}")["metadata"]["labels"]  # type: ignore[index]
+        labels = _labels(apiserver)
         assert labels[GPU_MODEL_LABEL] == "Tesla-T4"
     assert agent.inventory_error == ""
 
@@ -261,10 +274,10 @@ def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_pa
 def test_the_agent_retries_after_api_failures(apiserver: FakeApiServer, tmp_path: Path) -> None:
     agent, _ = make_agent(tmp_path, "t4-4x", retry_interval_s=0.05)
     agent.publisher = _publisher(apiserver, Clock())
-    apiserver.fail_next("GET", CR, 500, count=2)
-    apiserver.fail_next("GET", LEASE, 503)
+    apiserver.fail(CR, method="GET", status=500, times=2)
+    apiserver.fail(LEASE, method="GET", status=503)
     with running(agent):
-        _wait(lambda: apiserver.get(CR))
-        _wait(lambda: apiserver.get(LEASE))
+        _wait(lambda: _cr(apiserver))
+        _wait(lambda: _lease(apiserver))
         _wait(lambda: agent.inventory_error == "" and agent.heartbeat_error == "")
     assert [m for m, p in apiserver.requests if p == CR].count("GET") >= 3

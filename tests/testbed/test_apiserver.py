@@ -1,0 +1,233 @@
+"""The simulated API server behaves like the real one where clients depend on it, and its test
+helpers (find, writes, parse_path, the `before` hook) do what they say."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from tessera_testbed.apiserver import (
+    ApiPath,
+    ApiProblemError,
+    FakeApiServer,
+    merge_patch,
+    parse_path,
+)
+
+GROUP, VERSION, PLURAL = "tessera.dev", "v1alpha1", "nodedevices"
+BASE = f"/apis/{GROUP}/{VERSION}"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as s:
+        yield s
+
+
+@pytest.fixture
+def custom(server: FakeApiServer) -> client.CustomObjectsApi:
+    configuration = client.Configuration()
+    configuration.host = server.url
+    return client.CustomObjectsApi(client.ApiClient(configuration))
+
+
+def _devices(name: str, gpus: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "NodeDevices",
+        "metadata": {"name": name},
+        "spec": {"gpus": gpus},
+    }
+
+
+def test_create_get_replace_conflict(custom: client.CustomObjectsApi) -> None:
+    created = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    assert created["metadata"]["uid"] and created["metadata"]["resourceVersion"]
+    with pytest.raises(ApiException) as err:
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    assert err.value.status == 409
+    stale = dict(created)
+    created["spec"] = {"gpus": 2}
+    replaced = custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", created)
+    assert replaced["spec"] == {"gpus": 2}
+    assert replaced["metadata"]["uid"] == created["metadata"]["uid"]
+    stale["spec"] = {"gpus": 3}
+    with pytest.raises(ApiException) as err:
+        custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", stale)
+    assert err.value.status == 409
+    with pytest.raises(ApiException) as err:
+        custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "nope")
+    assert err.value.status == 404
+
+
+def test_status_subresource(custom: client.CustomObjectsApi) -> None:
+    obj = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    obj["status"] = {"used": 1}
+    obj["spec"] = {"gpus": 99}  # ignored on the status subresource
+    custom.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n", obj)
+    obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    assert (obj["spec"], obj["status"]) == ({"gpus": 1}, {"used": 1})
+    obj["spec"] = {"gpus": 5}
+    obj["status"] = {"used": 999}  # ignored on the main resource
+    obj = custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj)
+    assert (obj["spec"], obj["status"]) == ({"gpus": 5}, {"used": 1})
+
+
+def test_patches(server: FakeApiServer) -> None:
+    server.create("nodes", {"metadata": {"name": "n", "labels": {"a": "1", "b": "2"}}})
+    out = server.patch("nodes", "n", {"metadata": {"labels": {"a": None, "c": "3"}}})
+    assert out["metadata"]["labels"] == {"b": "2", "c": "3"}
+    out = server.patch(
+        "nodes",
+        "n",
+        [{"op": "replace", "path": "/metadata/labels/b", "value": "9"}],
+        kind="json",
+    )
+    assert out["metadata"]["labels"] == {"b": "9", "c": "3"}
+    core = client.CoreV1Api(client.ApiClient(client.Configuration(host=server.url)))
+    # a list body goes out as application/json-patch+json
+    node = core.patch_node("n", [{"op": "add", "path": "/metadata/labels/d", "value": "4"}])
+    assert node.metadata.labels == {"b": "9", "c": "3", "d": "4"}
+    assert merge_patch({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
+
+
+def test_watch_with_the_kubernetes_client(custom: client.CustomObjectsApi) -> None:
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("a", 1))
+    listed = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+    assert [o["metadata"]["name"] for o in listed["items"]] == ["a"]
+    since = listed["metadata"]["resourceVersion"]
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("b", 2))
+    custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "a")
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def watcher() -> None:  # from the list's resourceVersion: the changes since, in order
+        w = watch.Watch()
+        for event in w.stream(
+            custom.list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            resource_version=since,
+            timeout_seconds=5,
+        ):
+            seen.append((event["type"], event["object"]["metadata"]["name"]))
+            if len(seen) == 3:
+                w.stop()
+        done.set()
+
+    thread = threading.Thread(target=watcher, daemon=True)
+    thread.start()
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("c", 3))  # live
+    assert done.wait(10)
+    assert seen == [("ADDED", "b"), ("DELETED", "a"), ("ADDED", "c")]
+
+
+def test_injected_failures_and_the_write_log(
+    custom: client.CustomObjectsApi, server: FakeApiServer
+) -> None:
+    server.fail(BASE, method="POST", status=503)
+    with pytest.raises(ApiException) as err:
+        custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    assert err.value.status == 503
+    custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    custom.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n", obj)
+    custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    collection, item = f"{BASE}/{PLURAL}", f"{BASE}/{PLURAL}/n"
+    assert server.writes("POST") == [("POST", collection)] * 2
+    assert server.writes() == [
+        ("POST", collection),
+        ("POST", collection),
+        ("PUT", f"{item}/status"),
+        ("DELETE", item),
+    ]  # no GET: only writes
+    assert server.writes("put", item) == [("PUT", f"{item}/status")]  # a path prefix
+    assert server.writes(path="/api/v1") == []
+
+
+def test_find_answers_none_where_get_raises(server: FakeApiServer) -> None:
+    assert server.find("leases", "l", "ns") is None
+    with pytest.raises(ApiProblemError) as err:
+        server.get("leases", "l", "ns")
+    assert err.value.code == 404
+    server.create("leases", {"metadata": {"name": "l", "namespace": "ns"}, "spec": {}})
+    found = server.find("leases", "l", "ns")
+    assert found == server.get("leases", "l", "ns")
+    assert found is not None
+    found["spec"]["holderIdentity"] = "x"  # a copy: the store is untouched
+    assert server.get("leases", "l", "ns")["spec"] == {}
+    assert server.find("leases", "l", "other") is None
+    assert server.find("pods", "p") is None  # namespaced, "default" when not given
+
+
+@pytest.mark.parametrize(
+    ("path", "parsed", "group"),
+    [
+        ("/api/v1/nodes", ApiPath("/api/v1", None, "nodes", None, None), ""),
+        ("/api/v1/nodes/n", ApiPath("/api/v1", None, "nodes", "n", None), ""),
+        (
+            "/api/v1/namespaces/ns/pods/p/binding",
+            ApiPath("/api/v1", "ns", "pods", "p", "binding"),
+            "",
+        ),
+        (
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases",
+            ApiPath("/apis/coordination.k8s.io/v1", "ns", "leases", None, None),
+            "coordination.k8s.io",
+        ),
+        (
+            "/apis/tessera.dev/v1alpha1/nodedevices/n/status?timeout=5s",
+            ApiPath("/apis/tessera.dev/v1alpha1", None, "nodedevices", "n", "status"),
+            "tessera.dev",
+        ),
+        (  # not served here, but still a path to take apart
+            "/api/v1/namespaces/ns/configmaps/c",
+            ApiPath("/api/v1", "ns", "configmaps", "c", None),
+            "",
+        ),
+    ],
+)
+def test_parse_path(path: str, parsed: ApiPath, group: str) -> None:
+    assert parse_path(path) == parsed
+    assert parse_path(path).group == group
+
+
+@pytest.mark.parametrize("path", ["/", "/healthz", "/api/v2/nodes", "/apis/g/v1/a/b/c/d"])
+def test_parse_path_refuses_what_is_not_an_api_path(path: str) -> None:
+    with pytest.raises(ApiProblemError) as err:
+        parse_path(path)
+    assert err.value.code == 404
+
+
+def test_the_before_hook_plays_a_concurrent_writer(
+    custom: client.CustomObjectsApi, server: FakeApiServer
+) -> None:
+    obj = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    calls: list[tuple[str, str]] = []
+
+    def other_writer(method: str, path: str) -> None:
+        calls.append((method, path))
+        if method == "PUT":  # between our read and our write, someone writes status
+            current = server.get(PLURAL, "n")
+            current["status"] = {"used": len(calls)}
+            server.update(PLURAL, current, "status")
+
+    server.before = other_writer
+    obj["spec"] = {"gpus": 2}
+    with pytest.raises(ApiException) as err:  # a real conflict: our resourceVersion is stale
+        custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj)
+    assert err.value.status == 409
+    assert calls == [("PUT", f"{BASE}/{PLURAL}/n")]
+    server.before = None
+    fresh = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    assert (fresh["spec"], fresh["status"]) == ({"gpus": 1}, {"used": 1})
+    fresh["spec"] = {"gpus": 2}
+    assert custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", fresh)["spec"] == {
+        "gpus": 2
+    }
