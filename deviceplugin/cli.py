@@ -10,11 +10,9 @@ import signal
 import socket
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from deviceplugin.backend import BACKENDS, BackendError, GpuBackend, NicSource, open_backend
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
@@ -25,6 +23,7 @@ from deviceplugin.inventory import (
 )
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from deviceplugin.units import LimitError, UnitConfig, validate_resource_name
+from tessera.logs import add_log_flags, setup_logging
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_MEMORY_UNIT_MIB
 from tessera.topology_file import BUILTIN_TOPOLOGIES
 
@@ -43,33 +42,6 @@ exit status: 0 after SIGTERM/SIGINT, 2 on a configuration error (bad flag, no ba
 unreadable topology file, more unit IDs than the kubelet can take).
 docs: docs/deviceplugin.md
 """
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, msg (and exc when there is one)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, ensure_ascii=False)
-
-
-def setup_logging(fmt: str, level: str, stream: Any = None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def _positive_int(text: str) -> int:
@@ -267,18 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     o = p.add_argument_group("output")
-    o.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="log lines as text or one JSON object per line. Default: %(default)s.",
-    )
-    o.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="log verbosity. Default: %(default)s.",
-    )
+    add_log_flags(o)
     o.add_argument(
         "--print-inventory",
         action="store_true",

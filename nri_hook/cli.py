@@ -5,16 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
 import os
 import re
 import signal
 import socket
 import sys
-import time
 from collections.abc import Sequence
-from typing import Any
 
 from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
 from nri_hook.devices import HostDevices
@@ -30,6 +27,7 @@ from nri_hook.plugin import (
     check_identity,
 )
 from tessera.keys import KeyFileError
+from tessera.logs import add_log_flags, setup_logging
 from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
 
 log = logging.getLogger("nri_hook")
@@ -168,19 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: keep the host name)",
     )
     obs = p.add_argument_group("logs and metrics")
-    obs.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default="text",
-        help="text lines, or one JSON object per line (default: %(default)s)",
-    )
-    obs.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="least severe messages to log; debug also logs untouched containers "
-        "(default: %(default)s)",
-    )
+    add_log_flags(obs)
     obs.add_argument(
         "--log-file",
         default="",
@@ -202,40 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="address for the metrics port (default: all addresses)",
     )
     return p
-
-
-class JsonFormatter(logging.Formatter):
-    _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-        "message",
-        "asctime",
-        "taskName",
-    }
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in self._STANDARD:
-                doc[key] = value
-        if record.exc_info:
-            doc["error"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
-def setup_logging(fmt: str, level: str, path: str = "") -> None:
-    handler: logging.Handler = logging.FileHandler(path) if path else logging.StreamHandler()
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def default_node_name() -> str:

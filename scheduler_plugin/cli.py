@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from tessera.keys import KeyFileError, load_keyring
+from tessera.logs import add_log_flags, setup_logging
 from tessera.policy import POLICIES
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
@@ -22,31 +21,6 @@ from tessera.resources import (
 )
 
 log = logging.getLogger("scheduler_plugin")
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
-def setup_logging(fmt: str, level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -200,13 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between election attempts and renewals",
     )
     g = p.add_argument_group("logging")
-    g.add_argument("--log-format", choices=("text", "json"), default="text", help="log format")
-    g.add_argument(
-        "--log-level",
-        choices=("debug", "info", "warning", "error"),
-        default="info",
-        help="lowest level logged",
-    )
+    add_log_flags(g)
     return p
 
 

@@ -125,7 +125,7 @@ def test_configuration_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_json_logs() -> None:
     stream = io.StringIO()
-    setup_logging("json", "info", stream)
+    setup_logging("json", "info", stream=stream)
     logging.getLogger("deviceplugin.test").warning("GPU %s is unhealthy", "GPU-1")
     doc = json.loads(stream.getvalue().splitlines()[-1])
     assert doc["level"] == "warning" and doc["msg"] == "GPU GPU-1 is unhealthy"

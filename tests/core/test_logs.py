@@ -1,0 +1,38 @@
+import argparse
+import io
+import json
+import logging
+
+from tessera.logs import add_log_flags, setup_logging
+
+
+def test_json_lines_carry_fields_and_errors():
+    stream = io.StringIO()
+    setup_logging("json", "info", stream=stream)
+    log = logging.getLogger("tessera.test")
+    log.debug("hidden")
+    log.info("placed %s", "pod-a", extra={"node": "n1"})
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        log.exception("failed")
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["msg"] for line in lines] == ["placed pod-a", "failed"]
+    assert lines[0]["node"] == "n1" and lines[0]["level"] == "info"
+    assert lines[0]["time"].endswith("Z")
+    assert "ValueError: boom" in lines[1]["error"]
+
+
+def test_text_and_file(tmp_path):
+    path = tmp_path / "log"
+    setup_logging("text", "warning", path=str(path))
+    logging.getLogger("x").warning("careful")
+    logging.getLogger().handlers[0].flush()
+    assert "WARNING x: careful" in path.read_text()
+
+
+def test_flags():
+    parser = argparse.ArgumentParser()
+    add_log_flags(parser)
+    args = parser.parse_args(["--log-format", "json", "--log-level", "debug"])
+    assert (args.log_format, args.log_level) == ("json", "debug")
