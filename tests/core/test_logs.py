@@ -3,7 +3,21 @@ import io
 import json
 import logging
 
+import pytest
+
 from tessera.logs import add_log_flags, setup_logging
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logger():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_json_lines_carry_fields_and_errors():
