@@ -257,7 +257,8 @@ class Extender:
             return [{"Host": name, "Score": 0} for name in nodes.names]
         with self.cache.lock:
             scores = self._evaluate(request, nodes.names).scores
-        return [{"Host": name, "Score": to_priority(scores.get(name))} for name in nodes.names]
+        priorities = rank_priorities(scores, nodes.names)
+        return [{"Host": n, "Score": k} for n, k in zip(nodes.names, priorities, strict=True)]
 
     def prioritize_json(self, args: Any) -> bytes:
         """`prioritize` already encoded as JSON (the hot path: thousands of entries)."""
@@ -272,22 +273,7 @@ class Extender:
         except RequestError:
             scores = {}
         names = nodes.names
-        get = scores.get
-        priorities = (
-            [to_priority(get(name)) for name in names]
-            if len(names) < 64
-            else (
-                np.clip(
-                    np.floor(
-                        np.fromiter((get(n, 0.0) for n in names), float, len(names)) * 10 + 0.5
-                    ),
-                    0,
-                    MAX_PRIORITY,
-                )
-                .astype(np.int64)
-                .tolist()
-            )
-        )
+        priorities = rank_priorities(scores, names)
         if _PLAIN_NAMES.fullmatch("".join(names)):
             parts = ['{"Host":"' + n + _TAILS[k] for n, k in zip(names, priorities, strict=True)]
         else:
@@ -409,12 +395,24 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
     return result
 
 
-def to_priority(score: float | None) -> int:
-    """A policy's node score in [0, 1] as an extender priority, an integer 0..10 (rounded
-    half up)."""
-    if score is None or math.isnan(score):
-        return 0
-    return max(0, min(MAX_PRIORITY, math.floor(score * MAX_PRIORITY + 0.5)))
+def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[int]:
+    """Extender priorities (integers 0..10) that keep the policy's order of the best nodes.
+
+    Scaling a score in [0, 1] to ten steps would lump nodes the policy tells apart (the
+    fragmentation policy's scores differ in the third decimal), and kube-scheduler's own
+    plugins would then choose among them. Instead the best distinct score gets 10, the
+    next 9, and so on down to 1; nodes where the pod does not fit get 0.
+    """
+    values = np.fromiter((scores.get(n, math.nan) for n in names), float, len(names))
+    fits = ~np.isnan(values)
+    result = np.zeros(len(names), dtype=np.int64)
+    if fits.any():
+        levels = np.round(values[fits], 9)  # float noise must not make two levels of one
+        distinct = np.unique(levels)  # ascending
+        rank = len(distinct) - 1 - np.searchsorted(distinct, levels)
+        result[fits] = np.maximum(MAX_PRIORITY - rank, 1)
+    priorities: list[int] = result.tolist()
+    return priorities
 
 
 def allocation_summary(alloc: PodAllocation) -> str:

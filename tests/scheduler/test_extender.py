@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scheduler_plugin.cache import Cache, default_policy_name
-from scheduler_plugin.extender import BadArgsError, Extender, to_priority
+from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
 from tessera import resources as rn
 from tessera.placement import Placement
 from tessera.request import parse_pod
@@ -139,17 +139,17 @@ def test_prioritize_reflects_changes_after_filter():
     assert second["a"] > second["b"]
 
 
-def test_to_priority_rounds_and_clamps():
-    assert [to_priority(x) for x in (0.0, 0.04, 0.05, 0.55, 1.0, 1.7, -1, None)] == [
-        0,
-        0,
-        1,
-        6,
-        10,
-        10,
-        0,
-        0,
-    ]
+def test_priorities_keep_the_policys_order_of_the_best_nodes():
+    scores = {"a": 0.5001, "b": 0.5003, "c": 0.5002, "d": 0.5003 + 1e-12, "x": 0.9}
+    names = ["a", "b", "c", "d", "e", "x"]
+    got = dict(zip(names, rank_priorities(scores, names), strict=True))
+    assert got["x"] == 10  # the best node
+    assert got["b"] == got["d"] == 9  # equal up to float noise: one level
+    assert got["c"] == 8 and got["a"] == 7
+    assert got["e"] == 0  # does not fit
+    many = {f"n{i}": i / 100 for i in range(30)}
+    floor = rank_priorities(many, list(many))
+    assert floor[-1] == 10 and floor[-10] == 1 and floor[0] == 1  # at least 1 when it fits
 
 
 def test_unknown_pod_policy_falls_back_to_the_default():
