@@ -1,0 +1,131 @@
+"""The paper's figures from a run's records.
+
+The records are one per arrived pod. For each arrived percentage X (0..130), the paper
+takes the records whose arrived GPU, in percent of capacity and rounded to a whole number
+(half to even), equals X, and averages the allocated GPU percentage over them (when there
+are none, over the records within X-1..X+1). Unallocated GPU at X is 100 minus that
+allocation; the fragmentation rate at X is the fragment over the idle GPU, averaged the
+same way.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from tessera.sim.replay import RunResult
+
+FloatArray = npt.NDArray[np.float64]
+CURVE = tuple(range(75, 131))
+"""Arrived percentages of the reported curves."""
+
+
+def _bucket_means(arrived_pct: FloatArray, values: FloatArray, points: Sequence[int]) -> list[float]:
+    keys = np.round(arrived_pct)
+    out: list[float] = []
+    for x in points:
+        hit = values[keys == x]
+        if hit.size == 0:
+            hit = values[(keys >= x - 1) & (keys <= x + 1)]
+        out.append(float(hit.mean()) if hit.size else math.nan)
+    return out
+
+
+def allocation_curve(run: RunResult, points: Sequence[int] = CURVE) -> list[float]:
+    """Allocated GPU, percent of capacity, at each arrived percentage."""
+    cap = run.capacity_milli
+    return _bucket_means(
+        100.0 * run.arrived_milli / cap, 100.0 * run.allocated_milli / cap, points
+    )
+
+
+def unallocated_curve(run: RunResult, points: Sequence[int] = CURVE) -> list[float]:
+    return [100.0 - a for a in allocation_curve(run, points)]
+
+
+def fragmentation_curve(run: RunResult, points: Sequence[int] = CURVE) -> list[float]:
+    """The fragment as a percentage of idle GPU, at each arrived percentage."""
+    idle = np.where(run.idle_milli > 0, run.idle_milli, np.nan)
+    with np.errstate(invalid="ignore"):
+        ratio = 100.0 * run.frag_milli / idle
+    return _bucket_means(100.0 * run.arrived_milli / run.capacity_milli, ratio, points)
+
+
+def unallocated_at(run: RunResult, arrived: int = 100) -> float:
+    return unallocated_curve(run, (arrived,))[0]
+
+
+def fragmentation_at(run: RunResult, arrived: int = 80) -> float:
+    return fragmentation_curve(run, (arrived,))[0]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One policy on one trace over several seeds."""
+
+    policy: str
+    trace: str
+    seeds: tuple[int, ...]
+    unallocated_at_100: tuple[float, ...]
+    fragmentation_at_80: tuple[float, ...]
+    curve_points: tuple[int, ...]
+    unallocated_curve_mean: tuple[float, ...]
+    failed_pods: tuple[int, ...]
+    pods: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.unallocated_at_100)
+
+    @property
+    def sd(self) -> float:
+        values = self.unallocated_at_100
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+    @property
+    def frag80_mean(self) -> float:
+        return statistics.fmean(self.fragmentation_at_80)
+
+    @property
+    def frag80_sd(self) -> float:
+        values = self.fragmentation_at_80
+        return statistics.stdev(values) if len(values) > 1 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "trace": self.trace,
+            "seeds": list(self.seeds),
+            "unallocated_gpu_pct_at_100_mean": round(self.mean, 4),
+            "unallocated_gpu_pct_at_100_sd": round(self.sd, 4),
+            "unallocated_gpu_pct_at_100": [round(v, 4) for v in self.unallocated_at_100],
+            "fragmentation_rate_pct_at_80_mean": round(self.frag80_mean, 4),
+            "fragmentation_rate_pct_at_80_sd": round(self.frag80_sd, 4),
+            "curve_arrived_pct": list(self.curve_points),
+            "curve_unallocated_gpu_pct_mean": [round(v, 4) for v in self.unallocated_curve_mean],
+            "failed_pods": list(self.failed_pods),
+            "pods": list(self.pods),
+            "seconds_per_seed": [round(s, 2) for s in self.seconds],
+        }
+
+
+def summarize(policy: str, trace: str, runs: Sequence[RunResult]) -> Summary:
+    curves = np.asarray([unallocated_curve(r) for r in runs])
+    return Summary(
+        policy=policy,
+        trace=trace,
+        seeds=tuple(r.seed for r in runs),
+        unallocated_at_100=tuple(unallocated_at(r) for r in runs),
+        fragmentation_at_80=tuple(fragmentation_at(r) for r in runs),
+        curve_points=CURVE,
+        unallocated_curve_mean=tuple(float(v) for v in curves.mean(axis=0)),
+        failed_pods=tuple(r.failed for r in runs),
+        pods=tuple(r.pods for r in runs),
+        seconds=tuple(r.seconds for r in runs),
+    )
