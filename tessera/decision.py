@@ -70,7 +70,7 @@ class Decider:
         self.policies = dict(policies)
         self.default_policy = default_policy
         self.index = index if index is not None else ClusterIndex(state)
-        self._cache: OrderedDict[tuple[object, str], dict[str, tuple[int, float | NoFit]]] = (
+        self._cache: OrderedDict[tuple[object, str, int], dict[str, tuple[int, float | NoFit]]] = (
             OrderedDict()
         )
 
@@ -118,7 +118,7 @@ class Decider:
     # --- exact path ------------------------------------------------------------------------
 
     def _exact(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> Evaluation:
-        key = (request.shape(), policy.name)
+        key = (request.shape(), policy.name, policy.generation)
         cache = self._cache.get(key)
         if cache is None:
             cache = {}
@@ -288,7 +288,6 @@ class Decider:
                     c, kind, detail_a[pos], detail_b[pos], total_slots[pos], wanted
                 )
             failures[names_of[row]] = nofit
-
 
     def _explain_host(
         self, request: PodRequest, rows_b: IntArray, failures: dict[str, NoFit]

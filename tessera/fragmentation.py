@@ -115,9 +115,7 @@ class PodClass:
         c = max(running, key=lambda x: (x.gpu_count, x.core, x.memory_ratio, x.memory_units))
         if c.gpu_count:
             return cls(c.gpu_count, cpu_milli=request.cpu_milli, memory_mib=mem, models=models)
-        return cls(
-            0, c.core, c.memory_ratio, c.memory_units, request.cpu_milli, mem, models=models
-        )
+        return cls(0, c.core, c.memory_ratio, c.memory_units, request.cpu_milli, mem, models=models)
 
 
 @dataclass(frozen=True, order=True)
@@ -597,18 +595,29 @@ class ShapeCache:
 # --- the policy ---------------------------------------------------------------------------------
 
 
-def squash(x: FloatArray | float, scale: float) -> FloatArray | float:
-    """Map any real number into (0, 1), monotonically, keeping resolution over a wide range."""
-    return 0.5 + 0.5 * np.asarray(x) / (np.abs(np.asarray(x)) + scale)
+def squash(x: FloatArray | float, scale: float) -> FloatArray:
+    """Map any real number into [0, 1], monotonically, keeping resolution over a wide range
+    (-inf -> 0, +inf -> 1, NaN stays NaN)."""
+    v = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        out: FloatArray = np.where(np.isinf(v), (v > 0) * 1.0, 0.5 + 0.5 * v / (np.abs(v) + scale))
+    return out
 
 
 class FragmentationPolicy(Policy):
-    """Place where the expected fragment grows least; among equals, fill the fuller node.
+    """Place where the expected fragment grows least, keep host CPU and memory in step
+    with the GPUs, and among equals fill the fuller node.
 
-    Node score: the drop in the node's expected fragment (in GPUs, under the workload
-    learned so far), plus `pack` times the share of the node's GPU compute in use after
-    the pod, squashed into (0, 1). Inside a node the same score picks the GPU, and among
-    GPUs of equal score the one left with the least free compute (best fit).
+    The raw score of a placement, in GPUs, is
+
+        dF + balance * dS + pack * used_after
+
+    dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
+    learned so far); dS: how much the node's GPU stranded by host CPU or memory drops, where
+    the GPUs a node can still feed are its free CPU (memory) over the CPU (memory) the
+    workload asks per GPU; used_after: the share of the node's GPU compute in use after
+    the pod. The node score squashes it into (0, 1). Inside a node the same score picks the
+    GPU, and among GPUs of equal score the one left with the least free compute.
     """
 
     name = POLICY_FRAGMENTATION
@@ -618,14 +627,20 @@ class FragmentationPolicy(Policy):
         self,
         workload: Workload | None = None,
         *,
-        pack: float = 0.05,
+        pack: float = 0.5,
+        balance: float = 1.0,
         prior_weight: float = 10.0,
         coverage: float = 0.99,
         check_every: int = 16,
         drift: float = 0.03,
         host_memory: bool = True,
+        weighting: str = "count",
     ) -> None:
+        if weighting not in ("count", "demand"):
+            raise ValueError(f"weighting must be 'count' or 'demand', got {weighting!r}")
         self.pack = pack
+        self.balance = balance
+        self.weighting = weighting
         self.online: OnlineWorkload | None = None
         if workload is None:
             self.online = OnlineWorkload(
@@ -636,9 +651,27 @@ class FragmentationPolicy(Policy):
                 host_memory=host_memory,
             )
             workload = self.online.workload
-        self._generation = 0
-        self.measure = FragmentMeasure(workload)
+        self.generation = 0
         self._cache = ShapeCache()
+        self._use(workload)
+
+    def _use(self, workload: Workload) -> None:
+        if self.weighting == "demand":
+            raw = [
+                w * c.gpu_percent for c, w in zip(workload.classes, workload.weights, strict=True)
+            ]
+            total = sum(raw) or 1.0
+            workload = Workload(workload.classes, tuple(r / total for r in raw))
+        self.measure = FragmentMeasure(workload)
+        gpu = cpu = mem = 0.0
+        for c, w in zip(workload.classes, workload.weights, strict=True):
+            if c.wants_gpu:
+                gpu += w * c.gpu_percent
+                cpu += w * c.cpu_milli
+                mem += w * c.memory_mib
+        # host CPU and memory the GPU workload asks per percent of a GPU (0: unconstrained)
+        self._cpu_per_pct = cpu / gpu if gpu else 0.0
+        self._mem_per_pct = mem / gpu if gpu else 0.0
 
     @property
     def workload(self) -> Workload:
@@ -646,15 +679,75 @@ class FragmentationPolicy(Policy):
 
     def observe(self, request: PodRequest) -> None:
         if self.online is not None and self.online.observe(request):
-            self.measure = FragmentMeasure(self.online.workload)
-            self._generation += 1
+            self._use(self.online.workload)
+            self.generation += 1
 
     # --- scores ---------------------------------------------------------------------------
 
-    def _score(self, delta: float | FloatArray, used_after: float | FloatArray) -> FloatArray:
-        raw = np.asarray(delta) / _FULL + self.pack * np.asarray(used_after)
-        out: FloatArray = np.asarray(squash(raw, 4.0), dtype=np.float64)
+    def _stranded(self, idle: FloatArray, cpu: FloatArray, mem: FloatArray) -> FloatArray:
+        """GPU compute (percent) that the node's host CPU and memory cannot feed."""
+        feed = np.full(np.shape(idle), np.inf)
+        if self._cpu_per_pct > 0:
+            feed = np.minimum(feed, np.maximum(cpu, 0) / self._cpu_per_pct)
+        if self._mem_per_pct > 0:
+            feed = np.minimum(feed, np.maximum(mem, 0) / self._mem_per_pct)
+        out: FloatArray = np.maximum(idle - feed, 0.0)
         return out
+
+    def _raw(
+        self,
+        delta: FloatArray,
+        idle_before: FloatArray,
+        idle_after: FloatArray,
+        cpu_before: FloatArray,
+        cpu_after: FloatArray,
+        mem_before: FloatArray,
+        mem_after: FloatArray,
+        capacity: FloatArray,
+    ) -> FloatArray:
+        raw = delta / _FULL + self.pack * (capacity - idle_after) / np.maximum(capacity, 1)
+        if self.balance:
+            strand = self._stranded(idle_before, cpu_before, mem_before) - self._stranded(
+                idle_after, cpu_after, mem_after
+            )
+            raw = raw + self.balance * strand / _FULL
+        return raw
+
+    def _exact(
+        self,
+        node: NodeState,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+        cpu_milli: int,
+        memory_mib: int,
+    ) -> float:
+        delta = self.measure.delta(
+            node, core_before, mem_before, core_after, mem_after, cpu_milli, memory_mib
+        )
+        gpus = node.inventory.gpus
+        healthy = [s for s in range(len(core_before)) if gpus[s].healthy]
+        idle_b = float(sum(core_before[s] for s in healthy))
+        idle_a = float(sum(core_after[s] for s in healthy))
+        cpu = float(_BIG if node.cpu_free is None else node.cpu_free)
+        mem = float(_BIG if node.mem_free is None else node.mem_free)
+        raw = self._raw(
+            *(
+                np.asarray(v, dtype=np.float64)
+                for v in (
+                    delta,
+                    idle_b,
+                    idle_a,
+                    cpu,
+                    cpu - cpu_milli,
+                    mem,
+                    mem - memory_mib,
+                    _FULL * len(healthy),
+                )
+            )
+        )
+        return float(squash(raw, 4.0))
 
     def option_score(
         self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
@@ -664,12 +757,12 @@ class FragmentationPolicy(Policy):
         for s, c, m in zip(option.slots, option.core_after, option.mem_after, strict=True):
             after_core[s] = c
             after_mem[s] = m
-        delta = self.measure.delta(
+        score = self._exact(
             node, core, mem, after_core, after_mem, option.cpu_milli, option.memory_mib
         )
-        # best fit among equal drops: the least free compute left on the chosen GPUs
+        # best fit among equal scores: the least free compute left on the chosen GPUs
         leftover = sum(option.core_after) / (_FULL * max(len(option.slots), 1))
-        return float(self._score(delta, _used(node, after_core))) - 1e-9 * leftover
+        return score - 1e-9 * leftover
 
     def node_score(
         self,
@@ -679,8 +772,7 @@ class FragmentationPolicy(Policy):
         core_after: Sequence[int],
         mem_after: Sequence[int],
     ) -> float:
-        delta = self.measure.delta(node, core_before, mem_before, core_after, mem_after, 0, 0)
-        return float(self._score(delta, _used(node, core_after)))
+        return self._exact(node, core_before, mem_before, core_after, mem_after, 0, 0)
 
     def placement_score(
         self,
@@ -691,7 +783,7 @@ class FragmentationPolicy(Policy):
         core_after: Sequence[int],
         mem_after: Sequence[int],
     ) -> float:
-        delta = self.measure.delta(
+        return self._exact(
             node,
             core_before,
             mem_before,
@@ -700,47 +792,51 @@ class FragmentationPolicy(Policy):
             request.cpu_milli,
             request.memory_mib,
         )
-        return float(self._score(delta, _used(node, core_after)))
 
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         measure = self.measure
-        n = np.maximum(index.gpu_count, 1)
 
         def compute(sub: IntArray) -> FloatArray:
             sub_case = _sub_case(case, rows, sub)
             delta, idle_after = measure.vector_deltas(index, sub, sub_case)
-            cap = _FULL * n[sub]
-            used = (cap - _unhealthy_free(index, sub) - idle_after) / cap
+            fc = index.free_core[sub]
+            healthy = index.healthy[sub] & (index.model[sub] >= 0)
+            idle_before = (fc * healthy).sum(axis=1).astype(np.float64)
+            capacity = (_FULL * healthy.sum(axis=1)).astype(np.float64)
+            cpu = index.cpu_free[sub].astype(np.float64)
+            mem = index.mem_free[sub].astype(np.float64)
+            args = (
+                idle_before,
+                idle_after,
+                cpu,
+                cpu - sub_case.cpu_milli,
+                mem,
+                mem - sub_case.memory_mib,
+                capacity,
+            )
             if delta.ndim == 2:
-                scores = self._score(delta, used[:, None])
-                best: FloatArray = scores.max(axis=1)
+                idle2 = idle_before[:, None] - sub_case.core  # type: ignore[union-attr]
+                raw = self._raw(
+                    delta,
+                    idle_before[:, None],
+                    idle2,
+                    cpu[:, None],
+                    cpu[:, None] - sub_case.cpu_milli,
+                    mem[:, None],
+                    mem[:, None] - sub_case.memory_mib,
+                    capacity[:, None],
+                )
+                best: FloatArray = np.asarray(squash(raw.max(axis=1), 4.0), dtype=np.float64)
                 return best
-            return self._score(delta, used)
+            out: FloatArray = np.asarray(squash(self._raw(delta, *args), 4.0), dtype=np.float64)
+            return out
 
         key = _case_key(case)
         if key is None:
             return compute(rows)
-        return self._cache.get(index, rows, key, self._generation, compute)
-
-
-def _used(node: NodeState, core_after: Sequence[int]) -> float:
-    """Share of the node's GPU compute in use (healthy or not), in [0, 1]."""
-    n = len(core_after)
-    if not n:
-        return 0.0
-    gpus = node.inventory.gpus
-    idle = sum(core_after[s] for s in range(n) if gpus[s].healthy)
-    unhealthy_free = sum(core_after[s] for s in range(n) if not gpus[s].healthy)
-    return (_FULL * n - idle - unhealthy_free) / (_FULL * n)
-
-
-def _unhealthy_free(index: ClusterIndex, rows: IntArray) -> IntArray:
-    fc = index.free_core[rows]
-    bad = ~index.healthy[rows] & (index.model[rows] >= 0)
-    out: IntArray = (np.maximum(fc, 0) * bad).sum(axis=1)
-    return out
+        return self._cache.get(index, rows, key, self.generation, compute)
 
 
 def _case_key(case: VectorCase) -> object | None:

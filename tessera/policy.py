@@ -89,6 +89,9 @@ class Policy:
     name = "base"
     pack_nics = True
     """Whether NICs are packed (least free remaining first) or spread."""
+    generation = 0
+    """Changes whenever the policy's scores for an unchanged node may change (a policy that
+    learns its workload moved on); score caches include it in their key."""
 
     def option_score(
         self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
@@ -288,4 +291,3 @@ import below), so this registry always holds every built-in policy."""
 # A plain `import` (not `from ... import`) also works when tessera.fragmentation is
 # imported first and is still initializing.
 import tessera.fragmentation  # noqa: E402, F401
-

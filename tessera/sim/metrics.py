@@ -25,7 +25,9 @@ CURVE = tuple(range(75, 131))
 """Arrived percentages of the reported curves."""
 
 
-def _bucket_means(arrived_pct: FloatArray, values: FloatArray, points: Sequence[int]) -> list[float]:
+def _bucket_means(
+    arrived_pct: FloatArray, values: FloatArray, points: Sequence[int]
+) -> list[float]:
     keys = np.round(arrived_pct)
     out: list[float] = []
     for x in points:
@@ -39,9 +41,7 @@ def _bucket_means(arrived_pct: FloatArray, values: FloatArray, points: Sequence[
 def allocation_curve(run: RunResult, points: Sequence[int] = CURVE) -> list[float]:
     """Allocated GPU, percent of capacity, at each arrived percentage."""
     cap = run.capacity_milli
-    return _bucket_means(
-        100.0 * run.arrived_milli / cap, 100.0 * run.allocated_milli / cap, points
-    )
+    return _bucket_means(100.0 * run.arrived_milli / cap, 100.0 * run.allocated_milli / cap, points)
 
 
 def unallocated_curve(run: RunResult, points: Sequence[int] = CURVE) -> list[float]:
@@ -78,6 +78,7 @@ class Summary:
     failed_pods: tuple[int, ...]
     pods: tuple[int, ...]
     seconds: tuple[float, ...]
+    memory_mode: str = "share"
 
     @property
     def mean(self) -> float:
@@ -85,8 +86,7 @@ class Summary:
 
     @property
     def sd(self) -> float:
-        values = self.unallocated_at_100
-        return statistics.stdev(values) if len(values) > 1 else 0.0
+        return _sd(self.unallocated_at_100)
 
     @property
     def frag80_mean(self) -> float:
@@ -94,38 +94,54 @@ class Summary:
 
     @property
     def frag80_sd(self) -> float:
-        values = self.fragmentation_at_80
-        return statistics.stdev(values) if len(values) > 1 else 0.0
+        return _sd(self.fragmentation_at_80)
 
     def to_json(self) -> dict[str, object]:
         return {
             "policy": self.policy,
             "trace": self.trace,
             "seeds": list(self.seeds),
-            "unallocated_gpu_pct_at_100_mean": round(self.mean, 4),
-            "unallocated_gpu_pct_at_100_sd": round(self.sd, 4),
-            "unallocated_gpu_pct_at_100": [round(v, 4) for v in self.unallocated_at_100],
-            "fragmentation_rate_pct_at_80_mean": round(self.frag80_mean, 4),
-            "fragmentation_rate_pct_at_80_sd": round(self.frag80_sd, 4),
+            "gpu_memory": self.memory_mode,
+            "unallocated_gpu_pct_at_100_mean": _num(self.mean),
+            "unallocated_gpu_pct_at_100_sd": _num(self.sd),
+            "unallocated_gpu_pct_at_100": [_num(v) for v in self.unallocated_at_100],
+            "fragmentation_rate_pct_at_80_mean": _num(self.frag80_mean),
+            "fragmentation_rate_pct_at_80_sd": _num(self.frag80_sd),
             "curve_arrived_pct": list(self.curve_points),
-            "curve_unallocated_gpu_pct_mean": [round(v, 4) for v in self.unallocated_curve_mean],
+            "curve_unallocated_gpu_pct_mean": [_num(v) for v in self.unallocated_curve_mean],
             "failed_pods": list(self.failed_pods),
             "pods": list(self.pods),
             "seconds_per_seed": [round(s, 2) for s in self.seconds],
         }
 
 
-def summarize(policy: str, trace: str, runs: Sequence[RunResult]) -> Summary:
+def _sd(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1), 0 for a single value, NaN if a value is NaN."""
+    clean = [float(v) for v in values]
+    if any(math.isnan(v) for v in clean):
+        return math.nan
+    return statistics.stdev(clean) if len(clean) > 1 else 0.0
+
+
+def _num(value: float) -> float | None:
+    """A JSON-safe number: rounded, None for NaN."""
+    return None if math.isnan(value) else round(value, 4)
+
+
+def summarize(
+    policy: str, trace: str, runs: Sequence[RunResult], memory_mode: str = "share"
+) -> Summary:
     curves = np.asarray([unallocated_curve(r) for r in runs])
     return Summary(
         policy=policy,
         trace=trace,
         seeds=tuple(r.seed for r in runs),
-        unallocated_at_100=tuple(unallocated_at(r) for r in runs),
-        fragmentation_at_80=tuple(fragmentation_at(r) for r in runs),
+        unallocated_at_100=tuple(float(unallocated_at(r)) for r in runs),
+        fragmentation_at_80=tuple(float(fragmentation_at(r)) for r in runs),
         curve_points=CURVE,
         unallocated_curve_mean=tuple(float(v) for v in curves.mean(axis=0)),
         failed_pods=tuple(r.failed for r in runs),
         pods=tuple(r.pods for r in runs),
         seconds=tuple(r.seconds for r in runs),
+        memory_mode=memory_mode,
     )

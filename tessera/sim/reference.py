@@ -204,18 +204,20 @@ class BestFitPolicy(ReferencePolicy):
     def _score(
         self, node: NodeState, core: Sequence[int], cpu_free: int | None, cpu: int, gpu: int
     ) -> float:
-        left = 0.5 * (_cpu(cpu_free) - cpu) / MAX_CPU_MILLI + 0.5 * (
-            _gpu_free(node, core) - gpu
-        ) / MAX_GPU_PERCENT
+        left = (
+            0.5 * (_cpu(cpu_free) - cpu) / MAX_CPU_MILLI
+            + 0.5 * (_gpu_free(node, core) - gpu) / MAX_GPU_PERCENT
+        )
         return _int_score(1.0 - left)
 
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         cpu_free = np.minimum(index.cpu_free[rows], MAX_CPU_MILLI)
-        left = 0.5 * (cpu_free - case.cpu_milli) / MAX_CPU_MILLI + 0.5 * (
-            _vector_gpu_free(index, rows) - _demand(case)
-        ) / MAX_GPU_PERCENT
+        left = (
+            0.5 * (cpu_free - case.cpu_milli) / MAX_CPU_MILLI
+            + 0.5 * (_vector_gpu_free(index, rows) - _demand(case)) / MAX_GPU_PERCENT
+        )
         out: FloatArray = np.floor((1.0 - left) * 100 + 1e-9) / 100
         return out
 

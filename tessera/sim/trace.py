@@ -19,6 +19,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tessera import resources as rn
 from tessera.model import Gpu, NodeInventory
@@ -100,7 +101,9 @@ class TracePod:
             return 0
         return self.gpu_milli if self.is_share else 1000 * self.num_gpu
 
-    def pod_dict(self, uid: str, memory_mode: str = "share", reference_mib: int = 0) -> dict:
+    def pod_dict(
+        self, uid: str, memory_mode: str = "share", reference_mib: int = 0
+    ) -> dict[str, Any]:
         """The pod as Kubernetes JSON with tessera's resources.
 
         `memory_mode` "share": the share covers compute and memory (`tessera.dev/gpu`);
