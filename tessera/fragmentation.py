@@ -212,8 +212,11 @@ class OnlineWorkload:
     """The workload as learned from the pods seen so far, plus a prior.
 
     Each distinct pod (by UID) counts once, however often it is evaluated. The published
-    `workload` changes only when it has drifted from the last one by more than `drift`
-    (total variation), checked every `check_every` new pods, so scores stay cacheable.
+    `workload` is reconsidered after 16, 32, 64, ... new pods, then every `max_interval`
+    pods, and replaced only when it has drifted from the current one by more than `drift`
+    (total variation distance): every replacement makes cached scores stale, so it should
+    be rare once the estimate has settled. Counts age (halve) every `window` pods, so a
+    workload that changes over time is followed.
     """
 
     def __init__(
@@ -222,29 +225,34 @@ class OnlineWorkload:
         prior_weight: float = 10.0,
         coverage: float = 0.99,
         max_classes: int = 48,
-        check_every: int = 16,
-        drift: float = 0.03,
+        first_check: int = 16,
+        max_interval: int = 1024,
+        drift: float = 0.02,
         host_memory: bool = True,
+        window: int = 65536,
         remember: int = 8192,
     ) -> None:
         total = sum(w for _, w in prior) or 1.0
         self._prior = {c: prior_weight * w / total for c, w in prior}
-        self._counts: Counter[PodClass] = Counter()
+        self._counts: dict[PodClass, float] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
         self.coverage = coverage
         self.max_classes = max_classes
-        self.check_every = check_every
+        self.max_interval = max(1, max_interval)
         self.drift = drift
         self.host_memory = host_memory
+        self.window = window
         self.observed = 0
-        self._since_check = 0
+        self._interval = max(1, first_check)
+        self._next_check = self._interval
         self.version = 0
         self.workload = self._current()
 
     def _current(self) -> Workload:
-        counts: Counter[PodClass] = Counter(self._prior)
-        counts.update(self._counts)
+        counts = dict(self._prior)
+        for c, n in self._counts.items():
+            counts[c] = counts.get(c, 0.0) + n
         return Workload.from_counts(counts, self.coverage, self.max_classes)
 
     def observe(self, request: PodRequest) -> bool:
@@ -255,14 +263,19 @@ class OnlineWorkload:
             self._seen[request.uid] = None
             if len(self._seen) > self._remember:
                 self._seen.popitem(last=False)
-        self._counts[PodClass.of(request, self.host_memory)] += 1
+        cls = PodClass.of(request, self.host_memory)
+        self._counts[cls] = self._counts.get(cls, 0.0) + 1.0
         self.observed += 1
-        self._since_check += 1
-        if self._since_check < self.check_every and self.observed > self.check_every:
+        if self.window and self.observed % self.window == 0:
+            for c in list(self._counts):
+                self._counts[c] /= 2
+        if self.observed < self._next_check:
             return False
-        self._since_check = 0
+        self._interval = min(self._interval * 2, self.max_interval)
+        self._next_check = self.observed + self._interval
         fresh = self._current()
-        if fresh.distance(self.workload) <= self.drift:
+        # sampling noise alone moves an estimate from n pods by about 1/sqrt(n)
+        if fresh.distance(self.workload) <= max(self.drift, 1.5 / self.observed**0.5):
             return False
         self.workload = fresh
         self.version += 1
@@ -298,6 +311,8 @@ class _Compiled:
     cls_mem: IntArray  # [T]
     cls_weight: FloatArray  # [T]
     cls_shape: IntArray  # [T] index into shapes
+    cls_to_shape: FloatArray  # [T, G] the class's weight in its shape's column
+    has_units: BoolArray  # [G] memory in units (else a ratio)
     gpu_weight: float
     idle_weight: float
     host_by_shape: list[list[tuple[int, int, float]]]
@@ -352,6 +367,8 @@ class FragmentMeasure:
             cls_mem=np.asarray(mem, dtype=np.int64),
             cls_weight=np.asarray(weight, dtype=np.float64),
             cls_shape=np.asarray(shape_of, dtype=np.int64),
+            cls_to_shape=_one_hot(shape_of, weight, len(shapes)),
+            has_units=np.asarray([s.memory_units > 0 for s in shapes], dtype=np.bool_),
             gpu_weight=gpu_weight,
             idle_weight=gpu_weight + (host_weight if self.count_host_classes else 0.0),
             host_by_shape=by_shape,
@@ -450,14 +467,11 @@ class FragmentMeasure:
         """[R, G] weight of the classes of each shape whose host request fits."""
         c = self._c
         fits = (cpu[:, None] >= c.cls_cpu[None, :]) & (mem[:, None] >= c.cls_mem[None, :])
-        out = np.zeros((cpu.size, len(c.shapes)), dtype=np.float64)
-        np.add.at(out.T, c.cls_shape, (fits * c.cls_weight[None, :]).T)
+        out: FloatArray = fits.astype(np.float64) @ c.cls_to_shape
         return out
 
-    def _state(
-        self, index: ClusterIndex, rows: IntArray
-    ) -> tuple[IntArray, IntArray, BoolArray, BoolArray, IntArray, IntArray, IntArray]:
-        """(free core, free mem, base eligible [R,S], ok [R,S,G], cnt, usable, idle)."""
+    def _state(self, index: ClusterIndex, rows: IntArray) -> _RowState:
+        """What the measure needs of each row's current state."""
         c = self._c
         fc = index.free_core[rows]
         fm = index.free_mem[rows]
@@ -466,24 +480,30 @@ class FragmentMeasure:
         base = index.healthy[rows] & (model >= 0)
         allowed = self._allowed_matrix(index)
         elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
-        need = np.where(
-            c.units[None, None, :] > 0,
-            c.units[None, None, :] * index.unit_mib[rows][:, None, None],
-            tm[:, :, None] * c.ratio[None, None, :] // _FULL,
-        )
-        ok = elig & (fc[:, :, None] >= c.core[None, None, :]) & (fm[:, :, None] >= need)
+        # memory a GPU of shape g needs on each slot: units * unit, or total * ratio // 100;
+        # free >= total * ratio // 100  <=>  100 * free + 100 > total * ratio  (integers)
+        tm_ratio = tm[:, :, None] * c.ratio[None, None, :]
+        units_need = c.units[None, None, :] * index.unit_mib[rows][:, None, None]
+
+        def mem_ok(free_mem: IntArray) -> BoolArray:
+            by_ratio = (_FULL * free_mem + _FULL)[:, :, None] > tm_ratio
+            by_units = free_mem[:, :, None] >= units_need
+            out: BoolArray = np.where(c.has_units[None, None, :], by_units, by_ratio)
+            return out
+
+        ok = elig & (fc[:, :, None] >= c.core[None, None, :]) & mem_ok(fm)
         cnt = ok.sum(axis=1)
-        usable = (fc[:, :, None] * ok).sum(axis=1)
+        usable = np.einsum("rs,rsg->rg", fc, ok, dtype=np.int64)
         idle = (fc * base).sum(axis=1)
-        return fc, fm, base, ok, cnt, usable, idle
+        return _RowState(fc, fm, base, elig, ok, cnt, usable, idle, mem_ok)
 
     def rows_fragment(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
         """Expected fragment of each row as it is now."""
         c = self._c
-        _, _, _, _, cnt, usable, idle = self._state(index, rows)
+        st = self._state(index, rows)
         w = self._host_weights(index.cpu_free[rows], index.mem_free[rows])
-        held = (w * (cnt >= c.count[None, :]) * usable).sum(axis=1)
-        result: FloatArray = c.idle_weight * idle - held
+        held = (w * (st.cnt >= c.count[None, :]) * st.usable).sum(axis=1)
+        result: FloatArray = c.idle_weight * st.idle - held
         return result
 
     def vector_deltas(
@@ -493,7 +513,8 @@ class FragmentMeasure:
         candidate GPU (-inf where it does not fit) and idle after is [R]. NaN marks rows
         the measure cannot settle without knowing which GPUs the core picks."""
         c = self._c
-        fc, fm, base, ok, cnt, usable, idle = self._state(index, rows)
+        st = self._state(index, rows)
+        cnt, usable, idle = st.cnt, st.usable, st.idle
         cpu = index.cpu_free[rows]
         mem = index.mem_free[rows]
         w = self._host_weights(cpu, mem)
@@ -511,33 +532,43 @@ class FragmentMeasure:
                 np.where(fw, model, -1).max(axis=1) == np.where(fw, model, _BIG).min(axis=1)
             )
             first = fw.argmax(axis=1)
-            rep = ok[np.arange(rows.size), first, :]  # [R, G]: a free GPU's usability
+            rep = st.ok[np.arange(rows.size), first, :]  # [R, G]: a free GPU's usability
             cnt2 = cnt - case.count * rep
             usable2 = usable - _FULL * case.count * rep
             idle2 = idle - _FULL * case.count
             after = c.idle_weight * idle2 - (w2 * (cnt2 >= k) * usable2).sum(axis=1)
-            delta = before - after
-            delta = np.where(same, delta, np.nan)
+            delta = np.where(same, before - after, np.nan)
             return delta, idle2.astype(np.float64)
-        # a share on one GPU: evaluate every candidate GPU at once
+        # a share on one GPU: every candidate GPU at once; only that GPU changes
+        fc, ok = st.fc, st.ok
         fc2 = fc - case.core
-        fm2 = fm - case.need
-        tm = index.total_mem[rows]
-        need = np.where(
-            c.units[None, None, :] > 0,
-            c.units[None, None, :] * index.unit_mib[rows][:, None, None],
-            tm[:, :, None] * c.ratio[None, None, :] // _FULL,
-        )
-        allowed = self._allowed_matrix(index)
-        model = index.model[rows]
-        elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
-        ok2 = elig & (fc2[:, :, None] >= c.core[None, None, :]) & (fm2[:, :, None] >= need)
-        cnt2 = cnt[:, None, :] - ok + ok2
+        ok2 = st.elig & (fc2[:, :, None] >= c.core[None, None, :]) & st.mem_ok(st.fm - case.need)
+        cnt2 = cnt[:, None, :] + (ok2.view(np.int8) - ok.view(np.int8))
         usable2 = usable[:, None, :] - fc[:, :, None] * ok + fc2[:, :, None] * ok2
-        held2 = (w2[:, None, :] * (cnt2 >= k[:, None, :]) * usable2).sum(axis=2)
+        held2 = np.einsum("rg,rsg->rs", w2, (cnt2 >= k[:, None, :]) * usable2)
         after = c.idle_weight * (idle[:, None] - case.core) - held2
         delta = np.where(case.fits, before[:, None] - after, -np.inf)
         return delta, (idle - case.core).astype(np.float64)
+
+
+@dataclass
+class _RowState:
+    fc: IntArray
+    fm: IntArray
+    base: BoolArray
+    elig: BoolArray
+    ok: BoolArray
+    cnt: IntArray
+    usable: IntArray
+    idle: IntArray
+    mem_ok: Callable[[IntArray], BoolArray]
+
+
+def _one_hot(column: Sequence[int], weight: Sequence[float], columns: int) -> FloatArray:
+    out = np.zeros((len(column), columns), dtype=np.float64)
+    for t, (g, w) in enumerate(zip(column, weight, strict=True)):
+        out[t, g] = w
+    return out
 
 
 def _allowed(model: str, models: tuple[str, ...]) -> bool:
@@ -627,12 +658,13 @@ class FragmentationPolicy(Policy):
         self,
         workload: Workload | None = None,
         *,
-        pack: float = 0.5,
+        pack: float = 0.2,
         balance: float = 1.0,
         prior_weight: float = 10.0,
         coverage: float = 0.99,
-        check_every: int = 16,
-        drift: float = 0.03,
+        first_check: int = 16,
+        max_interval: int = 1024,
+        drift: float = 0.02,
         host_memory: bool = True,
         weighting: str = "count",
     ) -> None:
@@ -646,7 +678,8 @@ class FragmentationPolicy(Policy):
             self.online = OnlineWorkload(
                 prior_weight=prior_weight,
                 coverage=coverage,
-                check_every=check_every,
+                first_check=first_check,
+                max_interval=max_interval,
                 drift=drift,
                 host_memory=host_memory,
             )
@@ -798,7 +831,15 @@ class FragmentationPolicy(Policy):
     ) -> FloatArray | None:
         measure = self.measure
 
-        def compute(sub: IntArray) -> FloatArray:
+        def compute(stale: IntArray) -> FloatArray:
+            # only rows where the request can fit need a score (the rest: NaN, unused)
+            out = np.full(stale.size, np.nan)
+            fit = _may_fit(index, rows, stale, case)
+            if fit.any():
+                out[fit] = score(stale[fit])
+            return out
+
+        def score(sub: IntArray) -> FloatArray:
             sub_case = _sub_case(case, rows, sub)
             delta, idle_after = measure.vector_deltas(index, sub, sub_case)
             fc = index.free_core[sub]
@@ -839,6 +880,27 @@ class FragmentationPolicy(Policy):
         return self._cache.get(index, rows, key, self.generation, compute)
 
 
+def _may_fit(index: ClusterIndex, rows: IntArray, sub: IntArray, case: VectorCase) -> BoolArray:
+    """Rows of `sub` (a subset of `rows`) where the request fits the host and the GPUs."""
+    host: BoolArray = (index.cpu_free[sub] >= case.cpu_milli) & (
+        index.mem_free[sub] >= case.memory_mib
+    )
+    if isinstance(case, HostCase):
+        return host
+    pos = _positions_of(rows, sub)
+    if isinstance(case, WholeCase):
+        gpus: BoolArray = case.free_whole[pos].sum(axis=1) >= case.count
+    else:
+        gpus = np.asarray(case.fits[pos].any(axis=1), dtype=np.bool_)
+    return host & gpus
+
+
+def _positions_of(rows: IntArray, sub: IntArray) -> IntArray:
+    if sub is rows:
+        return np.arange(rows.size)
+    return np.searchsorted(rows, sub) if _sorted(rows) else _positions(rows, sub)
+
+
 def _case_key(case: VectorCase) -> object | None:
     key = getattr(case, "shape", None)
     if key is None:
@@ -850,7 +912,7 @@ def _sub_case(case: VectorCase, rows: IntArray, sub: IntArray) -> VectorCase:
     """The case restricted to the rows `sub` (a subset of `rows`)."""
     if sub is rows or isinstance(case, HostCase):
         return case
-    pos = np.searchsorted(rows, sub) if _sorted(rows) else _positions(rows, sub)
+    pos = _positions_of(rows, sub)
     if isinstance(case, WholeCase):
         return WholeCase(
             case.count, case.free_whole[pos], case.cpu_milli, case.memory_mib, case.shape
