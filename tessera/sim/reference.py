@@ -24,12 +24,14 @@ are alike, and so is tessera's choice there).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from tessera.fragmentation import FragmentMeasure, ShapeCache, Workload
 from tessera.node_state import NodeState
@@ -139,13 +141,58 @@ class ReferencePolicy(Policy):
         raise NotImplementedError
 
 
+def _key(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def _uniform(keys: npt.NDArray[np.uint64]) -> FloatArray:
+    """splitmix64's finalizer: well-mixed 64-bit keys -> uniform floats in [0, 1)."""
+    with np.errstate(over="ignore"):
+        z = keys + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    out: FloatArray = (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+    return out
+
+
 class RandomPolicy(ReferencePolicy):
-    """Any feasible node, uniformly; a share on a uniformly chosen fitting GPU."""
+    """Any feasible node, uniformly; a share on a uniformly chosen fitting GPU.
+
+    Each node gets a score drawn uniformly for each pod (a hash of the seed, the pod's UID
+    and the node's name, so the vector form and place_pod agree); the best one wins, which
+    is a uniform choice among the feasible nodes, as the paper's plugin makes it.
+    """
 
     name = RANDOM
 
     def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
         self.rng = random.Random(seed)
+        self._names: dict[str, int] = {}
+        self._pod = 0
+
+    def observe(self, request: PodRequest) -> None:
+        self._pod = _key(f"{self.seed}|{request.uid}|{request.key}")
+
+    def _name_key(self, name: str) -> int:
+        key = self._names.get(name)
+        if key is None:
+            key = self._names[name] = _key(name)
+        return key
+
+    def placement_score(
+        self,
+        node: NodeState,
+        request: PodRequest,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+    ) -> float:
+        pod = _key(f"{self.seed}|{request.uid}|{request.key}")
+        keys = np.asarray([self._name_key(node.name) ^ pod], dtype=np.uint64)
+        return float(_uniform(keys)[0])
 
     def option_score(
         self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
@@ -169,7 +216,11 @@ class RandomPolicy(ReferencePolicy):
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
-        return np.full(rows.size, 0.5)
+        names = index.names
+        keys = np.asarray(
+            [self._name_key(names[r] or "") ^ self._pod for r in rows.tolist()], dtype=np.uint64
+        )
+        return _uniform(keys)
 
 
 class DotProdPolicy(ReferencePolicy):

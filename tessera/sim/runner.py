@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.fragmentation import Workload
+from tessera.fragmentation import FragmentationPolicy, Workload
 from tessera.policy import POLICIES, Policy
 from tessera.resources import DEFAULT_POLICY
 from tessera.sim.metrics import Summary, summarize
@@ -41,9 +41,17 @@ OPENB_TRACES = (
 TABLE_POLICIES = (*REFERENCE_POLICIES, DEFAULT_POLICY)
 
 
+OFFLINE = "fragmentation-offline"
+"""Tessera's policy given the whole trace's workload up front (a study variant: it peeks
+at the future, as FGD does; the default learns online)."""
+
+
 def policy_names() -> tuple[str, ...]:
-    """Every policy the simulator can run: tessera's and the paper's baselines."""
-    return tuple(POLICIES) + tuple(n for n in REFERENCE_POLICIES if n not in POLICIES)
+    """Every policy the simulator can run: tessera's, the paper's baselines, and the
+    offline variant of tessera's."""
+    return (
+        tuple(POLICIES) + tuple(n for n in REFERENCE_POLICIES if n not in POLICIES) + (OFFLINE,)
+    )
 
 
 def trace_name(pods_path: Path | str) -> str:
@@ -97,6 +105,10 @@ def make_policy(name: str, trace: Trace, seed: int, memory_mode: str = "share") 
         replayer = Replayer(trace.nodes, fgd_workload(()), memory_mode)
         requests = [replayer.request(p, f"typical-{i}") for i, p in enumerate(trace.pods)]
         return FgdPolicy(fgd_workload(requests))
+    if name == OFFLINE:
+        replayer = Replayer(trace.nodes, fgd_workload(()), memory_mode)
+        requests = [replayer.request(p, f"typical-{i}") for i, p in enumerate(trace.pods)]
+        return FragmentationPolicy(Workload.from_requests(requests, coverage=0.99))
     if name in POLICIES:
         return POLICIES[name]()
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(policy_names())})")
