@@ -26,6 +26,7 @@ a prior. docs/fragmentation.md has the design and the measurements.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
 BoolArray = npt.NDArray[np.bool_]
 _FULL = UNITS_PER_DEVICE
 _BIG = np.iinfo(np.int64).max // 4
+_MAX_GPUS = 8.0
+"""GPUs of a large node: `pack_by="free"` counts free GPUs in these units."""
 
 
 # --- the workload ---------------------------------------------------------------------------
@@ -658,7 +661,7 @@ class FragmentationPolicy(Policy):
         self,
         workload: Workload | None = None,
         *,
-        pack: float = 0.2,
+        pack: float = 0.1,
         balance: float = 1.0,
         prior_weight: float = 10.0,
         coverage: float = 0.99,
@@ -667,9 +670,18 @@ class FragmentationPolicy(Policy):
         drift: float = 0.02,
         host_memory: bool = True,
         weighting: str = "count",
+        pack_by: str = "fraction",
+        quantum: float = 0.1,
+        order: float = 1e-6,
     ) -> None:
         if weighting not in ("count", "demand"):
             raise ValueError(f"weighting must be 'count' or 'demand', got {weighting!r}")
+        if pack_by not in ("fraction", "free"):
+            raise ValueError(f"pack_by must be 'fraction' or 'free', got {pack_by!r}")
+        self.pack_by = pack_by
+        self.quantum = quantum
+        self.order = order
+        self._order_of: dict[str, float] = {}
         self.pack = pack
         self.balance = balance
         self.weighting = weighting
@@ -736,15 +748,38 @@ class FragmentationPolicy(Policy):
         cpu_after: FloatArray,
         mem_before: FloatArray,
         mem_after: FloatArray,
-        capacity: FloatArray,
+        used_after: FloatArray,
     ) -> FloatArray:
-        raw = delta / _FULL + self.pack * (capacity - idle_after) / np.maximum(capacity, 1)
+        raw = delta / _FULL + self.pack * used_after
         if self.balance:
             strand = self._stranded(idle_before, cpu_before, mem_before) - self._stranded(
                 idle_after, cpu_after, mem_after
             )
             raw = raw + self.balance * strand / _FULL
         return raw
+
+    def _final(self, raw: FloatArray, priority: FloatArray) -> FloatArray:
+        """Optionally coarsen the score to `quantum` (GPUs) and break what then ties by a
+        fixed per-node order, so equal placements fill the same nodes first."""
+        raw = np.asarray(raw, dtype=np.float64).reshape(np.shape(priority))
+        if self.quantum > 0:
+            with np.errstate(invalid="ignore"):
+                # the nudge keeps float noise (~1e-15) from flipping a value across a step
+                raw = np.floor(raw / self.quantum + 1e-7) * self.quantum
+        if self.order:
+            raw = raw + self.order * priority
+        return raw
+
+    def _priority(self, name: str) -> float:
+        value = self._order_of.get(name)
+        if value is None:
+            digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+            value = self._order_of[name] = int.from_bytes(digest, "little") / 2.0**64
+        return value
+
+    def _priorities(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
+        names = index.names
+        return np.asarray([self._priority(names[r] or "") for r in rows.tolist()])
 
     def _exact(
         self,
@@ -765,6 +800,15 @@ class FragmentationPolicy(Policy):
         idle_a = float(sum(core_after[s] for s in healthy))
         cpu = float(_BIG if node.cpu_free is None else node.cpu_free)
         mem = float(_BIG if node.mem_free is None else node.mem_free)
+        total = node.total_mem
+        free_after = sum(
+            min(core_after[s] / _FULL, mem_after[s] / total[s]) if total[s] > 0 else 0.0
+            for s in healthy
+        )
+        if self.pack_by == "free":
+            used_after = -free_after / _MAX_GPUS
+        else:
+            used_after = 1.0 - free_after / len(healthy) if healthy else 0.0
         raw = self._raw(
             *(
                 np.asarray(v, dtype=np.float64)
@@ -776,11 +820,11 @@ class FragmentationPolicy(Policy):
                     cpu - cpu_milli,
                     mem,
                     mem - memory_mib,
-                    _FULL * len(healthy),
+                    used_after,
                 )
             )
         )
-        return float(squash(raw, 4.0))
+        return float(squash(self._final(raw, np.asarray([self._priority(node.name)])), 4.0)[0])
 
     def option_score(
         self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
@@ -843,22 +887,27 @@ class FragmentationPolicy(Policy):
             sub_case = _sub_case(case, rows, sub)
             delta, idle_after = measure.vector_deltas(index, sub, sub_case)
             fc = index.free_core[sub]
+            fm = index.free_mem[sub]
+            tm = index.total_mem[sub]
             healthy = index.healthy[sub] & (index.model[sub] >= 0)
             idle_before = (fc * healthy).sum(axis=1).astype(np.float64)
-            capacity = (_FULL * healthy.sum(axis=1)).astype(np.float64)
+            gpus = np.maximum(healthy.sum(axis=1), 1)
+            # each GPU's free fraction: the scarcer of compute and memory
+            free = np.where(healthy, np.minimum(fc / _FULL, fm / np.maximum(tm, 1)), 0.0)
+            free_sum = free.sum(axis=1)
             cpu = index.cpu_free[sub].astype(np.float64)
             mem = index.mem_free[sub].astype(np.float64)
-            args = (
-                idle_before,
-                idle_after,
-                cpu,
-                cpu - sub_case.cpu_milli,
-                mem,
-                mem - sub_case.memory_mib,
-                capacity,
-            )
             if delta.ndim == 2:
-                idle2 = idle_before[:, None] - sub_case.core  # type: ignore[union-attr]
+                assert isinstance(sub_case, ShareCase)
+                free2 = np.minimum(
+                    (fc - sub_case.core) / _FULL, (fm - sub_case.need) / np.maximum(tm, 1)
+                )
+                left2 = free_sum[:, None] - free + free2
+                if self.pack_by == "free":
+                    used2 = -left2 / _MAX_GPUS
+                else:
+                    used2 = 1.0 - left2 / gpus[:, None]
+                idle2 = idle_before[:, None] - sub_case.core
                 raw = self._raw(
                     delta,
                     idle_before[:, None],
@@ -867,11 +916,28 @@ class FragmentationPolicy(Policy):
                     cpu[:, None] - sub_case.cpu_milli,
                     mem[:, None],
                     mem[:, None] - sub_case.memory_mib,
-                    capacity[:, None],
+                    np.where(np.isfinite(delta), used2, 0.0),
                 )
-                best: FloatArray = np.asarray(squash(raw.max(axis=1), 4.0), dtype=np.float64)
+                final = self._final(raw.max(axis=1), self._priorities(index, sub))
+                best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
                 return best
-            out: FloatArray = np.asarray(squash(self._raw(delta, *args), 4.0), dtype=np.float64)
+            taken = sub_case.count if isinstance(sub_case, WholeCase) else 0
+            if self.pack_by == "free":
+                used = -(free_sum - taken) / _MAX_GPUS
+            else:
+                used = np.where(healthy.any(axis=1), 1.0 - (free_sum - taken) / gpus, 0.0)
+            raw1 = self._raw(
+                delta,
+                idle_before,
+                idle_after,
+                cpu,
+                cpu - sub_case.cpu_milli,
+                mem,
+                mem - sub_case.memory_mib,
+                used,
+            )
+            final1 = self._final(raw1, self._priorities(index, sub))
+            out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
             return out
 
         key = _case_key(case)

@@ -49,9 +49,7 @@ at the future, as FGD does; the default learns online)."""
 def policy_names() -> tuple[str, ...]:
     """Every policy the simulator can run: tessera's, the paper's baselines, and the
     offline variant of tessera's."""
-    return (
-        tuple(POLICIES) + tuple(n for n in REFERENCE_POLICIES if n not in POLICIES) + (OFFLINE,)
-    )
+    return tuple(POLICIES) + tuple(n for n in REFERENCE_POLICIES if n not in POLICIES) + (OFFLINE,)
 
 
 def trace_name(pods_path: Path | str) -> str:
