@@ -25,9 +25,9 @@ from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tessera.sim.replay import arrival_order  # noqa: E402
-from tessera.sim.runner import NODE_FILE, OPENB_TRACES, POD_PREFIX  # noqa: E402
-from tessera.sim.trace import load_nodes, load_pods  # noqa: E402
+from tessera.sim.replay import arrival_order
+from tessera.sim.runner import NODE_FILE, OPENB_TRACES, POD_PREFIX
+from tessera.sim.trace import load_nodes, load_pods
 
 
 def lp_gpus(shares_pct: list[int]) -> float:
@@ -35,10 +35,14 @@ def lp_gpus(shares_pct: list[int]) -> float:
     count = Counter(shares_pct)
     sizes = sorted(count)
     demand = np.asarray([count[s] for s in sizes], dtype=float)
-    patterns = [[(100 // s if j == i else 0) for j in range(len(sizes))] for i, s in enumerate(sizes)]
+    patterns = [
+        [(100 // s if j == i else 0) for j in range(len(sizes))] for i, s in enumerate(sizes)
+    ]
     while True:
         a = np.asarray(patterns, dtype=float).T
-        res = linprog(np.ones(len(patterns)), A_ub=-a, b_ub=-demand, bounds=(0, None), method="highs")
+        res = linprog(
+            np.ones(len(patterns)), A_ub=-a, b_ub=-demand, bounds=(0, None), method="highs"
+        )
         duals = -res.ineqlin.marginals
         best = [0.0] * 101
         take: list[int | None] = [None] * 101
@@ -80,7 +84,10 @@ def main() -> None:
                     break
             gpus = math.ceil(lp_gpus(shares) - 1e-6)
             bounds.append(100 * (gpus - sum(shares) / 100) / (capacity / 1000))
-        out[trace] = {"mean": round(statistics.fmean(bounds), 3), "per_seed": [round(b, 3) for b in bounds]}
+        out[trace] = {
+            "mean": round(statistics.fmean(bounds), 3),
+            "per_seed": [round(b, 3) for b in bounds],
+        }
         print(trace, out[trace]["mean"], file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
 

@@ -5,7 +5,8 @@ takes the records whose arrived GPU, in percent of capacity and rounded to a who
 (half to even), equals X, and averages the allocated GPU percentage over them (when there
 are none, over the records within X-1..X+1). Unallocated GPU at X is 100 minus that
 allocation; the fragmentation rate at X is the fragment over the idle GPU, averaged the
-same way.
+same way. (Only for clusters so small that one pod moves the arrived percentage by more
+than 2 points, an empty window falls back to the last record before X.)
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def _bucket_means(
         hit = values[keys == x]
         if hit.size == 0:
             hit = values[(keys >= x - 1) & (keys <= x + 1)]
+        if hit.size == 0 and arrived_pct.size and arrived_pct[0] <= x <= arrived_pct[-1]:
+            # small clusters arrive in steps wider than 2%: the last record before X
+            hit = values[arrived_pct <= x][-1:]
         out.append(float(hit.mean()) if hit.size else math.nan)
     return out
 

@@ -77,9 +77,11 @@ def test_rounding_is_half_to_even_and_missing_points_use_neighbours() -> None:
     r = run([985, 1025], [900, 910])  # 98.5% rounds to 98, 102.5% to 102
     assert metrics.unallocated_at(r, 98) == 10.0
     assert metrics.unallocated_at(r, 102) == 100 - 91.0
-    # nothing rounds to 100: the records within 99..101 (none) -> nan; 101 uses 102's
-    assert np.isnan(metrics.unallocated_at(r, 100))
+    # 101 has none but 102 is a neighbour; nothing within 99..101 for 100: the last record
+    # before 100% stands in (small clusters only); past the last record there is nothing
     assert metrics.unallocated_at(r, 101) == 100 - 91.0
+    assert metrics.unallocated_at(r, 100) == 10.0
+    assert np.isnan(metrics.unallocated_at(r, 120))
 
 
 def test_fragmentation_rate_is_fragment_over_idle() -> None:
