@@ -19,9 +19,10 @@ the weight of the classes of shape g whose host CPU and memory still fit. That f
 whole cluster cheap to evaluate with array operations (`FragmentMeasure`).
 
 `FragmentationPolicy` places a pod where the expected fragment grows least (the gradient
-step of the paper), breaks the remaining ties towards fuller nodes, and learns the
-distribution online from the pods it is asked to place (`OnlineWorkload`), starting from
-a prior. docs/fragmentation.md has the design and the measurements.
+step of the paper), keeps host CPU and memory in step with the GPUs they must feed,
+fills equally good nodes in a fixed order, and learns the distribution online from the
+pods it is asked to place (`OnlineWorkload`), starting from a prior.
+docs/fragmentation.md has the design and the measurements.
 """
 
 from __future__ import annotations
@@ -640,7 +641,7 @@ def squash(x: FloatArray | float, scale: float) -> FloatArray:
 
 class FragmentationPolicy(Policy):
     """Place where the expected fragment grows least, keep host CPU and memory in step
-    with the GPUs, and among equals fill the fuller node.
+    with the GPUs, and fill equally good nodes in a fixed order.
 
     The raw score of a placement, in GPUs, is
 
@@ -648,10 +649,19 @@ class FragmentationPolicy(Policy):
 
     dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
     learned so far); dS: how much the node's GPU stranded by host CPU or memory drops, where
-    the GPUs a node can still feed are its free CPU (memory) over the CPU (memory) the
-    workload asks per GPU; used_after: the share of the node's GPU compute in use after
-    the pod. The node score squashes it into (0, 1). Inside a node the same score picks the
-    GPU, and among GPUs of equal score the one left with the least free compute.
+    the GPU a node can still feed is its free CPU (memory) over the CPU (memory) the
+    workload asks per GPU; used_after: the node's share of GPU in use after the pod (per GPU
+    the scarcer of compute and memory; `pack_by="free"`: minus its free GPUs / 8). The raw
+    score is coarsened to steps of `quantum` GPUs, and `order` times a fixed per-node number
+    in [0, 1) (a hash of the name) breaks what then ties, so equally good placements keep
+    filling the same nodes whatever the scheduler's own tie rule; the node score squashes
+    it into (0, 1). Inside a node the same score picks the GPU, and among GPUs of equal
+    score the one left with the least free compute.
+
+    Without a `workload`, the policy learns it online (`observe`); options: `prior_weight`,
+    `coverage`, `first_check`, `max_interval`, `drift` (see `OnlineWorkload`),
+    `host_memory` (host memory in the pod classes), `weighting` ("count": classes weigh by
+    popularity as in the paper; "demand": by popularity times GPU demand).
     """
 
     name = POLICY_FRAGMENTATION
