@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy",
         action="append",
         default=[],
-        help="policy name, repeatable or comma-separated (default: %(default)s -> "
-        f"{DEFAULT_POLICY})",
+        help=f"policy name, repeatable or comma-separated (default: {DEFAULT_POLICY})",
     )
     parser.add_argument(
         "--seeds",
