@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 PROTO_SOURCES := $(shell find protos -name '*.proto' 2>/dev/null)
 PROTO_STAMP   := protos/.generated-stamp
 OPENB  ?= ../shared/data/openb
+# Packages that exist in this checkout (the components land from their own branches).
 
 .PHONY: demo test lint bench bench-quick sim-table e2e protos check-protos clean help
 
@@ -52,7 +53,7 @@ bench-quick: $(PROTO_STAMP)
 	$(PY) -m bench.run_all --openb $(OPENB) --quick
 
 sim-table: $(PROTO_STAMP)
-	$(PY) -m tessera.sim.table --openb $(OPENB) --out docs/fragmentation
+	nice $(PY) -m tessera.sim.table --openb $(OPENB) --out docs/fragmentation --workers $(or $(WORKERS),1)
 
 e2e: $(PROTO_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e

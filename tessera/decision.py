@@ -2,8 +2,8 @@
 
 Two paths give the same answers:
 - the vector path, for the common request (one container, a share or whole GPUs with no
-  required scope, no RDMA, no UUID hints): fit and score every node at once from the
-  ClusterIndex arrays;
+  required scope, no RDMA, no UUID hints; or no devices at all, host CPU and memory only):
+  fit and score every node at once from the ClusterIndex arrays;
 - the exact path, for everything else: `place_pod` per node, cached by (request shape,
   policy, node version) so a node is only looked at again after it changed.
 Binding always re-runs the exact placement on the chosen node, so the vector path only
@@ -20,7 +20,7 @@ import numpy as np
 
 from tessera.index import BoolArray, ClusterIndex, IntArray
 from tessera.placement import NoFit, Placement, place_pod
-from tessera.policy import Policy, ShareCase, WholeCase
+from tessera.policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.state import ClusterState
@@ -37,6 +37,18 @@ class Evaluation:
     """Nodes where the pod fits, with the policy's node score in [0, 1]."""
     failures: dict[str, NoFit]
     """Nodes where it does not, with the reason."""
+    policy: str
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Fit and score of one pod over index rows, as arrays (no failure reasons): the fast
+    form of `Evaluation` for callers that only need the best node (the simulator)."""
+
+    rows: IntArray
+    """Index rows where the pod fits (`ClusterIndex.names[row]` is the node)."""
+    scores: FloatArray
+    """The policy's node score on each of those rows, in [0, 1]."""
     policy: str
 
 
@@ -58,7 +70,7 @@ class Decider:
         self.policies = dict(policies)
         self.default_policy = default_policy
         self.index = index if index is not None else ClusterIndex(state)
-        self._cache: OrderedDict[tuple[object, str], dict[str, tuple[int, float | NoFit]]] = (
+        self._cache: OrderedDict[tuple[object, str, int], dict[str, tuple[int, float | NoFit]]] = (
             OrderedDict()
         )
 
@@ -70,11 +82,31 @@ class Decider:
     def evaluate(self, request: PodRequest, names: Sequence[str] | None = None) -> Evaluation:
         """Fit and score `request` on the named nodes (all known nodes when None)."""
         policy = self.policy_for(request)
+        policy.observe(request)
         if names is None:
             names = list(self.index.row_of)
         if _vectorizable(request):
             return self._vector(request, policy, names)
         return self._exact(request, policy, names)
+
+    def rank(self, request: PodRequest) -> Ranking:
+        """Fit and score `request` on every known node; the same fit and scores as
+        `evaluate`, returned as arrays and without failure reasons."""
+        policy = self.policy_for(request)
+        policy.observe(request)
+        idx = self.index
+        rows = idx.all_rows()
+        if rows.size and _vectorizable(request):
+            ok, _, _, _, scores = self._vector_scores(request, policy, rows)
+            return Ranking(rows[ok], scores[ok], policy.name)
+        names_of = idx.names
+        exact = self._exact(request, policy, [names_of[r] or "" for r in rows.tolist()])
+        fit_rows = [idx.row_of[name] for name in exact.scores]
+        return Ranking(
+            np.asarray(fit_rows, dtype=np.int64),
+            np.asarray(list(exact.scores.values()), dtype=np.float64),
+            policy.name,
+        )
 
     def place(self, request: PodRequest, node: str) -> Placement | NoFit:
         """The exact placement on one node (what bind commits)."""
@@ -86,7 +118,7 @@ class Decider:
     # --- exact path ------------------------------------------------------------------------
 
     def _exact(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> Evaluation:
-        key = (request.shape(), policy.name)
+        key = (request.shape(), policy.name, policy.generation)
         cache = self._cache.get(key)
         if cache is None:
             cache = {}
@@ -125,40 +157,69 @@ class Decider:
         scores: dict[str, float] = {}
         if rows.size == 0:
             return Evaluation(scores, failures, policy.name)
-        c = request.containers[0]
-        eligible = idx.healthy[rows] & self._model_mask(request, rows)
+        ok, case, eligible, host_ok, node_scores = self._vector_scores(request, policy, rows)
+        names_of = idx.names
+        ok_rows = np.flatnonzero(ok)
+        ok_names = [names_of[r] for r in rows[ok_rows].tolist()]
+        scores.update(zip(ok_names, node_scores[ok_rows].tolist(), strict=True))
+        bad = np.flatnonzero(~ok)
+        if bad.size:
+            self._explain(request, rows, bad, eligible, host_ok, case, failures)
+        return Evaluation(scores, failures, policy.name)
+
+    def _vector_scores(
+        self, request: PodRequest, policy: Policy, rows: IntArray
+    ) -> tuple[BoolArray, VectorCase, BoolArray, BoolArray, FloatArray]:
+        """(fits, case, eligible slots, host fits, scores) for every row; the scores of
+        the rows that fit are the policy's, from its vector form or else exact."""
+        idx = self.index
         host_ok = (idx.cpu_free[rows] >= request.cpu_milli) & (
             idx.mem_free[rows] >= request.memory_mib
         )
-        case: ShareCase | WholeCase
-        if c.gpu_count:
-            free_whole = (
-                eligible
-                & (idx.free_core[rows] == UNITS_PER_DEVICE)
-                & (idx.free_mem[rows] == idx.total_mem[rows])
-            )
-            ok = (free_whole.sum(axis=1) >= c.gpu_count) & host_ok
-            case = WholeCase(c.gpu_count, free_whole)
+        case: VectorCase
+        if not request.containers:
+            eligible = np.zeros((rows.size, idx.slots), dtype=np.bool_)
+            ok = host_ok.copy()
+            case = HostCase(request.cpu_milli, request.memory_mib, request.shape())
         else:
-            need = _share_need(idx, rows, c)
-            fits = eligible & (idx.free_core[rows] >= c.core) & (idx.free_mem[rows] >= need)
-            ok = fits.any(axis=1) & host_ok
-            case = ShareCase(c.core, need, fits)
-        node_scores = policy.vector_node_scores(idx, rows, case)
-        names_of = idx.names
-        ok_rows = np.flatnonzero(ok)
-        if node_scores is None:
-            # No vector form for this policy: score the fitting nodes exactly (cached).
-            exact = self._exact(request, policy, [names_of[r] for r in rows[ok_rows]])
-            scores.update(exact.scores)
-            failures.update(exact.failures)
+            c = request.containers[0]
+            eligible = idx.healthy[rows] & self._model_mask(request, rows)
+            if c.gpu_count:
+                free_whole = (
+                    eligible
+                    & (idx.free_core[rows] == UNITS_PER_DEVICE)
+                    & (idx.free_mem[rows] == idx.total_mem[rows])
+                )
+                ok = (free_whole.sum(axis=1) >= c.gpu_count) & host_ok
+                case = WholeCase(
+                    c.gpu_count, free_whole, request.cpu_milli, request.memory_mib, request.shape()
+                )
+            else:
+                need = _share_need(idx, rows, c)
+                fits = eligible & (idx.free_core[rows] >= c.core) & (idx.free_mem[rows] >= need)
+                ok = fits.any(axis=1) & host_ok
+                case = ShareCase(
+                    c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape()
+                )
+        vector = policy.vector_node_scores(idx, rows, case)
+        scores = np.zeros(rows.size, dtype=np.float64)
+        if vector is None:
+            exact_rows = np.flatnonzero(ok)
         else:
-            ok_names = [names_of[r] for r in rows[ok_rows].tolist()]
-            scores.update(zip(ok_names, node_scores[ok_rows].tolist(), strict=True))
-        bad = np.flatnonzero(~ok)
-        if bad.size:
-            self._explain(request, c, rows, bad, eligible, host_ok, case, failures)
-        return Evaluation(scores, failures, policy.name)
+            scores[:] = vector
+            exact_rows = np.flatnonzero(ok & np.isnan(scores))
+        if exact_rows.size:
+            # No vector form (for this policy, or for these rows): score them exactly (cached).
+            names_of = idx.names
+            exact = self._exact(request, policy, [names_of[r] or "" for r in rows[exact_rows]])
+            for pos in exact_rows.tolist():
+                name = names_of[int(rows[pos])] or ""
+                value = exact.scores.get(name)
+                if value is None:  # the vector fit and place_pod disagree: trust place_pod
+                    ok[pos] = False
+                else:
+                    scores[pos] = value
+        return ok, case, eligible, host_ok, scores
 
     def _model_mask(self, request: PodRequest, rows: IntArray) -> BoolArray:
         idx = self.index
@@ -176,18 +237,21 @@ class Decider:
     def _explain(
         self,
         request: PodRequest,
-        c: ContainerRequest,
         rows: IntArray,
         bad: IntArray,
         eligible: BoolArray,
         host_ok: BoolArray,
-        case: ShareCase | WholeCase,
+        case: VectorCase,
         failures: dict[str, NoFit],
     ) -> None:
         """Say why each failing node fails, classifying all of them with array operations
         and sharing one NoFit per distinct reason."""
         idx = self.index
         rows_b = rows[bad]
+        if isinstance(case, HostCase):
+            self._explain_host(request, rows_b, failures)
+            return
+        c = request.containers[0]
         present = idx.model[rows_b] >= 0
         model_ok = self._model_mask(request, rows_b) & present
         elig = eligible[bad]
@@ -225,6 +289,24 @@ class Decider:
                 )
             failures[names_of[row]] = nofit
 
+    def _explain_host(
+        self, request: PodRequest, rows_b: IntArray, failures: dict[str, NoFit]
+    ) -> None:
+        """The exact path's reasons for a pod that wants host CPU and memory only."""
+        idx = self.index
+        names_of = idx.names
+        cpu = idx.cpu_free[rows_b].tolist()
+        mem = idx.mem_free[rows_b].tolist()
+        for row, cpu_free, mem_free in zip(rows_b.tolist(), cpu, mem, strict=True):
+            if request.cpu_milli > cpu_free:
+                reason = f"insufficient cpu ({request.cpu_milli}m wanted, {cpu_free}m free)"
+            else:
+                reason = (
+                    f"insufficient memory ({_mib(request.memory_mib)} wanted, "
+                    f"{_mib(mem_free)} free)"
+                )
+            failures[names_of[row] or ""] = NoFit(reason)
+
 
 def _reason(
     c: ContainerRequest, kind: int, a: int, b: int, extra: int | bool, wanted_models: str
@@ -255,6 +337,8 @@ def _reason(
 
 
 def _vectorizable(request: PodRequest) -> bool:
+    if not request.containers:
+        return True  # host CPU and memory only
     if len(request.containers) != 1:
         return False
     c = request.containers[0]

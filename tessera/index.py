@@ -31,6 +31,7 @@ _ONE_D = {
     "cpu_free": UNTRACKED,
     "mem_free": UNTRACKED,
     "version": -1,
+    "stamp": -1,
     "used_core": 0,
     "used_mem": 0,
     "sum_mem": 0,
@@ -52,6 +53,9 @@ class ClusterIndex:
     cpu_free: IntArray
     mem_free: IntArray
     version: IntArray
+    stamp: IntArray
+    """A number unique to each (row, content) across the index's life: it changes whenever
+    the row is copied, and a reused row never repeats an old stamp (cache key per row)."""
     used_core: IntArray
     used_mem: IntArray
     sum_mem: IntArray
@@ -63,6 +67,7 @@ class ClusterIndex:
         self.row_of: dict[str, int] = {}
         self.names: list[str | None] = []
         self._free_rows: list[int] = []
+        self._stamps = 0
         self._alloc(max(rows, 1), max(gpu_slots, 1))
         for name in state.nodes:
             self.refresh(name)
@@ -136,6 +141,7 @@ class ClusterIndex:
         self.present[row] = False
         self.gpu_count[row] = 0
         self.version[row] = -1
+        self.stamp[row] = -1
 
     def _copy(self, row: int, node: NodeState) -> None:
         gpus = node.inventory.gpus
@@ -147,6 +153,8 @@ class ClusterIndex:
         self.gpu_count[row] = n
         self.unit_mib[row] = node.inventory.memory_unit_mib
         self.version[row] = node.version
+        self._stamps += 1
+        self.stamp[row] = self._stamps
         self.cpu_free[row] = UNTRACKED if node.cpu_free is None else node.cpu_free
         self.mem_free[row] = UNTRACKED if node.mem_free is None else node.mem_free
         if n:

@@ -103,7 +103,9 @@ def place_pod(node: NodeState, request: PodRequest, policy: Policy) -> Placement
         allocations = _place_containers(node, request, policy, scratch, slots)
     except _NoFitError as exc:
         return exc.nofit
-    score = policy.node_score(node, node.free_core, node.free_mem, scratch.core, scratch.mem)
+    score = policy.placement_score(
+        node, request, node.free_core, node.free_mem, scratch.core, scratch.mem
+    )
     alloc = PodAllocation(
         pod_uid=request.uid,
         namespace=request.namespace,
@@ -155,7 +157,7 @@ def _place_containers(
                 placed[c.name] = reused
                 continue
         try:
-            gpus = _place_gpus(node, c, request.hints, policy, scratch, slots)
+            gpus = _place_gpus(node, c, request, policy, scratch, slots)
             rdma = _place_rdma(node, c, request.hints, policy, scratch, [g[0] for g in gpus])
         except _NoFitError as exc:
             if len(request.containers) > 1:
@@ -228,7 +230,7 @@ def _reuse(
 def _place_gpus(
     node: NodeState,
     c: ContainerRequest,
-    hints: PodHints,
+    request: PodRequest,
     policy: Policy,
     scratch: _Scratch,
     slots: list[int],
@@ -237,10 +239,10 @@ def _place_gpus(
     if not c.wants_gpu:
         return []
     if c.gpu_count:
-        chosen = _choose_whole(node, c.gpu_count, hints, policy, scratch, slots)
+        chosen = _choose_whole(node, c.gpu_count, request.hints, policy, scratch, slots)
         grants = [(s, _FULL, node.total_mem[s]) for s in chosen]
     else:
-        grants = [_choose_share(node, c, policy, scratch, slots)]
+        grants = [_choose_share(node, c, request, policy, scratch, slots)]
     for s, core, mem in grants:
         scratch.core[s] -= core
         scratch.mem[s] -= mem
@@ -248,7 +250,12 @@ def _place_gpus(
 
 
 def _choose_share(
-    node: NodeState, c: ContainerRequest, policy: Policy, scratch: _Scratch, slots: list[int]
+    node: NodeState,
+    c: ContainerRequest,
+    request: PodRequest,
+    policy: Policy,
+    scratch: _Scratch,
+    slots: list[int],
 ) -> tuple[int, int, int]:
     unit = node.inventory.memory_unit_mib
     best: tuple[float, int, int] | None = None
@@ -261,7 +268,13 @@ def _choose_share(
         if signature in seen:
             continue  # an identical GPU scored already; the lower slot wins ties
         seen.add(signature)
-        option = Option((s,), (scratch.core[s] - c.core,), (scratch.mem[s] - need,))
+        option = Option(
+            (s,),
+            (scratch.core[s] - c.core,),
+            (scratch.mem[s] - need,),
+            request.cpu_milli,
+            request.memory_mib,
+        )
         score = policy.option_score(node, scratch.core, scratch.mem, option)
         if best is None or score > best[0]:
             best = (score, s, need)

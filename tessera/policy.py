@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.node_state import NodeState
+from tessera.request import PodRequest
 from tessera.resources import POLICY_BINPACK, POLICY_SPREAD, UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ class Option:
     slots: tuple[int, ...]
     core_after: tuple[int, ...]
     mem_after: tuple[int, ...]
+    cpu_milli: int = 0
+    """The pod's host CPU request (the node's `cpu_free` is before the pod)."""
+    memory_mib: int = 0
+    """The pod's host memory request."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,13 @@ class ShareCase:
     """[rows, slots] memory the share needs on each GPU slot."""
     fits: BoolArray
     """[rows, slots] slots where it fits."""
+    cpu_milli: int = 0
+    """The pod's host CPU request."""
+    memory_mib: int = 0
+    """The pod's host memory request."""
+    shape: object = None
+    """The request's shape (`PodRequest.shape()`): equal shapes fit and score alike, so a
+    policy may cache per shape and index row (see `ClusterIndex.stamp`). None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,21 @@ class WholeCase:
     count: int
     free_whole: BoolArray
     """[rows, slots] eligible GPUs that are entirely free."""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    shape: object = None
+
+
+@dataclass(frozen=True)
+class HostCase:
+    """A request for host CPU and memory only, no devices (vector path)."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    shape: object = None
+
+
+VectorCase = ShareCase | WholeCase | HostCase
 
 
 class Policy:
@@ -62,6 +89,9 @@ class Policy:
     name = "base"
     pack_nics = True
     """Whether NICs are packed (least free remaining first) or spread."""
+    generation = 0
+    """Changes whenever the policy's scores for an unchanged node may change (a policy that
+    learns its workload moved on); score caches include it in their key."""
 
     def option_score(
         self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
@@ -82,22 +112,45 @@ class Policy:
         """Among whole-GPU sets with equal interconnect rank, which is best (higher wins)."""
         return 0.0
 
+    def placement_score(
+        self,
+        node: NodeState,
+        request: PodRequest,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+    ) -> float:
+        """The node score of a whole pod placement, in [0, 1]; `place_pod` calls this.
+
+        The default is `node_score`; a policy that also weighs the pod's host CPU and
+        memory (`request.cpu_milli`, `request.memory_mib` against `node.cpu_free`) overrides it.
+        """
+        return self.node_score(node, core_before, mem_before, core_after, mem_after)
+
+    def observe(self, request: PodRequest) -> None:
+        """A pod asked to be placed (called once per decision, before scoring). Policies that
+        learn the workload online use it; the default ignores it."""
+
     def vector_node_scores(
-        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         """Node scores for every row at once, equal to what `place_pod` would score on the
-        rows where the request fits (other rows: any value). None: no vector form."""
+        rows where the request fits (other rows: any value). None: no vector form; NaN on a
+        fitting row: score that row with `place_pod`."""
         return None
 
 
-def _utilization_after(
-    index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
-) -> FloatArray:
+def _utilization_after(index: ClusterIndex, rows: IntArray, case: VectorCase) -> FloatArray:
     """Each node's utilization once the request is placed the way `_chosen_slots` says."""
     n = index.gpu_count[rows]
     cap = np.maximum(UNITS_PER_DEVICE * n, 1)
     sum_mem = np.maximum(index.sum_mem[rows], 1)
-    if isinstance(case, WholeCase):
+    added_core: int | IntArray
+    added_mem: int | IntArray
+    if isinstance(case, HostCase):
+        added_core = added_mem = 0
+    elif isinstance(case, WholeCase):
         # Whole GPUs take all their memory; within a node GPUs are (nearly always) alike, so
         # the k GPUs' memory is k times the smallest free-whole GPU's.
         totals = np.where(case.free_whole, index.total_mem[rows], np.iinfo(np.int64).max)
@@ -181,7 +234,7 @@ class BinpackPolicy(Policy):
         return float(_busy_neighbours(node, core, slots))
 
     def vector_node_scores(
-        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         return _utilization_after(index, rows, case)
 
@@ -211,7 +264,7 @@ class SpreadPolicy(Policy):
         return -float(_busy_neighbours(node, core, slots))
 
     def vector_node_scores(
-        self, index: ClusterIndex, rows: IntArray, case: ShareCase | WholeCase
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         if isinstance(case, ShareCase):
             # Spread picks the roomiest GPU, which changes which memory amount is added.
@@ -231,4 +284,10 @@ POLICIES: dict[str, type[Policy]] = {
     BinpackPolicy.name: BinpackPolicy,
     SpreadPolicy.name: SpreadPolicy,
 }
-"""Policies by name; tessera.fragmentation registers the fragmentation-aware one."""
+"""Policies by name; tessera.fragmentation registers the fragmentation-aware one (the
+import below), so this registry always holds every built-in policy."""
+
+# At the end on purpose: tessera.fragmentation subclasses Policy and adds itself to POLICIES.
+# A plain `import` (not `from ... import`) also works when tessera.fragmentation is
+# imported first and is still initializing.
+import tessera.fragmentation  # noqa: E402, F401

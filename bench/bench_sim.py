@@ -1,0 +1,47 @@
+"""Simulator speed and a quick look at scheduling quality on the openb default trace.
+
+- replay time of one seed (the paper's protocol, about 10,800 pods on 1,213 nodes) for
+  tessera's default policy and for FGD, in one process (one core);
+- unallocated GPU % at 100% arrived for FGD and tessera's policy over a few seeds (one in
+  quick mode); the full table over seeds 42..51 is `make sim-table`.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from bench.common import BenchContext, Result
+from tessera.resources import DEFAULT_POLICY
+from tessera.sim import metrics
+from tessera.sim.runner import NODE_FILE, POD_PREFIX, Trace, run_one
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    nodes = ctx.openb / NODE_FILE
+    pods = ctx.openb / f"{POD_PREFIX}default.csv"
+    if not nodes.exists() or not pods.exists():
+        return [Result("openb traces not found (skipped)", 0, "", note=str(ctx.openb))]
+    trace = Trace.load(nodes, pods)
+    seeds = (42,) if ctx.quick else (42, 43, 44)
+    results: list[Result] = []
+    for policy in (DEFAULT_POLICY, "fgd"):
+        runs = [run_one(trace, policy, seed) for seed in seeds]
+        results.append(
+            Result(
+                f"replay one seed, default trace, {policy}",
+                runs[0].seconds,
+                "s",
+                60.0,
+                note=f"{runs[0].pods} pods, seed {runs[0].seed}, one process",
+            )
+        )
+        values = [metrics.unallocated_at(r) for r in runs]
+        results.append(
+            Result(
+                f"unallocated GPU % at 100% arrived, default trace, {policy}",
+                statistics.fmean(values),
+                "%",
+                note=f"mean of seeds {', '.join(map(str, seeds))}",
+            )
+        )
+    return results
