@@ -11,7 +11,7 @@ Everything runs on this machine, no GPU and no Kubernetes needed:
 4. the kubelet admitting each pod: GetPreferredAllocation and Allocate on the node agent;
 5. containerd creating each container: the NRI hook, over ttrpc on NRI's multiplexer,
    turns the record into device nodes and environment.
-Then a short fragmentation comparison on a synthetic cluster, when the simulator is there.
+Then a short fragmentation comparison of the policies on a synthetic cluster.
 """
 
 from __future__ import annotations
@@ -544,13 +544,20 @@ def run(
 
 
 def _simulation(say: Printer) -> None:
-    """A short fragmentation comparison of the policies on a synthetic cluster."""
-    try:
-        from tessera.sim import synthetic  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return
+    """How the policies compare on a synthetic cluster (the openb traces: make sim-table)."""
+    from tessera.sim.cli import format_table
+    from tessera.sim.synthetic import SYNTHETIC_POLICIES, run_synthetic
+
+    nodes, seeds = 100, 5
     say()
-    synthetic.demo(say)
+    say(
+        f"Fragmentation: {nodes} synthetic nodes, pods arriving until 130% of the GPUs are "
+        f"asked for, {seeds} seeds per policy (lower is better):"
+    )
+    for line in format_table(
+        run_synthetic(SYNTHETIC_POLICIES, nodes=nodes, seeds=seeds)
+    ).splitlines():
+        say("  " + line)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
