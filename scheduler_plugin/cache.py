@@ -23,12 +23,10 @@ from typing import Any
 from tessera.decision import Decider
 from tessera.errors import TesseraError
 from tessera.model import NodeInventory
-from tessera.policy import POLICIES, Policy
+from tessera.policies import make_policies
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
-    DEFAULT_POLICY,
     HEARTBEAT_LEASE_PREFIX,
-    POLICY_BINPACK,
     UNITS_PER_DEVICE,
 )
 from tessera.state import ClusterState
@@ -37,22 +35,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_DURATION = 40
 DEFAULT_HEARTBEAT_GRACE = 5.0
-
-
-def default_policy_name() -> str:
-    """DEFAULT_POLICY when this build has it registered, else binpack (with a note)."""
-    if DEFAULT_POLICY in POLICIES:
-        return DEFAULT_POLICY
-    log.info(
-        "placement policy %r is not available in this build; using %r",
-        DEFAULT_POLICY,
-        POLICY_BINPACK,
-    )
-    return POLICY_BINPACK
-
-
-def build_policies() -> dict[str, Policy]:
-    return {name: cls() for name, cls in POLICIES.items()}
 
 
 def parse_time(text: Any) -> float | None:
@@ -160,7 +142,7 @@ class Cache:
 
     def __post_init__(self) -> None:
         self.state = ClusterState()
-        self.policies = build_policies()
+        self.policies = make_policies()
         if self.policy not in self.policies:
             raise ValueError(f"unknown policy {self.policy!r} (have {sorted(self.policies)})")
         self.decider = Decider(self.state, self.policies, self.policy)

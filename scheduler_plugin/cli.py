@@ -12,7 +12,7 @@ from typing import Any
 
 from tessera.keys import KeyFileError, load_keyring
 from tessera.logs import add_log_flags, setup_logging
-from tessera.policy import POLICIES
+from tessera.policies import POLICIES
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
@@ -32,7 +32,7 @@ def _listen(text: str) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     policies = sorted(POLICIES)
-    default_policy = DEFAULT_POLICY if DEFAULT_POLICY in POLICIES else "binpack"
+    default_policy = DEFAULT_POLICY
     p = argparse.ArgumentParser(
         prog="tessera-scheduler",
         description=(

@@ -24,7 +24,7 @@ import math
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
@@ -122,18 +122,8 @@ class Extender:
     # --- pods ---------------------------------------------------------------------------
 
     def parse(self, pod: Mapping[str, Any]) -> PodRequest:
-        """The pod's request, with an unknown per-pod policy replaced by the default."""
-        request = parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu)
-        wanted = request.hints.placement
-        if wanted is not None and wanted not in self.cache.policies:
-            log.info(
-                "pod %s asks for policy %r, which this build lacks; using %r",
-                request.key,
-                wanted,
-                self.cache.policy,
-            )
-            request = replace(request, hints=replace(request.hints, placement=None))
-        return request
+        """The pod's request (RequestError when it breaks a rule)."""
+        return parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu)
 
     def remember(self, pod: Mapping[str, Any], request: PodRequest) -> None:
         """Keep the parsed request for the bind that usually follows (bind gets no pod)."""

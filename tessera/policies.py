@@ -1,15 +1,22 @@
-"""Build a placement policy by name, with options (the live scheduler's entry point).
+"""Every built-in placement policy by name, and building one with options.
 
-`tessera.policy.POLICIES` maps every built-in policy name to its class; this adds the
-options and a readable error for an unknown name.
+The live scheduler, the simulator and the demo pick policies from here; the names are
+those of `tessera.resources.PLACEMENT_POLICIES`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tessera.policy import POLICIES, Policy
+from tessera.fragmentation import FragmentationPolicy
+from tessera.policy import BinpackPolicy, Policy, SpreadPolicy
 from tessera.resources import DEFAULT_POLICY
+
+POLICIES: dict[str, type[Policy]] = {
+    BinpackPolicy.name: BinpackPolicy,
+    SpreadPolicy.name: SpreadPolicy,
+    FragmentationPolicy.name: FragmentationPolicy,
+}
 
 
 def make_policy(name: str = DEFAULT_POLICY, **options: Any) -> Policy:
@@ -25,6 +32,6 @@ def make_policy(name: str = DEFAULT_POLICY, **options: Any) -> Policy:
 
 
 def make_policies(**options_by_name: dict[str, Any]) -> dict[str, Policy]:
-    """One instance of every registered policy, e.g. for `Decider(state, make_policies(),
+    """One instance of every built-in policy, e.g. for `Decider(state, make_policies(),
     DEFAULT_POLICY)`; keyword arguments give per-policy options."""
     return {name: make_policy(name, **options_by_name.get(name, {})) for name in POLICIES}

@@ -280,14 +280,31 @@ class SpreadPolicy(Policy):
         return 1.0 - _utilization_after(index, rows, case)
 
 
-POLICIES: dict[str, type[Policy]] = {
-    BinpackPolicy.name: BinpackPolicy,
-    SpreadPolicy.name: SpreadPolicy,
-}
-"""Policies by name; tessera.fragmentation registers the fragmentation-aware one (the
-import below), so this registry always holds every built-in policy."""
+def case_positions(rows: IntArray, sub: IntArray) -> IntArray:
+    """Positions in `rows` of the rows `sub` (a subset of `rows`)."""
+    if sub is rows:
+        return np.arange(rows.size)
+    return np.searchsorted(rows, sub) if _sorted(rows) else _positions(rows, sub)
 
-# At the end on purpose: tessera.fragmentation subclasses Policy and adds itself to POLICIES.
-# A plain `import` (not `from ... import`) also works when tessera.fragmentation is
-# imported first and is still initializing.
-import tessera.fragmentation  # noqa: E402, F401
+
+def restrict_case(case: VectorCase, rows: IntArray, sub: IntArray) -> VectorCase:
+    """The case restricted to the rows `sub` (a subset of `rows`)."""
+    if sub is rows or isinstance(case, HostCase):
+        return case
+    pos = case_positions(rows, sub)
+    if isinstance(case, WholeCase):
+        return WholeCase(
+            case.count, case.free_whole[pos], case.cpu_milli, case.memory_mib, case.shape
+        )
+    return ShareCase(
+        case.core, case.need[pos], case.fits[pos], case.cpu_milli, case.memory_mib, case.shape
+    )
+
+
+def _sorted(rows: IntArray) -> bool:
+    return bool(rows.size < 2 or np.all(rows[1:] > rows[:-1]))
+
+
+def _positions(rows: IntArray, sub: IntArray) -> IntArray:
+    where = {int(r): i for i, r in enumerate(rows.tolist())}
+    return np.asarray([where[int(r)] for r in sub.tolist()], dtype=np.int64)

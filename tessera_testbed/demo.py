@@ -50,7 +50,7 @@ from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
-from tessera.policy import POLICIES
+from tessera.policies import POLICIES
 from tessera.record import Keyring
 from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer
@@ -485,7 +485,7 @@ def run(
 ) -> list[Outcome]:
     """Run the demo, printing to `out`; the outcome of every pod (tests read them)."""
     say = Printer(out)
-    policy = policy or (rn.DEFAULT_POLICY if rn.DEFAULT_POLICY in POLICIES else "binpack")
+    policy = policy or rn.DEFAULT_POLICY
     started = time.monotonic()
     say("tessera demo: a simulated cluster on this machine, every part over its real protocol")
     say()
@@ -573,7 +573,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--policy",
         choices=sorted(POLICIES),
         default=None,
-        help=f"node policy of the scheduler (default: {rn.DEFAULT_POLICY} when available)",
+        help=f"node policy of the scheduler (default: {rn.DEFAULT_POLICY})",
     )
     parser.add_argument(
         "--no-simulation",

@@ -44,6 +44,7 @@ from tessera.policy import (
     ShareCase,
     VectorCase,
     WholeCase,
+    restrict_case,
 )
 from tessera.request import PodRequest
 from tessera.resources import UNITS_PER_DEVICE
@@ -343,9 +344,8 @@ class FgdPolicy(Policy):
         measure = self.measure
 
         def compute(sub: IntArray) -> FloatArray:
-            from tessera.fragmentation import _sub_case
 
-            delta, _ = measure.vector_deltas(index, sub, _sub_case(case, rows, sub))
+            delta, _ = measure.vector_deltas(index, sub, restrict_case(case, rows, sub))
             if delta.ndim == 2:
                 delta = delta.max(axis=1)
             with np.errstate(over="ignore"):

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.fragmentation import FragmentationPolicy, Workload
-from tessera.policy import POLICIES, Policy
+from tessera.policies import POLICIES
+from tessera.policy import Policy
 from tessera.resources import DEFAULT_POLICY
 from tessera.sim.metrics import Summary, summarize
 from tessera.sim.reference import (

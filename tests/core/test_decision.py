@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from tessera import resources as rn
 from tessera.decision import UNKNOWN_NODE, Decider
 from tessera.placement import Placement, place_pod
-from tessera.policy import POLICIES
+from tessera.policies import POLICIES
 from tessera.request import parse_pod
 from tessera.state import ClusterState
 from tessera.topology_file import load_topology

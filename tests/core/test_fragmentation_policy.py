@@ -24,8 +24,8 @@ from tessera.fragmentation import (
 )
 from tessera.model import Gpu, NodeInventory
 from tessera.placement import Placement, place_pod
-from tessera.policies import make_policies, make_policy
-from tessera.policy import POLICIES, BinpackPolicy, Policy, SpreadPolicy
+from tessera.policies import POLICIES, make_policies, make_policy
+from tessera.policy import BinpackPolicy, Policy, SpreadPolicy
 from tessera.request import PodRequest, parse_pod
 from tessera.state import ClusterState
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from scheduler_plugin.cache import Cache, default_policy_name
+from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
 from tessera import resources as rn
 from tessera.placement import Placement
@@ -152,18 +152,16 @@ def test_priorities_keep_the_policys_order_of_the_best_nodes():
     assert floor[-1] == 10 and floor[-10] == 1 and floor[0] == 1  # at least 1 when it fits
 
 
-def test_unknown_pod_policy_falls_back_to_the_default():
-    cache = make_cache({"a": {"gpus": 1}})
-    obj = pod("p", share(10, 10), annotations={rn.PLACEMENT_ANNOTATION: rn.POLICY_FRAGMENTATION})
-    reply = Extender(cache).filter(args(obj, ["a"]))
-    assert reply["NodeNames"] == ["a"]
-
-
-def test_default_policy_is_the_registered_default_or_binpack():
-    from tessera.policy import POLICIES
-
-    expected = rn.DEFAULT_POLICY if rn.DEFAULT_POLICY in POLICIES else rn.POLICY_BINPACK
-    assert default_policy_name() == expected
+def test_a_pods_placement_hint_picks_its_policy():
+    cache = make_cache({"a": {"gpus": 2}, "b": {"gpus": 2}})
+    occupy(cache, "busy", "a", share(50, 50))
+    packed = pod("p", share(10, 10), annotations={rn.PLACEMENT_ANNOTATION: rn.POLICY_BINPACK})
+    spread = pod("q", share(10, 10), annotations={rn.PLACEMENT_ANNOTATION: rn.POLICY_SPREAD})
+    best = {}
+    for obj in (packed, spread):
+        scores = {s["Host"]: s["Score"] for s in Extender(cache).prioritize(args(obj, ["a", "b"]))}
+        best[obj["metadata"]["name"]] = max(scores, key=scores.__getitem__)
+    assert best == {"p": "a", "q": "b"}
 
 
 def test_bad_shapes_are_refused():

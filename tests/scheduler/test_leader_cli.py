@@ -10,7 +10,7 @@ import pytest
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
-from tessera.policy import POLICIES
+from tessera.policies import POLICIES
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,

@@ -1,0 +1,313 @@
+"""The expected fragment of nodes under a workload, for whole clusters at once.
+
+See the package doc for the measure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tessera.model import model_matches
+from tessera.node_state import NodeState
+from tessera.policy import (
+    FloatArray,
+    HostCase,
+    IntArray,
+    VectorCase,
+    WholeCase,
+)
+from tessera.resources import UNITS_PER_DEVICE
+
+if TYPE_CHECKING:
+    from tessera.index import ClusterIndex
+from tessera.fragmentation.workload import GpuShape, Workload
+from tessera.policy import BoolArray
+
+_FULL = UNITS_PER_DEVICE
+_BIG = np.iinfo(np.int64).max // 4
+
+
+@dataclass
+class _NodeSlots:
+    inventory: object
+    per_shape: list[list[int]]
+    healthy: list[int]
+
+
+@dataclass
+class _Compiled:
+    shapes: list[GpuShape]
+    count: IntArray  # [G]
+    core: IntArray  # [G]
+    ratio: IntArray  # [G]
+    units: IntArray  # [G]
+    cls_cpu: IntArray  # [T]
+    cls_mem: IntArray  # [T]
+    cls_weight: FloatArray  # [T]
+    cls_shape: IntArray  # [T] index into shapes
+    cls_to_shape: FloatArray  # [T, G] the class's weight in its shape's column
+    has_units: BoolArray  # [G] memory in units (else a ratio)
+    gpu_weight: float
+    idle_weight: float
+    host_by_shape: list[list[tuple[int, int, float]]]
+    allowed: dict[int, BoolArray] = field(default_factory=dict)  # models known -> [G, M]
+
+
+class FragmentMeasure:
+    """The expected fragment of nodes under a workload, for one node or many at once.
+
+    `count_host_classes`: classes without GPUs count all idle GPU as fragment (the paper's
+    definition: such a pod cannot use a GPU at all), which adds P_host * idle to F.
+    Amounts are in percent of one GPU's compute (100 = one GPU).
+    """
+
+    def __init__(self, workload: Workload, count_host_classes: bool = False) -> None:
+        self.workload = workload
+        self.count_host_classes = count_host_classes
+        self._nodes: dict[int, _NodeSlots] = {}
+        self._c = self._compile(workload)
+
+    def _compile(self, workload: Workload) -> _Compiled:
+        shapes: list[GpuShape] = []
+        index_of: dict[GpuShape, int] = {}
+        cpu: list[int] = []
+        mem: list[int] = []
+        weight: list[float] = []
+        shape_of: list[int] = []
+        host_weight = 0.0
+        for c, w in zip(workload.classes, workload.weights, strict=True):
+            if not c.wants_gpu:
+                host_weight += w
+                continue
+            s = c.shape()
+            if s not in index_of:
+                index_of[s] = len(shapes)
+                shapes.append(s)
+            cpu.append(c.cpu_milli)
+            mem.append(c.memory_mib)
+            weight.append(w)
+            shape_of.append(index_of[s])
+        by_shape: list[list[tuple[int, int, float]]] = [[] for _ in shapes]
+        for cp, mm, w, g in zip(cpu, mem, weight, shape_of, strict=True):
+            by_shape[g].append((cp, mm, w))
+        gpu_weight = float(sum(weight))
+        return _Compiled(
+            shapes=shapes,
+            count=np.asarray([s.count for s in shapes], dtype=np.int64),
+            core=np.asarray([s.core for s in shapes], dtype=np.int64),
+            ratio=np.asarray([s.memory_ratio for s in shapes], dtype=np.int64),
+            units=np.asarray([s.memory_units for s in shapes], dtype=np.int64),
+            cls_cpu=np.asarray(cpu, dtype=np.int64),
+            cls_mem=np.asarray(mem, dtype=np.int64),
+            cls_weight=np.asarray(weight, dtype=np.float64),
+            cls_shape=np.asarray(shape_of, dtype=np.int64),
+            cls_to_shape=_one_hot(shape_of, weight, len(shapes)),
+            has_units=np.asarray([s.memory_units > 0 for s in shapes], dtype=np.bool_),
+            gpu_weight=gpu_weight,
+            idle_weight=gpu_weight + (host_weight if self.count_host_classes else 0.0),
+            host_by_shape=by_shape,
+        )
+
+    # --- one node (the exact path) --------------------------------------------------------
+
+    def _slots(self, node: NodeState) -> _NodeSlots:
+        inv = node.inventory
+        hit = self._nodes.get(id(inv))
+        if hit is not None and hit.inventory is inv:
+            return hit
+        gpus = inv.gpus
+        healthy = [s for s, g in enumerate(gpus) if g.healthy]
+        per_shape = [
+            [s for s in healthy if _allowed(gpus[s].model, shape.models)]
+            for shape in self._c.shapes
+        ]
+        entry = _NodeSlots(inv, per_shape, healthy)
+        if len(self._nodes) > 65536:
+            self._nodes.clear()
+        self._nodes[id(inv)] = entry
+        return entry
+
+    def fragment(
+        self,
+        node: NodeState,
+        core: Sequence[int],
+        mem: Sequence[int],
+        cpu_free: int | None,
+        mem_free: int | None,
+    ) -> float:
+        """Expected fragment of `node` with these free vectors and host CPU / memory."""
+        c = self._c
+        slots = self._slots(node)
+        idle = sum(core[s] for s in slots.healthy)
+        total_mem = node.total_mem
+        unit = node.inventory.memory_unit_mib
+        result = c.idle_weight * idle
+        for g, shape in enumerate(c.shapes):
+            w = 0.0
+            for cpu_t, mem_t, p in c.host_by_shape[g]:
+                if (cpu_free is None or cpu_free >= cpu_t) and (
+                    mem_free is None or mem_free >= mem_t
+                ):
+                    w += p
+            if w == 0.0:
+                continue
+            count = usable = 0
+            for s in slots.per_shape[g]:
+                if core[s] >= shape.core and mem[s] >= shape.memory_need(total_mem[s], unit):
+                    count += 1
+                    usable += core[s]
+            if count >= shape.count:
+                result -= w * usable
+        return result
+
+    def delta(
+        self,
+        node: NodeState,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+        cpu_milli: int,
+        memory_mib: int,
+    ) -> float:
+        """How much a placement lowers the node's expected fragment (negative: raises it)."""
+        cpu, mem = node.cpu_free, node.mem_free
+        before = self.fragment(node, core_before, mem_before, cpu, mem)
+        after = self.fragment(
+            node,
+            core_after,
+            mem_after,
+            None if cpu is None else cpu - cpu_milli,
+            None if mem is None else mem - memory_mib,
+        )
+        return before - after
+
+    # --- many nodes (the vector path) -----------------------------------------------------
+
+    def _allowed_matrix(self, index: ClusterIndex) -> BoolArray:
+        """[G, models+1] whether GPU shape g may use model id m (last column: no GPU)."""
+        c = self._c
+        known = len(index.models)
+        hit = c.allowed.get(known)
+        if hit is None:
+            hit = np.zeros((len(c.shapes), known + 1), dtype=np.bool_)
+            for g, shape in enumerate(c.shapes):
+                for m, model in enumerate(index.models):
+                    hit[g, m] = _allowed(model, shape.models)
+            c.allowed[known] = hit
+        return hit
+
+    def _host_weights(self, cpu: IntArray, mem: IntArray) -> FloatArray:
+        """[R, G] weight of the classes of each shape whose host request fits."""
+        c = self._c
+        fits = (cpu[:, None] >= c.cls_cpu[None, :]) & (mem[:, None] >= c.cls_mem[None, :])
+        out: FloatArray = fits.astype(np.float64) @ c.cls_to_shape
+        return out
+
+    def _state(self, index: ClusterIndex, rows: IntArray) -> _RowState:
+        """What the measure needs of each row's current state."""
+        c = self._c
+        fc = index.free_core[rows]
+        fm = index.free_mem[rows]
+        tm = index.total_mem[rows]
+        model = index.model[rows]
+        base = index.healthy[rows] & (model >= 0)
+        allowed = self._allowed_matrix(index)
+        elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
+        # memory a GPU of shape g needs on each slot: units * unit, or total * ratio // 100;
+        # free >= total * ratio // 100  <=>  100 * free + 100 > total * ratio  (integers)
+        tm_ratio = tm[:, :, None] * c.ratio[None, None, :]
+        units_need = c.units[None, None, :] * index.unit_mib[rows][:, None, None]
+
+        def mem_ok(free_mem: IntArray) -> BoolArray:
+            by_ratio = (_FULL * free_mem + _FULL)[:, :, None] > tm_ratio
+            by_units = free_mem[:, :, None] >= units_need
+            out: BoolArray = np.where(c.has_units[None, None, :], by_units, by_ratio)
+            return out
+
+        ok = elig & (fc[:, :, None] >= c.core[None, None, :]) & mem_ok(fm)
+        cnt = ok.sum(axis=1)
+        usable = np.einsum("rs,rsg->rg", fc, ok, dtype=np.int64)
+        idle = (fc * base).sum(axis=1)
+        return _RowState(fc, fm, base, elig, ok, cnt, usable, idle, mem_ok)
+
+    def rows_fragment(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
+        """Expected fragment of each row as it is now."""
+        c = self._c
+        st = self._state(index, rows)
+        w = self._host_weights(index.cpu_free[rows], index.mem_free[rows])
+        held = (w * (st.cnt >= c.count[None, :]) * st.usable).sum(axis=1)
+        result: FloatArray = c.idle_weight * st.idle - held
+        return result
+
+    def vector_deltas(
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
+    ) -> tuple[FloatArray, FloatArray]:
+        """(delta, idle after) per row for the request; for a share, delta is [R, S] per
+        candidate GPU (-inf where it does not fit) and idle after is [R]. NaN marks rows
+        the measure cannot settle without knowing which GPUs the core picks."""
+        c = self._c
+        st = self._state(index, rows)
+        cnt, usable, idle = st.cnt, st.usable, st.idle
+        cpu = index.cpu_free[rows]
+        mem = index.mem_free[rows]
+        w = self._host_weights(cpu, mem)
+        k = c.count[None, :]
+        before = c.idle_weight * idle - (w * (cnt >= k) * usable).sum(axis=1)
+        w2 = self._host_weights(cpu - case.cpu_milli, mem - case.memory_mib)
+        if isinstance(case, HostCase):
+            after = c.idle_weight * idle - (w2 * (cnt >= k) * usable).sum(axis=1)
+            return before - after, idle.astype(np.float64)
+        if isinstance(case, WholeCase):
+            fw = case.free_whole
+            tm = index.total_mem[rows]
+            model = index.model[rows]
+            same = (np.where(fw, tm, -1).max(axis=1) == np.where(fw, tm, _BIG).min(axis=1)) & (
+                np.where(fw, model, -1).max(axis=1) == np.where(fw, model, _BIG).min(axis=1)
+            )
+            first = fw.argmax(axis=1)
+            rep = st.ok[np.arange(rows.size), first, :]  # [R, G]: a free GPU's usability
+            cnt2 = cnt - case.count * rep
+            usable2 = usable - _FULL * case.count * rep
+            idle2 = idle - _FULL * case.count
+            after = c.idle_weight * idle2 - (w2 * (cnt2 >= k) * usable2).sum(axis=1)
+            delta = np.where(same, before - after, np.nan)
+            return delta, idle2.astype(np.float64)
+        # a share on one GPU: every candidate GPU at once; only that GPU changes
+        fc, ok = st.fc, st.ok
+        fc2 = fc - case.core
+        ok2 = st.elig & (fc2[:, :, None] >= c.core[None, None, :]) & st.mem_ok(st.fm - case.need)
+        cnt2 = cnt[:, None, :] + (ok2.view(np.int8) - ok.view(np.int8))
+        usable2 = usable[:, None, :] - fc[:, :, None] * ok + fc2[:, :, None] * ok2
+        held2 = np.einsum("rg,rsg->rs", w2, (cnt2 >= k[:, None, :]) * usable2)
+        after = c.idle_weight * (idle[:, None] - case.core) - held2
+        delta = np.where(case.fits, before[:, None] - after, -np.inf)
+        return delta, (idle - case.core).astype(np.float64)
+
+
+@dataclass
+class _RowState:
+    fc: IntArray
+    fm: IntArray
+    base: BoolArray
+    elig: BoolArray
+    ok: BoolArray
+    cnt: IntArray
+    usable: IntArray
+    idle: IntArray
+    mem_ok: Callable[[IntArray], BoolArray]
+
+
+def _one_hot(column: Sequence[int], weight: Sequence[float], columns: int) -> FloatArray:
+    out = np.zeros((len(column), columns), dtype=np.float64)
+    for t, (g, w) in enumerate(zip(column, weight, strict=True)):
+        out[t, g] = w
+    return out
+
+
+def _allowed(model: str, models: tuple[str, ...]) -> bool:
+    return not models or any(model_matches(model, m) for m in models)

@@ -1,0 +1,388 @@
+"""FragmentationPolicy: tessera's default placement policy (see the package doc)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tessera.node_state import NodeState
+from tessera.policy import (
+    FloatArray,
+    HostCase,
+    IntArray,
+    Option,
+    Policy,
+    ShareCase,
+    VectorCase,
+    WholeCase,
+    case_positions,
+    restrict_case,
+)
+from tessera.request import PodRequest
+from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
+
+if TYPE_CHECKING:
+    from tessera.index import ClusterIndex
+from tessera.fragmentation.measure import FragmentMeasure
+from tessera.fragmentation.shape_cache import ShapeCache
+from tessera.fragmentation.workload import (
+    OnlineWorkload,
+    Workload,
+)
+from tessera.index import UNTRACKED
+from tessera.policy import BoolArray
+
+_FULL = UNITS_PER_DEVICE
+_MAX_GPUS = 8.0
+"""GPUs of a large node: `pack_by="free"` counts free GPUs in these units."""
+
+
+def squash(x: FloatArray | float, scale: float) -> FloatArray:
+    """Map any real number into [0, 1], monotonically, keeping resolution over a wide range
+    (-inf -> 0, +inf -> 1, NaN stays NaN)."""
+    v = np.asarray(x, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        out: FloatArray = np.where(np.isinf(v), (v > 0) * 1.0, 0.5 + 0.5 * v / (np.abs(v) + scale))
+    return out
+
+
+class FragmentationPolicy(Policy):
+    """Place where the expected fragment grows least, keep host CPU and memory in step
+    with the GPUs, and fill equally good nodes in a fixed order.
+
+    The raw score of a placement, in GPUs, is
+
+        dF + balance * dS + pack * used_after
+
+    dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
+    learned so far); dS: how much the node's GPU stranded by host CPU or memory drops, where
+    the GPU a node can still feed is its free CPU (memory) over the CPU (memory) the
+    workload asks per GPU; used_after: the node's share of GPU in use after the pod (per GPU
+    the scarcer of compute and memory; `pack_by="free"`: minus its free GPUs / 8). The raw
+    score is coarsened to steps of `quantum` GPUs, and `order` times a fixed per-node number
+    in [0, 1) (a hash of the name) breaks what then ties, so equally good placements keep
+    filling the same nodes whatever the scheduler's own tie rule; the node score squashes
+    it into (0, 1). Inside a node the same score picks the GPU, and among GPUs of equal
+    score the one left with the least free compute.
+
+    Without a `workload`, the policy learns it online (`observe`); options: `prior_weight`,
+    `coverage`, `first_check`, `max_interval`, `drift` (see `OnlineWorkload`),
+    `host_memory` (host memory in the pod classes), `weighting` ("count": classes weigh by
+    popularity as in the paper; "demand": by popularity times GPU demand).
+    """
+
+    name = POLICY_FRAGMENTATION
+    pack_nics = True
+
+    def __init__(
+        self,
+        workload: Workload | None = None,
+        *,
+        pack: float = 0.1,
+        balance: float = 1.0,
+        prior_weight: float = 10.0,
+        coverage: float = 0.99,
+        first_check: int = 16,
+        max_interval: int = 1024,
+        drift: float = 0.02,
+        host_memory: bool = True,
+        weighting: str = "count",
+        pack_by: str = "fraction",
+        quantum: float = 0.1,
+        order: float = 1e-6,
+    ) -> None:
+        if weighting not in ("count", "demand"):
+            raise ValueError(f"weighting must be 'count' or 'demand', got {weighting!r}")
+        if pack_by not in ("fraction", "free"):
+            raise ValueError(f"pack_by must be 'fraction' or 'free', got {pack_by!r}")
+        self.pack_by = pack_by
+        self.quantum = quantum
+        self.order = order
+        self._order_of: dict[str, float] = {}
+        self.pack = pack
+        self.balance = balance
+        self.weighting = weighting
+        self.online: OnlineWorkload | None = None
+        if workload is None:
+            self.online = OnlineWorkload(
+                prior_weight=prior_weight,
+                coverage=coverage,
+                first_check=first_check,
+                max_interval=max_interval,
+                drift=drift,
+                host_memory=host_memory,
+            )
+            workload = self.online.workload
+        self.generation = 0
+        self._cache = ShapeCache()
+        self._use(workload)
+
+    def _use(self, workload: Workload) -> None:
+        if self.weighting == "demand":
+            raw = [
+                w * c.gpu_percent for c, w in zip(workload.classes, workload.weights, strict=True)
+            ]
+            total = sum(raw) or 1.0
+            workload = Workload(workload.classes, tuple(r / total for r in raw))
+        self.measure = FragmentMeasure(workload)
+        gpu = cpu = mem = 0.0
+        for c, w in zip(workload.classes, workload.weights, strict=True):
+            if c.wants_gpu:
+                gpu += w * c.gpu_percent
+                cpu += w * c.cpu_milli
+                mem += w * c.memory_mib
+        # host CPU and memory the GPU workload asks per percent of a GPU (0: unconstrained)
+        self._cpu_per_pct = cpu / gpu if gpu else 0.0
+        self._mem_per_pct = mem / gpu if gpu else 0.0
+
+    @property
+    def workload(self) -> Workload:
+        return self.measure.workload
+
+    def observe(self, request: PodRequest) -> None:
+        if self.online is not None and self.online.observe(request):
+            self._use(self.online.workload)
+            self.generation += 1
+
+    # --- scores ---------------------------------------------------------------------------
+
+    def _stranded(self, idle: FloatArray, cpu: FloatArray, mem: FloatArray) -> FloatArray:
+        """GPU compute (percent) that the node's host CPU and memory cannot feed."""
+        feed = np.full(np.shape(idle), np.inf)
+        if self._cpu_per_pct > 0:
+            feed = np.minimum(feed, np.maximum(cpu, 0) / self._cpu_per_pct)
+        if self._mem_per_pct > 0:
+            feed = np.minimum(feed, np.maximum(mem, 0) / self._mem_per_pct)
+        out: FloatArray = np.maximum(idle - feed, 0.0)
+        return out
+
+    def _raw(
+        self,
+        delta: FloatArray,
+        idle_before: FloatArray,
+        idle_after: FloatArray,
+        cpu_before: FloatArray,
+        cpu_after: FloatArray,
+        mem_before: FloatArray,
+        mem_after: FloatArray,
+        used_after: FloatArray,
+    ) -> FloatArray:
+        raw = delta / _FULL + self.pack * used_after
+        if self.balance:
+            strand = self._stranded(idle_before, cpu_before, mem_before) - self._stranded(
+                idle_after, cpu_after, mem_after
+            )
+            raw = raw + self.balance * strand / _FULL
+        return raw
+
+    def _final(self, raw: FloatArray, priority: FloatArray) -> FloatArray:
+        """Optionally coarsen the score to `quantum` (GPUs) and break what then ties by a
+        fixed per-node order, so equal placements fill the same nodes first."""
+        raw = np.asarray(raw, dtype=np.float64).reshape(np.shape(priority))
+        if self.quantum > 0:
+            with np.errstate(invalid="ignore"):
+                # the nudge keeps float noise (~1e-15) from flipping a value across a step
+                raw = np.floor(raw / self.quantum + 1e-7) * self.quantum
+        if self.order:
+            raw = raw + self.order * priority
+        return raw
+
+    def _priority(self, name: str) -> float:
+        value = self._order_of.get(name)
+        if value is None:
+            digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+            value = self._order_of[name] = int.from_bytes(digest, "little") / 2.0**64
+        return value
+
+    def _priorities(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
+        names = index.names
+        return np.asarray([self._priority(names[r] or "") for r in rows.tolist()])
+
+    def _exact(
+        self,
+        node: NodeState,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+        cpu_milli: int,
+        memory_mib: int,
+    ) -> float:
+        delta = self.measure.delta(
+            node, core_before, mem_before, core_after, mem_after, cpu_milli, memory_mib
+        )
+        gpus = node.inventory.gpus
+        healthy = [s for s in range(len(core_before)) if gpus[s].healthy]
+        idle_b = float(sum(core_before[s] for s in healthy))
+        idle_a = float(sum(core_after[s] for s in healthy))
+        cpu = float(UNTRACKED if node.cpu_free is None else node.cpu_free)
+        mem = float(UNTRACKED if node.mem_free is None else node.mem_free)
+        total = node.total_mem
+        free_after = sum(
+            min(core_after[s] / _FULL, mem_after[s] / total[s]) if total[s] > 0 else 0.0
+            for s in healthy
+        )
+        if self.pack_by == "free":
+            used_after = -free_after / _MAX_GPUS
+        else:
+            used_after = 1.0 - free_after / len(healthy) if healthy else 0.0
+        raw = self._raw(
+            *(
+                np.asarray(v, dtype=np.float64)
+                for v in (
+                    delta,
+                    idle_b,
+                    idle_a,
+                    cpu,
+                    cpu - cpu_milli,
+                    mem,
+                    mem - memory_mib,
+                    used_after,
+                )
+            )
+        )
+        return float(squash(self._final(raw, np.asarray([self._priority(node.name)])), 4.0)[0])
+
+    def option_score(
+        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
+    ) -> float:
+        after_core = list(core)
+        after_mem = list(mem)
+        for s, c, m in zip(option.slots, option.core_after, option.mem_after, strict=True):
+            after_core[s] = c
+            after_mem[s] = m
+        score = self._exact(
+            node, core, mem, after_core, after_mem, option.cpu_milli, option.memory_mib
+        )
+        # best fit among equal scores: the least free compute left on the chosen GPUs
+        leftover = sum(option.core_after) / (_FULL * max(len(option.slots), 1))
+        return score - 1e-9 * leftover
+
+    def node_score(
+        self,
+        node: NodeState,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+    ) -> float:
+        return self._exact(node, core_before, mem_before, core_after, mem_after, 0, 0)
+
+    def placement_score(
+        self,
+        node: NodeState,
+        request: PodRequest,
+        core_before: Sequence[int],
+        mem_before: Sequence[int],
+        core_after: Sequence[int],
+        mem_after: Sequence[int],
+    ) -> float:
+        return self._exact(
+            node,
+            core_before,
+            mem_before,
+            core_after,
+            mem_after,
+            request.cpu_milli,
+            request.memory_mib,
+        )
+
+    def vector_node_scores(
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
+    ) -> FloatArray | None:
+        measure = self.measure
+
+        def compute(stale: IntArray) -> FloatArray:
+            # only rows where the request can fit need a score (the rest: NaN, unused)
+            out = np.full(stale.size, np.nan)
+            fit = _may_fit(index, rows, stale, case)
+            if fit.any():
+                out[fit] = score(stale[fit])
+            return out
+
+        def score(sub: IntArray) -> FloatArray:
+            sub_case = restrict_case(case, rows, sub)
+            delta, idle_after = measure.vector_deltas(index, sub, sub_case)
+            fc = index.free_core[sub]
+            fm = index.free_mem[sub]
+            tm = index.total_mem[sub]
+            healthy = index.healthy[sub] & (index.model[sub] >= 0)
+            idle_before = (fc * healthy).sum(axis=1).astype(np.float64)
+            gpus = np.maximum(healthy.sum(axis=1), 1)
+            # each GPU's free fraction: the scarcer of compute and memory
+            free = np.where(healthy, np.minimum(fc / _FULL, fm / np.maximum(tm, 1)), 0.0)
+            free_sum = free.sum(axis=1)
+            cpu = index.cpu_free[sub].astype(np.float64)
+            mem = index.mem_free[sub].astype(np.float64)
+            if delta.ndim == 2:
+                assert isinstance(sub_case, ShareCase)
+                free2 = np.minimum(
+                    (fc - sub_case.core) / _FULL, (fm - sub_case.need) / np.maximum(tm, 1)
+                )
+                left2 = free_sum[:, None] - free + free2
+                if self.pack_by == "free":
+                    used2 = -left2 / _MAX_GPUS
+                else:
+                    used2 = 1.0 - left2 / gpus[:, None]
+                idle2 = idle_before[:, None] - sub_case.core
+                raw = self._raw(
+                    delta,
+                    idle_before[:, None],
+                    idle2,
+                    cpu[:, None],
+                    cpu[:, None] - sub_case.cpu_milli,
+                    mem[:, None],
+                    mem[:, None] - sub_case.memory_mib,
+                    np.where(np.isfinite(delta), used2, 0.0),
+                )
+                final = self._final(raw.max(axis=1), self._priorities(index, sub))
+                best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
+                return best
+            taken = sub_case.count if isinstance(sub_case, WholeCase) else 0
+            if self.pack_by == "free":
+                used = -(free_sum - taken) / _MAX_GPUS
+            else:
+                used = np.where(healthy.any(axis=1), 1.0 - (free_sum - taken) / gpus, 0.0)
+            raw1 = self._raw(
+                delta,
+                idle_before,
+                idle_after,
+                cpu,
+                cpu - sub_case.cpu_milli,
+                mem,
+                mem - sub_case.memory_mib,
+                used,
+            )
+            final1 = self._final(raw1, self._priorities(index, sub))
+            out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
+            return out
+
+        key = _case_key(case)
+        if key is None:
+            return compute(rows)
+        return self._cache.get(index, rows, key, self.generation, compute)
+
+
+def _may_fit(index: ClusterIndex, rows: IntArray, sub: IntArray, case: VectorCase) -> BoolArray:
+    """Rows of `sub` (a subset of `rows`) where the request fits the host and the GPUs."""
+    host: BoolArray = (index.cpu_free[sub] >= case.cpu_milli) & (
+        index.mem_free[sub] >= case.memory_mib
+    )
+    if isinstance(case, HostCase):
+        return host
+    pos = case_positions(rows, sub)
+    if isinstance(case, WholeCase):
+        gpus: BoolArray = case.free_whole[pos].sum(axis=1) >= case.count
+    else:
+        gpus = np.asarray(case.fits[pos].any(axis=1), dtype=np.bool_)
+    return host & gpus
+
+
+def _case_key(case: VectorCase) -> object | None:
+    key = getattr(case, "shape", None)
+    if key is None:
+        return None
+    return (type(case).__name__, key)
