@@ -17,12 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
 from tessera.errors import InventoryError
 from tessera.model import Gpu, NodeInventory, RdmaNic
-from tessera.topology_file import BUILTIN_TOPOLOGIES
+from tessera.topology_file import BUILTIN_TOPOLOGIES, load_document
 
 _ENTRY = re.compile(r"^(gpus|rdma)\[(\d+)\]")
 
@@ -67,12 +65,7 @@ def load_topology_lenient(
     Raises InventoryError when nothing usable can be read.
     """
     text, source = _read_topology(name_or_path)
-    try:
-        doc: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "$"
-        raise InventoryError(source, where, f"not valid YAML/JSON: {exc}") from None
+    doc: Any = load_document(text, source)
     if not isinstance(doc, dict):
         raise InventoryError(source, "$", "expected a mapping with gpus and rdma lists")
     doc = copy.deepcopy(doc)

@@ -18,13 +18,18 @@ from tessera.model import NodeInventory
 BUILTIN_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
 
 
-def parse_topology_text(text: str, source: str, node_name: str = "") -> NodeInventory:
+def load_document(text: str, source: str) -> Any:
+    """The YAML (or JSON) document in `text`; InventoryError names the line on a syntax error."""
     try:
-        doc: Any = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "$"
         raise InventoryError(source, where, f"not valid YAML/JSON: {exc}") from None
+
+
+def parse_topology_text(text: str, source: str, node_name: str = "") -> NodeInventory:
+    doc = load_document(text, source)
     if doc is None:
         raise InventoryError(source, "$", "the file is empty")
     return NodeInventory.from_dict(doc, source=source, node_name=node_name or None)
