@@ -5,11 +5,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-import pytest
-
 from tessera import resources as rn
 from tessera.record import decode
-from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,
@@ -20,12 +17,6 @@ from tests.scheduler.helpers import (
     share,
     wait_for,
 )
-
-
-@pytest.fixture
-def fake():
-    with FakeApiServer() as server:
-        yield server
 
 
 def bind_body(created, node):

@@ -5,13 +5,10 @@ from __future__ import annotations
 import http.client
 import json
 
-import pytest
-
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
-from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEY,
     Http,
@@ -23,12 +20,6 @@ from tests.scheduler.helpers import (
     share,
     wait_for,
 )
-
-
-@pytest.fixture
-def fake():
-    with FakeApiServer() as server:
-        yield server
 
 
 def used_core(service, node, slot=0):

@@ -5,13 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
 from tessera.policies import POLICIES
-from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     ROOT,
@@ -24,12 +21,6 @@ from tests.scheduler.helpers import (
     share,
     wait_for,
 )
-
-
-@pytest.fixture
-def fake():
-    with FakeApiServer() as server:
-        yield server
 
 
 def elector(fake, identity, clock, **kw):

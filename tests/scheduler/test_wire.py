@@ -63,12 +63,6 @@ def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict:
     return fake.create("pods", fresh)
 
 
-@pytest.fixture
-def fake():
-    with FakeApiServer() as server:
-        yield server
-
-
 def test_filter_and_prioritize_with_node_cache(fake):
     _cluster(fake)
     body = vector("filter-001.json")
