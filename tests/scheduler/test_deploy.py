@@ -11,7 +11,7 @@ import yaml
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
-from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share
 
 DEPLOY = ROOT / "deploy" / "scheduler"
@@ -66,12 +66,6 @@ def _rules() -> list[tuple[str, str, str, frozenset[str], frozenset[str]]]:
     return result
 
 
-_PATH = re.compile(
-    r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)"
-    r"(?:/(?P<name>[^/?]+))?(?:/(?P<sub>[a-z]+))?"
-)
-
-
 def _verb(method: str, name: str | None, watch: bool) -> str:
     if method == "GET":
         return "watch" if watch else ("get" if name else "list")
@@ -108,13 +102,12 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
     for method, path in seen:
         if (method, path) in test_writes:
             continue
-        m = _PATH.match(path)
-        assert m, path
-        group = m["group"] or ""
-        resource = m["res"] + (f"/{m['sub']}" if m["sub"] else "")
+        p = parse_path(path)
+        group = p.group
+        resource = p.resource + (f"/{p.subresource}" if p.subresource else "")
         watch = False  # list and watch share a path; both verbs are granted together below
-        verb = _verb(method, m["name"], watch)
-        ns = m["ns"]
+        verb = _verb(method, p.name, watch)
+        ns = p.namespace
         allowed = [
             i
             for i, (scope, g, r, verbs, names) in enumerate(rules)
@@ -122,7 +115,7 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
             and r == resource
             and (scope in ("*", ns))
             and (verb in verbs or (verb == "list" and "watch" in verbs))
-            and (not names or m["name"] in names)
+            and (not names or p.name in names)
         ]
         assert allowed, f"RBAC does not allow {method} {path}"
         used.update(allowed)
