@@ -9,7 +9,7 @@ PROTO_STAMP   := protos/.generated-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo test lint bench bench-quick sim-table e2e protos check-protos clean help
+.PHONY: demo test lint bench bench-quick sim-table e2e fuzz protos check-protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench  - speed benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
+	@echo "make fuzz   - long attack runs on every input surface (figures go to docs/security.md)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +44,7 @@ test: $(PROTO_STAMP)
 lint: $(PROTO_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tessera_testbed tools bench
+	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tessera_testbed tools bench fuzz
 	$(VENV)/bin/lint-imports
 
 bench: $(PROTO_STAMP)
@@ -54,6 +55,9 @@ bench-quick: $(PROTO_STAMP)
 
 sim-table: $(PROTO_STAMP)
 	nice $(PY) -m tessera.sim.table --openb $(OPENB) --out docs/fragmentation --workers $(or $(WORKERS),1)
+
+fuzz: $(PROTO_STAMP)
+	$(PY) -m fuzz.run --inputs $(or $(INPUTS),100000)
 
 e2e: $(PROTO_STAMP)
 	$(PY) -m pytest -m e2e tests/e2e
