@@ -1,0 +1,77 @@
+"""JSON from untrusted writers, parsed within stated bounds, failing with one typed error.
+
+The stdlib decoder raises RecursionError on deep nesting, ValueError on over-long integers
+and accepts NaN/Infinity; callers that face pod authors, node agents or the network must
+never see those. `loads` turns every way a document can be bad into JsonLimitError.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from tessera.errors import TesseraError
+
+MAX_INT_DIGITS: Final = 20
+"""Digits in a JSON integer. 20 holds every uint64 (18446744073709551615); nothing tessera
+reads needs more, and refusing early avoids building huge integers."""
+MAX_FLOAT_CHARS: Final = 40
+"""Characters in a JSON number with a fraction or exponent (17 significant digits, sign,
+point and a 3-digit exponent fit with room to spare)."""
+
+
+class JsonLimitError(TesseraError, ValueError):
+    """A JSON document is malformed or outside the bounds its reader accepts."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer with {len(text)} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_FLOAT_CHARS:
+        raise ValueError(f"number of {len(text)} characters (at most {MAX_FLOAT_CHARS})")
+    return float(text)
+
+
+def _constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None = None) -> Any:
+    """Parse `raw` (at most `max_bytes`, nested at most `max_depth` deep when given)."""
+    size = len(raw.encode() if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise JsonLimitError(what, f"{size} bytes, over the {max_bytes}-byte limit")
+    try:
+        doc = json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except RecursionError:
+        raise JsonLimitError(what, "nested too deeply") from None
+    except (ValueError, UnicodeDecodeError, TypeError) as exc:
+        raise JsonLimitError(what, f"not valid JSON: {exc}") from None
+    if max_depth is not None:
+        check_depth(doc, max_depth, what)
+    return doc
+
+
+def check_depth(doc: Any, max_depth: int, what: str) -> None:
+    """Raise JsonLimitError when containers nest deeper than `max_depth` (iterative)."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            raise JsonLimitError(what, f"nested deeper than {max_depth} levels")
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
