@@ -1,8 +1,8 @@
-"""The node agent's admission policy, evaluated with a real CEL interpreter.
+"""tessera's admission policies, evaluated with a real CEL interpreter.
 
 The API server evaluates the same expressions; here every validation is compiled and run
-against the writes a node agent makes (allowed) and the writes a compromised agent could
-attempt on other nodes (refused).
+against the writes tessera makes (admitted) and those a compromised node agent or a
+tenant could attempt (refused).
 """
 
 from __future__ import annotations
@@ -18,7 +18,13 @@ from celpy.adapter import json_to_cel
 from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 
-from tessera.resources import DOMAIN, HEARTBEAT_LEASE_PREFIX, INVENTORY_GROUP, INVENTORY_PLURAL
+from tessera.resources import (
+    ALLOCATION_ANNOTATION,
+    DOMAIN,
+    HEARTBEAT_LEASE_PREFIX,
+    INVENTORY_GROUP,
+    INVENTORY_PLURAL,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY_FILE = ROOT / "deploy" / "deviceplugin" / "admission-policy.yaml"
@@ -45,15 +51,15 @@ def _program(expression: str) -> Any:
     return ENV.program(ENV.compile(expression))
 
 
-def admit(
+def evaluate(
+    policy: dict[str, Any],
     resource: str,
     obj: dict[str, Any],
-    old: dict[str, Any] | None = None,
-    user: str = AGENT_USER,
-    node: str | None = "node-a",
+    old: dict[str, Any] | None,
+    user: str,
+    extra: dict[str, list[str]],
 ) -> str | None:
-    """None when the policy admits the write, else the message of the first failed rule."""
-    extra = {NODE_CLAIM: [node]} if node is not None else {}
+    """As the API server does: None when `policy` admits the write, else the first message."""
     request = {
         "userInfo": {"username": user, "extra": extra},
         "resource": {"resource": resource},
@@ -64,11 +70,11 @@ def admit(
         "object": json_to_cel(obj),
         "oldObject": json_to_cel(old),
     }
-    spec = POLICY["spec"]
+    spec = policy["spec"]
     for condition in spec["matchConditions"]:
         if not _program(condition["expression"]).evaluate(activation):
             return None
-    variables: dict[str, Any] = {}
+    variables: dict[Any, Any] = {}
     for variable in spec["variables"]:
         activation["variables"] = MapType(variables)
         try:
@@ -83,6 +89,18 @@ def admit(
         if isinstance(result, Exception) or not result:
             return " ".join(rule["message"].split())
     return None
+
+
+def admit(
+    resource: str,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    user: str = AGENT_USER,
+    node: str | None = "node-a",
+) -> str | None:
+    """The node agent's policy for one write of `user` from a pod on `node`."""
+    extra = {NODE_CLAIM: [node]} if node is not None else {}
+    return evaluate(POLICY, resource, obj, old, user, extra)
 
 
 def _node(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -161,3 +179,66 @@ def test_a_token_without_a_node_claim_is_refused() -> None:
 
 def test_other_users_are_not_matched() -> None:
     assert admit("nodedevices", {"metadata": {"name": "node-b"}}, user="system:admin") is None
+
+
+# --- the allocation record: written by tessera-scheduler only --------------------------------
+
+RECORD_POLICY, RECORD_BINDING = _docs(ROOT / "deploy" / "scheduler" / "admission-policy.yaml")
+SCHEDULER_SA = next(
+    d
+    for d in _docs(ROOT / "deploy" / "scheduler" / "serviceaccount.yaml")
+    if d["kind"] == "ServiceAccount"
+)
+SCHEDULER_USER = (
+    f"system:serviceaccount:{SCHEDULER_SA['metadata']['namespace']}:"
+    f"{SCHEDULER_SA['metadata']['name']}"
+)
+TENANT = "alice@example.com"
+
+
+def _pod(record: str | None = None, **annotations: str) -> dict[str, Any]:
+    if record is not None:
+        annotations[ALLOCATION_ANNOTATION] = record
+    return {"metadata": {"name": "p", "annotations": annotations}, "spec": {}}
+
+
+def write_record(
+    obj: dict[str, Any],
+    old: dict[str, Any] | None = None,
+    user: str = TENANT,
+    resource: str = "pods",
+) -> str | None:
+    return evaluate(RECORD_POLICY, resource, obj, old, user, {})
+
+
+def test_record_policy_names_the_shared_constants() -> None:
+    assert (
+        f"'{ALLOCATION_ANNOTATION}'"
+        in (ROOT / "deploy" / "scheduler" / "admission-policy.yaml").read_text()
+    )
+    assert SCHEDULER_USER in RECORD_POLICY["spec"]["matchConditions"][0]["expression"]
+    assert RECORD_BINDING["spec"]["policyName"] == RECORD_POLICY["metadata"]["name"]
+    assert RECORD_BINDING["spec"]["validationActions"] == ["Deny"]
+    assert "scheduler/admission-policy.yaml" in (ROOT / "deploy" / "kustomization.yaml").read_text()
+
+
+def test_tenants_cannot_write_the_record() -> None:
+    refused = "only tessera-scheduler may set, change or remove"
+    assert refused in str(write_record(_pod("[" * 1000)))
+    assert refused in str(write_record(_pod("forged"), _pod()))
+    assert refused in str(write_record(_pod("changed"), _pod("signed")))
+    assert refused in str(write_record(_pod(), _pod("signed")))
+    binding = {"metadata": {"name": "p", "annotations": {ALLOCATION_ANNOTATION: "x"}}}
+    assert refused in str(write_record(binding, resource="pods/binding"))
+
+
+def test_tenants_keep_every_other_write() -> None:
+    assert write_record(_pod(team="ml")) is None
+    assert write_record(_pod("signed", team="new"), _pod("signed", team="old")) is None
+    assert write_record({"metadata": {"name": "p"}, "spec": {}}) is None
+    assert write_record({"metadata": {"name": "p"}}, resource="pods/binding") is None
+
+
+def test_the_scheduler_writes_and_removes_records() -> None:
+    assert write_record(_pod("signed"), _pod(), user=SCHEDULER_USER) is None
+    assert write_record(_pod(), _pod("signed"), user=SCHEDULER_USER) is None
