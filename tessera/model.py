@@ -10,10 +10,36 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from tessera.errors import InventoryError
 from tessera.resources import DEFAULT_MEMORY_UNIT_MIB
+
+# Bounds on inventories. Node agents write them (the NodeDevices object), so a broken or
+# hostile agent must not be able to make the scheduler build huge lists or numbers that do
+# not fit its int64 columns. Each bound is far above any real machine.
+MAX_GPUS_PER_NODE: Final = 64
+"""GPUs on one node. The densest servers hold 16; 64 leaves room for what comes next."""
+MAX_NICS_PER_NODE: Final = 64
+"""RDMA NICs (physical functions) on one node; servers carry at most one or two per GPU."""
+MAX_VFS_PER_NIC: Final = 1024
+"""SR-IOV virtual functions of one NIC: the most a ConnectX NIC can enable is 1K."""
+MAX_PORTS_PER_NIC: Final = 16
+"""Ports of one NIC: real NICs have one or two."""
+MAX_GPU_MEMORY_MIB: Final = 2**24
+"""Memory of one GPU, and the largest memory unit: 16 TiB, some 50 times today's largest GPU,
+and small enough that sums over every GPU of a cluster stay far inside int64."""
+MAX_DEVICE_NUMBER: Final = 2**20 - 1
+"""GPU indexes, device minors and uverbs numbers: Linux minor numbers have 20 bits."""
+MAX_NUMA_NODE: Final = 1023
+"""NUMA node ids: Linux allows at most 1024 nodes (NODES_SHIFT 10)."""
+MAX_NVLINKS: Final = 64
+"""Active NVLinks between two GPUs: an NVLink-5 GPU has 18 in all."""
+MAX_NAME_CHARS: Final = 256
+"""UUIDs, models, bus IDs, device and node names: Kubernetes names stop at 253 characters and
+NVML strings at 96 bytes."""
+MAX_REASON_CHARS: Final = 1024
+"""A health reason is a sentence for an operator; a kilobyte is plenty."""
 
 _PCI_BUS_ID = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
@@ -193,6 +219,11 @@ def _nic_to_dict(n: RdmaNic) -> dict[str, Any]:
     }
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class _Reader:
     """Typed field access that turns every problem into an InventoryError with a path."""
 
@@ -207,21 +238,32 @@ class _Reader:
             raise self.fail(path, f"expected a mapping, got {type(value).__name__}")
         return value
 
-    def sequence(self, value: Any, path: str) -> Sequence[Any]:
+    def sequence(self, value: Any, path: str, limit: int) -> Sequence[Any]:
         if value is None:
             return ()
         if isinstance(value, str) or not isinstance(value, Sequence):
             raise self.fail(path, f"expected a list, got {type(value).__name__}")
+        if len(value) > limit:
+            raise self.fail(path, f"{len(value)} entries, more than the limit of {limit}")
         return value
 
     def string(
-        self, doc: Mapping[str, Any], key: str, path: str, default: str | None = None
+        self,
+        doc: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: str | None = None,
+        limit: int = MAX_NAME_CHARS,
     ) -> str:
         value = doc.get(key, default)
         if value is None:
             raise self.fail(f"{path}.{key}", "required field is missing")
         if not isinstance(value, str):
             raise self.fail(f"{path}.{key}", f"expected a string, got {type(value).__name__}")
+        if len(value) > limit:
+            raise self.fail(
+                f"{path}.{key}", f"{len(value)} characters, more than the limit of {limit}"
+            )
         return value
 
     def integer(
@@ -229,6 +271,8 @@ class _Reader:
         doc: Mapping[str, Any],
         key: str,
         path: str,
+        *,
+        maximum: int,
         default: int | None = None,
         minimum: int | None = None,
     ) -> int:
@@ -236,15 +280,17 @@ class _Reader:
         if value is None:
             raise self.fail(f"{path}.{key}", "required field is missing")
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(f"{path}.{key}", f"expected an integer, got {value!r}")
+            raise self.fail(f"{path}.{key}", f"expected an integer, got {_short(value)}")
         if minimum is not None and value < minimum:
-            raise self.fail(f"{path}.{key}", f"must be >= {minimum}, got {value}")
+            raise self.fail(f"{path}.{key}", f"must be >= {minimum}, got {_short(value)}")
+        if value > maximum:
+            raise self.fail(f"{path}.{key}", f"must be <= {maximum}, got {_short(value)}")
         return value
 
     def boolean(self, doc: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
         value = doc.get(key, default)
         if not isinstance(value, bool):
-            raise self.fail(f"{path}.{key}", f"expected true or false, got {value!r}")
+            raise self.fail(f"{path}.{key}", f"expected true or false, got {_short(value)}")
         return value
 
     def bus_id(self, doc: Mapping[str, Any], key: str, path: str, required: bool = True) -> str:
@@ -261,16 +307,24 @@ def _parse_inventory(doc: Mapping[str, Any], source: str, node_name: str | None)
     r = _Reader(source)
     doc = r.mapping(doc, "$")
     name = node_name if node_name is not None else r.string(doc, "nodeName", "$", default="")
-    unit = r.integer(doc, "memoryUnitMiB", "$", default=DEFAULT_MEMORY_UNIT_MIB, minimum=1)
+    unit = r.integer(
+        doc,
+        "memoryUnitMiB",
+        "$",
+        default=DEFAULT_MEMORY_UNIT_MIB,
+        minimum=1,
+        maximum=MAX_GPU_MEMORY_MIB,
+    )
     raw_gpus = [
-        r.mapping(g, f"gpus[{i}]") for i, g in enumerate(r.sequence(doc.get("gpus"), "gpus"))
+        r.mapping(g, f"gpus[{i}]")
+        for i, g in enumerate(r.sequence(doc.get("gpus"), "gpus", MAX_GPUS_PER_NODE))
     ]
 
     uuid_by_index: dict[int, str] = {}
     for i, g in enumerate(raw_gpus):
-        uuid_by_index[r.integer(g, "index", f"gpus[{i}]", default=i, minimum=0)] = r.string(
-            g, "uuid", f"gpus[{i}]"
-        )
+        uuid_by_index[
+            r.integer(g, "index", f"gpus[{i}]", default=i, minimum=0, maximum=MAX_DEVICE_NUMBER)
+        ] = r.string(g, "uuid", f"gpus[{i}]")
 
     gpus: list[Gpu] = []
     for i, g in enumerate(raw_gpus):
@@ -278,17 +332,26 @@ def _parse_inventory(doc: Mapping[str, Any], source: str, node_name: str | None)
         gpus.append(
             Gpu(
                 uuid=r.string(g, "uuid", path),
-                index=r.integer(g, "index", path, default=i, minimum=0),
-                minor=r.integer(g, "minor", path, default=r.integer(g, "index", path, default=i)),
+                index=r.integer(g, "index", path, default=i, minimum=0, maximum=MAX_DEVICE_NUMBER),
+                minor=r.integer(
+                    g,
+                    "minor",
+                    path,
+                    default=r.integer(g, "index", path, default=i, maximum=MAX_DEVICE_NUMBER),
+                    minimum=0,
+                    maximum=MAX_DEVICE_NUMBER,
+                ),
                 model=r.string(g, "model", path),
-                memory_mib=r.integer(g, "memoryMiB", path, minimum=1),
+                memory_mib=r.integer(g, "memoryMiB", path, minimum=1, maximum=MAX_GPU_MEMORY_MIB),
                 pci_bus_id=r.bus_id(g, "pciBusId", path),
-                numa_node=r.integer(g, "numaNode", path, default=-1, minimum=-1),
+                numa_node=r.integer(
+                    g, "numaNode", path, default=-1, minimum=-1, maximum=MAX_NUMA_NODE
+                ),
                 pcie_root=r.string(g, "pcieRoot", path, default=""),
                 pcie_switch=r.string(g, "pcieSwitch", path, default="") or "",
                 nvlinks=_parse_nvlinks(r, g.get("nvlinks"), f"{path}.nvlinks", uuid_by_index),
                 healthy=r.boolean(g, "healthy", path, True),
-                health_reason=r.string(g, "healthReason", path, default=""),
+                health_reason=r.string(g, "healthReason", path, default="", limit=MAX_REASON_CHARS),
                 mig_enabled=r.boolean(g, "migEnabled", path, False),
             )
         )
@@ -300,13 +363,13 @@ def _parse_inventory(doc: Mapping[str, Any], source: str, node_name: str | None)
     for i, gpu in enumerate(gpus):
         for peer, _ in gpu.nvlinks:
             if peer not in known:
-                raise r.fail(f"gpus[{i}].nvlinks", f"peer {peer!r} is not a GPU of this node")
+                raise r.fail(f"gpus[{i}].nvlinks", f"peer {_short(peer)} is not a GPU of this node")
             if peer == gpu.uuid:
                 raise r.fail(f"gpus[{i}].nvlinks", "a GPU cannot link to itself")
 
     nics = [
         _parse_nic(r, r.mapping(n, f"rdma[{i}]"), f"rdma[{i}]")
-        for i, n in enumerate(r.sequence(doc.get("rdma"), "rdma"))
+        for i, n in enumerate(r.sequence(doc.get("rdma"), "rdma", MAX_NICS_PER_NODE))
     ]
     _check_unique(r, "rdma", [n.ibdev for n in nics], "ibdev")
     _check_unique(r, "rdma", [n.pci_bus_id for n in nics], "pciBusId")
@@ -323,25 +386,32 @@ def _parse_nvlinks(
         return ()
     pairs: list[tuple[Any, Any]]
     if isinstance(value, Mapping):
+        if len(value) > MAX_GPUS_PER_NODE:
+            raise r.fail(path, f"{len(value)} peers, more than the limit of {MAX_GPUS_PER_NODE}")
         pairs = list(value.items())
     else:
         pairs = []
-        for i, raw in enumerate(r.sequence(value, path)):
+        for i, raw in enumerate(r.sequence(value, path, MAX_GPUS_PER_NODE)):
             item = r.mapping(raw, f"{path}[{i}]")
             pairs.append((item.get("peer"), item.get("links")))
     links: dict[str, int] = {}
     for raw_peer, count in pairs:
         peer = raw_peer
-        if isinstance(raw_peer, int) or (isinstance(raw_peer, str) and raw_peer.isdigit()):
+        if isinstance(peer, str) and len(peer) > MAX_NAME_CHARS:
+            raise r.fail(path, f"peer of {len(peer)} characters, more than {MAX_NAME_CHARS}")
+        if (isinstance(raw_peer, int) and not isinstance(raw_peer, bool)) or (
+            isinstance(raw_peer, str) and raw_peer.isascii() and raw_peer.isdigit()
+        ):
             index = int(raw_peer)
             if index not in uuid_by_index:
-                raise r.fail(path, f"peer index {index} is not a GPU of this node")
+                raise r.fail(path, f"peer index {_short(index)} is not a GPU of this node")
             peer = uuid_by_index[index]
         if not isinstance(peer, str) or not peer:
-            raise r.fail(path, f"peer must be a GPU UUID or index, got {peer!r}")
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise r.fail(path, f"peer must be a GPU UUID or index, got {_short(peer)}")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_NVLINKS:
             raise r.fail(
-                f"{path}.{peer}", f"link count must be a non-negative integer, got {count!r}"
+                f"{path}.{peer}",
+                f"link count must be an integer in 0..{MAX_NVLINKS}, got {_short(count)}",
             )
         if count:
             links[peer] = count
@@ -350,33 +420,35 @@ def _parse_nvlinks(
 
 def _parse_nic(r: _Reader, n: Mapping[str, Any], path: str) -> RdmaNic:
     vfs = []
-    for j, raw in enumerate(r.sequence(n.get("vfs"), f"{path}.vfs")):
+    for j, raw in enumerate(r.sequence(n.get("vfs"), f"{path}.vfs", MAX_VFS_PER_NIC)):
         vf = r.mapping(raw, f"{path}.vfs[{j}]")
         vpath = f"{path}.vfs[{j}]"
         vfs.append(
             RdmaVf(
                 pci_bus_id=r.bus_id(vf, "pciBusId", vpath),
                 ibdev=r.string(vf, "ibdev", vpath),
-                uverbs_minor=r.integer(vf, "uverbsMinor", vpath, minimum=0),
+                uverbs_minor=r.integer(
+                    vf, "uverbsMinor", vpath, minimum=0, maximum=MAX_DEVICE_NUMBER
+                ),
                 netdev=r.string(vf, "netdev", vpath, default=""),
             )
         )
-    states = r.sequence(n.get("portStates"), f"{path}.portStates")
+    states = r.sequence(n.get("portStates"), f"{path}.portStates", MAX_PORTS_PER_NIC)
     for j, s in enumerate(states):
-        if not isinstance(s, str):
-            raise r.fail(f"{path}.portStates[{j}]", f"expected a string, got {s!r}")
+        if not isinstance(s, str) or len(s) > MAX_NAME_CHARS:
+            raise r.fail(f"{path}.portStates[{j}]", f"expected a short string, got {_short(s)}")
     return RdmaNic(
         ibdev=r.string(n, "ibdev", path),
         pci_bus_id=r.bus_id(n, "pciBusId", path),
-        uverbs_minor=r.integer(n, "uverbsMinor", path, minimum=0),
-        numa_node=r.integer(n, "numaNode", path, default=-1, minimum=-1),
+        uverbs_minor=r.integer(n, "uverbsMinor", path, minimum=0, maximum=MAX_DEVICE_NUMBER),
+        numa_node=r.integer(n, "numaNode", path, default=-1, minimum=-1, maximum=MAX_NUMA_NODE),
         pcie_root=r.string(n, "pcieRoot", path, default=""),
         pcie_switch=r.string(n, "pcieSwitch", path, default="") or "",
         netdev=r.string(n, "netdev", path, default=""),
         port_states=tuple(str(s) for s in states),
         vfs=tuple(vfs),
         healthy=r.boolean(n, "healthy", path, True),
-        health_reason=r.string(n, "healthReason", path, default=""),
+        health_reason=r.string(n, "healthReason", path, default="", limit=MAX_REASON_CHARS),
     )
 
 
@@ -384,7 +456,7 @@ def _check_unique(r: _Reader, path: str, values: Iterable[object], key: str) -> 
     seen: set[object] = set()
     for i, value in enumerate(values):
         if value in seen:
-            raise r.fail(f"{path}[{i}].{key}", f"duplicate value {value!r}")
+            raise r.fail(f"{path}[{i}].{key}", f"duplicate value {_short(value)}")
         seen.add(value)
 
 

@@ -14,16 +14,22 @@ import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError
-from tessera.model import normalize_bus_id
+from tessera.boundedjson import JsonLimitError, loads
+from tessera.model import MAX_DEVICE_NUMBER, MAX_GPU_MEMORY_MIB, MAX_NAME_CHARS, normalize_bus_id
 from tessera.resources import UNITS_PER_DEVICE
 
 SCHEMA_VERSION = 1
-MAX_RECORD_BYTES = 64 * 1024
+MAX_RECORD_BYTES: Final = 64 * 1024
 """Far above any real record (a 16-GPU pod is under 4 KiB); refuses absurd annotations."""
+MAX_RECORD_DEPTH: Final = 8
+"""Nesting of a record: record > containers > container > rdma > NIC > vfs > VF is 7 deep;
+anything deeper is not a record (and must not reach a recursive parser)."""
+MAX_HOST_AMOUNT: Final = 2**63 - 1
+"""cpuMilli and memoryMiB: the scheduler keeps them in int64 columns."""
 MAC_ALGORITHM = "HMAC-SHA256"
 MIN_KEY_BYTES = 16
 
@@ -152,19 +158,18 @@ def decode(
     False). `pod_uid`, `node`, `namespace` and `name`, when given, must match what the
     record names: a record copied from another pod or node is refused (RecordMismatchError).
     """
-    raw = text.encode() if isinstance(text, str) else text
-    if len(raw) > MAX_RECORD_BYTES:
-        raise RecordError(f"record is {len(raw)} bytes, over the {MAX_RECORD_BYTES}-byte limit")
+    if not isinstance(text, str | bytes):
+        raise RecordError(f"record: expected text, got {type(text).__name__}")
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RecordError(f"record is not valid JSON: {exc}") from None
+        doc = loads(text, what="record", max_bytes=MAX_RECORD_BYTES, max_depth=MAX_RECORD_DEPTH)
+    except JsonLimitError as exc:
+        raise RecordError(str(exc)) from None
     if not isinstance(doc, dict):
         raise RecordError("record must be a JSON object")
     version = doc.get("v")
     if version != SCHEMA_VERSION:
         raise RecordError(
-            f"unsupported record schema version {version!r} (this build reads {SCHEMA_VERSION})"
+            f"unsupported record schema version {_short(version)} (this build reads {SCHEMA_VERSION})"
         )
 
     integrity = doc.pop("integrity", None)
@@ -193,15 +198,22 @@ def _verify(doc: dict[str, Any], integrity: Any, keyring: Keyring | None) -> Non
     if integrity is None:
         raise IntegrityError("record carries no integrity proof")
     if not isinstance(integrity, dict) or set(integrity) != {"alg", "keyId", "mac"}:
-        raise IntegrityError("record integrity must be {alg, keyId, mac}")
+        raise IntegrityError("record.integrity: must be {alg, keyId, mac}")
+    if not all(isinstance(v, str) for v in integrity.values()):
+        raise IntegrityError("record.integrity: alg, keyId and mac must be strings")
     if integrity["alg"] != MAC_ALGORITHM:
-        raise IntegrityError(f"unsupported integrity algorithm {integrity['alg']!r}")
-    key = keyring.key(str(integrity["keyId"]))
+        raise IntegrityError(f"record.integrity.alg: unsupported {_short(integrity['alg'])}")
+    key = keyring.key(integrity["keyId"])
     if key is None:
-        raise IntegrityError(f"record is signed with unknown key id {integrity['keyId']!r}")
-    expected = _mac(key, _canonical(doc))
-    if not isinstance(integrity["mac"], str) or not hmac.compare_digest(expected, integrity["mac"]):
+        raise IntegrityError(f"record.integrity.keyId: unknown key id {_short(integrity['keyId'])}")
+    expected = _mac(key, _canonical(doc)).encode()
+    if not hmac.compare_digest(expected, integrity["mac"].encode()):
         raise IntegrityError("record integrity proof does not verify (forged or altered record)")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class _Fields:
@@ -212,7 +224,7 @@ class _Fields:
             raise RecordError(f"{path}: expected an object")
         unknown = set(doc) - required - optional
         if unknown:
-            raise RecordError(f"{path}: unknown field {sorted(unknown)[0]!r}")
+            raise RecordError(f"{path}: unknown field {_short(sorted(unknown)[0])}")
         missing = required - set(doc)
         if missing:
             raise RecordError(f"{path}: missing field {sorted(missing)[0]!r}")
@@ -225,17 +237,16 @@ class _Fields:
             raise RecordError(
                 f"{self.path}.{key}: expected a{' non-empty' if nonempty else ''} string"
             )
+        if len(value) > MAX_NAME_CHARS:
+            raise RecordError(f"{self.path}.{key}: longer than {MAX_NAME_CHARS} characters")
         return value
 
-    def number(
-        self, key: str, lo: int = 0, hi: int | None = None, default: int | None = None
-    ) -> int:
+    def number(self, key: str, hi: int, lo: int = 0, default: int | None = None) -> int:
         value = self.doc.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise RecordError(f"{self.path}.{key}: expected an integer")
-        if value < lo or (hi is not None and value > hi):
-            bounds = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-            raise RecordError(f"{self.path}.{key}: {value} is out of range ({bounds})")
+        if not lo <= value <= hi:
+            raise RecordError(f"{self.path}.{key}: {value} is out of range ({lo}..{hi})")
         return value
 
     def items(self, key: str) -> list[Any]:
@@ -279,8 +290,8 @@ def _parse(doc: dict[str, Any]) -> PodAllocation:
         node=f.text("node", nonempty=True),
         containers=containers,
         policy=f.text("policy", default=""),
-        cpu_milli=f.number("cpuMilli", default=0),
-        memory_mib=f.number("memoryMiB", default=0),
+        cpu_milli=f.number("cpuMilli", MAX_HOST_AMOUNT, default=0),
+        memory_mib=f.number("memoryMiB", MAX_HOST_AMOUNT, default=0),
     )
 
 
@@ -292,10 +303,10 @@ def _parse_container(doc: Any, path: str) -> ContainerAllocation:
         gpus.append(
             GpuGrant(
                 uuid=gf.text("uuid", nonempty=True),
-                index=gf.number("index"),
-                minor=gf.number("minor"),
-                core=gf.number("core", hi=UNITS_PER_DEVICE),
-                memory_mib=gf.number("memoryMiB"),
+                index=gf.number("index", MAX_DEVICE_NUMBER),
+                minor=gf.number("minor", MAX_DEVICE_NUMBER),
+                core=gf.number("core", UNITS_PER_DEVICE),
+                memory_mib=gf.number("memoryMiB", MAX_GPU_MEMORY_MIB),
             )
         )
     if len({g.uuid for g in gpus}) != len(gpus):
@@ -322,15 +333,15 @@ def _parse_rdma(doc: Any, path: str) -> RdmaGrant:
             VfGrant(
                 vf.bus("pciBusId"),
                 vf.text("ibdev", nonempty=True),
-                vf.number("uverbsMinor"),
+                vf.number("uverbsMinor", MAX_DEVICE_NUMBER),
                 vf.text("netdev", default=""),
             )
         )
     return RdmaGrant(
         pci_bus_id=f.bus("pciBusId"),
         ibdev=f.text("ibdev", nonempty=True),
-        uverbs_minor=f.number("uverbsMinor"),
-        share=f.number("share", lo=1, hi=UNITS_PER_DEVICE),
+        uverbs_minor=f.number("uverbsMinor", MAX_DEVICE_NUMBER),
+        share=f.number("share", UNITS_PER_DEVICE, lo=1),
         vfs=tuple(vfs),
         netdev=f.text("netdev", default=""),
     )

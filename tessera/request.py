@@ -8,14 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from tessera import resources as rn
 from tessera.errors import RequestError
-from tessera.quantity import cpu_millis, memory_mib, whole_count
+from tessera.quantity import MAX_QUANTITY, cpu_millis, memory_mib, whole_count
 from tessera.topology import Scope, Tier
 
 _SHARE_MAX = rn.UNITS_PER_DEVICE
+MAX_DEVICE_COUNT: Final = 2**24
+"""Largest count of any device resource in one container. No node offers more units of any
+device resource (2^24 one-MiB memory units would be 16 TiB on one GPU); the bound keeps
+every product of a count and a unit size inside the scheduler's int64 columns."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,9 @@ def parse_pod(pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True) -> Pod
     overhead = spec.get("overhead") or {}
     cpu_total = max(app_cpu + sidecar_cpu, init_cpu) + _host(overhead, "cpu", cpu_millis, None)
     mem_total = max(app_mem + sidecar_mem, init_mem) + _host(overhead, "memory", memory_mib, None)
+    for resource, total in (("cpu", cpu_total), ("memory", mem_total)):
+        if total > MAX_QUANTITY:
+            raise RequestError(None, resource, f"the pod's total is above {MAX_QUANTITY}")
 
     hints = parse_hints(annotations) if containers else PodHints()
     _check_hints_fit(containers, hints)
@@ -246,6 +253,11 @@ def _count(container: str, resource: str, limit: Any, request: Any) -> int:
         req = whole_count(request) if request is not None else None
     except ValueError as exc:
         raise RequestError(container, resource, str(exc)) from None
+    for value in (lim, req):
+        if value is not None and value > MAX_DEVICE_COUNT:
+            raise RequestError(
+                container, resource, f"{value} is above the limit of {MAX_DEVICE_COUNT}"
+            )
     if lim is not None and req is not None and lim != req:
         raise RequestError(
             container, resource, f"request ({req}) must equal limit ({lim}) for device resources"

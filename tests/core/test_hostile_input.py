@@ -1,0 +1,170 @@
+"""Hostile input to the core: every bad record, quantity or inventory gets its typed error.
+
+Each test here was first written against a reported failure (an uncaught RecursionError,
+TypeError, OverflowError or a huge integer built from a tiny string).
+"""
+
+import json
+import math
+
+import pytest
+
+from tessera import record
+from tessera import resources as rn
+from tessera.errors import InventoryError, RecordError, RequestError
+from tessera.index import ClusterIndex
+from tessera.model import NodeInventory
+from tessera.quantity import QuantityError, parse_quantity
+from tessera.request import parse_pod
+from tessera.state import ClusterState
+
+from .builders import pod
+from .test_record import GOLDEN_UNSIGNED, KEY
+
+# --- allocation records --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["[" * 1000, '{"a":' * 1000, "[" * 100_000])
+def test_deep_nesting_is_a_record_error(text):
+    with pytest.raises(RecordError, match="record"):
+        record.decode(text, KEY)
+
+
+def test_non_ascii_proof_is_a_record_error():
+    doc = json.loads(record.encode(record.decode(GOLDEN_UNSIGNED), KEY))
+    for field, value in doc["integrity"].items():
+        if field not in ("alg", "keyId"):
+            doc["integrity"][field] = "\u00e9\u00e9\u00e9"
+    with pytest.raises(RecordError):
+        record.decode(json.dumps(doc), KEY)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [None, [], "x", 1, {}, {"alg": 1, "keyId": [], "sig": {}}, {"keyId": {"a": 1}}],
+)
+def test_any_integrity_block_is_a_record_error(block):
+    doc = json.loads(GOLDEN_UNSIGNED)
+    doc["integrity"] = block
+    with pytest.raises(RecordError):
+        record.decode(json.dumps(doc), KEY)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("containers", 0, "gpus", 0, "memoryMiB"), 2**64),
+        (("containers", 0, "gpus", 0, "index"), 2**40),
+        (("containers", 0, "gpus", 0, "minor"), 2**40),
+        (("cpuMilli",), 2**63),
+        (("memoryMiB",), 2**63),
+        (("containers", 0, "rdma", 0, "uverbsMinor"), 2**40),
+        (("containers", 0, "name"), "x" * 5000),
+    ],
+)
+def test_record_numbers_and_strings_are_bounded(path, value):
+    doc = json.loads(GOLDEN_UNSIGNED)
+    target = doc
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    with pytest.raises(RecordError, match="record"):
+        record.decode(json.dumps(doc))
+
+
+def test_huge_numbers_in_records_are_refused_without_building_them():
+    text = GOLDEN_UNSIGNED.replace('"cpuMilli":4000', '"cpuMilli":' + "9" * 5000)
+    with pytest.raises(RecordError):
+        record.decode(text)
+
+
+# --- quantities ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1e999999", "1e-999999", "9" * 100_000, "1" + "0" * 200 + "Gi", "1e40", math.inf, math.nan],
+)
+def test_absurd_quantities_are_refused(value):
+    with pytest.raises(QuantityError):
+        parse_quantity(value)
+
+
+def test_quantity_error_is_a_value_error_for_existing_callers():
+    assert issubclass(QuantityError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("resource", "value"),
+    [
+        (rn.GPU_MEMORY, "1e999999"),
+        (rn.GPU_MEMORY, "1e18"),
+        (rn.GPU, "1e999999"),
+        ("cpu", "1e999999"),
+        ("memory", "9" * 100_000),
+    ],
+)
+def test_absurd_quantities_in_pods_name_container_and_resource(resource, value):
+    with pytest.raises(RequestError) as info:
+        parse_pod(pod(containers={"main": {resource: value}}))
+    assert info.value.container == "main"
+    assert info.value.resource == resource
+
+
+def test_huge_overhead_is_a_request_error():
+    p = pod(containers={"main": {rn.GPU: "1"}})
+    p["spec"]["overhead"] = {"cpu": "1e999999"}
+    with pytest.raises(RequestError):
+        parse_pod(p)
+
+
+# --- node inventories (NodeDevices specs written by node agents) ----------------------------
+
+
+def _gpu(**fields):
+    g = {"uuid": "GPU-a", "model": "T4", "memoryMiB": 15360, "pciBusId": "0000:3b:00.0"}
+    g.update(fields)
+    return g
+
+
+def _nic(**fields):
+    n = {"ibdev": "mlx5_0", "pciBusId": "0000:0c:00.0", "uverbsMinor": 0}
+    n.update(fields)
+    return n
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"gpus": [_gpu(memoryMiB=2**63 + 1)]}, "gpus[0].memoryMiB"),
+        ({"gpus": [_gpu(memoryMiB=2**40)]}, "gpus[0].memoryMiB"),
+        ({"gpus": [_gpu(index=2**40)]}, "gpus[0].index"),
+        ({"gpus": [_gpu(minor=2**40)]}, "gpus[0].minor"),
+        ({"gpus": [_gpu(numaNode=2**40)]}, "gpus[0].numaNode"),
+        ({"memoryUnitMiB": 2**63}, "$.memoryUnitMiB"),
+        ({"gpus": [_gpu(uuid="G" * 100_000)]}, "gpus[0].uuid"),
+        ({"gpus": [_gpu(model="m" * 100_000)]}, "gpus[0].model"),
+        ({"nodeName": "n" * 100_000}, "$.nodeName"),
+        ({"gpus": [_gpu(uuid=f"GPU-{i}", index=i) for i in range(5000)]}, "gpus"),
+        ({"rdma": [_nic(uverbsMinor=2**40)]}, "rdma[0].uverbsMinor"),
+        ({"rdma": [_nic(portStates=["ACTIVE"] * 10_000)]}, "rdma[0].portStates"),
+        ({"rdma": [_nic(portStates=["A" * 10_000])]}, "rdma[0].portStates[0]"),
+        ({"rdma": [_nic(vfs=[{}] * 100_000)]}, "rdma[0].vfs"),
+        ({"gpus": [_gpu(nvlinks={"x": 2**70})]}, "gpus[0].nvlinks.x"),
+    ],
+)
+def test_inventory_numbers_lists_and_strings_are_bounded(doc, where):
+    with pytest.raises(InventoryError) as info:
+        NodeInventory.from_dict(doc, source="nodedevices/n1")
+    assert info.value.field == where
+
+
+def test_a_parsed_inventory_always_fits_the_index():
+    """The reported crash: memoryMiB above 2^63 reached numpy as an OverflowError."""
+    inv = NodeInventory.from_dict({"gpus": [_gpu()]}, node_name="n1")
+    state = ClusterState()
+    state.set_node(inv)
+    ClusterIndex(state)  # the largest accepted values must fit int64 columns
+    big = {"gpus": [_gpu(memoryMiB=2**63 + 1)]}
+    with pytest.raises(InventoryError):
+        NodeInventory.from_dict(big, node_name="n1")
