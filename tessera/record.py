@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.boundedjson import JsonLimitError, loads
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.model import MAX_DEVICE_NUMBER, MAX_GPU_MEMORY_MIB, MAX_NAME_CHARS, normalize_bus_id
 from tessera.resources import UNITS_PER_DEVICE
 
@@ -169,7 +169,8 @@ def decode(
     version = doc.get("v")
     if version != SCHEMA_VERSION:
         raise RecordError(
-            f"unsupported record schema version {_short(version)} (this build reads {SCHEMA_VERSION})"
+            f"record.v: unsupported record schema version {_short(version)} "
+            f"(this build reads {SCHEMA_VERSION})"
         )
 
     integrity = doc.pop("integrity", None)
