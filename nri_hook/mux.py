@@ -183,6 +183,8 @@ class Mux:
                 if not chunk:
                     break
                 for conn_id, payload in decoder.feed(chunk):
+                    if not payload:
+                        continue  # carries nothing; b"" from MuxConn.read means end of stream
                     conn = self._conns.get(conn_id)
                     if conn is None:
                         log.debug("mux frame for unopened connection %d dropped", conn_id)

@@ -158,3 +158,31 @@ def test_ttrpc_over_the_mux_with_large_concurrent_messages() -> None:
         await asyncio.wait_for(serving, 2)
 
     asyncio.run(body())
+
+
+def test_a_zero_length_frame_does_not_end_the_connection() -> None:
+    """A 0-byte mux frame carries nothing; the ttrpc server behind it keeps answering."""
+
+    async def body() -> None:
+        left, right = await _pair()
+        server = Server()
+
+        async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+            return req
+
+        server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
+        serving = asyncio.create_task(server.serve(left.open(1)))
+        sender = right.open(1)
+        sender.write(b"")  # one frame header, length 0
+        client = Client(sender)
+        reply = await asyncio.wait_for(
+            client.call_message("t.S", "Echo", api_pb2.KeyValue(key="k"), api_pb2.KeyValue), 5
+        )
+        assert reply.key == "k"
+        assert not serving.done()
+        client.close()
+        left.close()
+        right.close()
+        await asyncio.wait_for(serving, 2)
+
+    asyncio.run(body())
