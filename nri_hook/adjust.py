@@ -177,6 +177,21 @@ def decode_record(
         ) from None
     except RecordError as exc:
         raise RejectError(CODE_INVALID_ARGUMENT, f"invalid allocation record: {exc}") from None
+    except Exception as exc:
+        # The annotation is anyone's text: whatever the decoder trips over (deep nesting,
+        # a proof that is not ASCII, ...) is a bad record of that pod, never our failure.
+        raise RejectError(
+            CODE_INVALID_ARGUMENT,
+            f"invalid allocation record: {type(exc).__name__}: {_clip(str(exc))}",
+        ) from None
+
+
+MAX_REASON_CHARS: Final = 300
+"""Longest decoder message quoted in a status or log line; the record is hostile text."""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS] + "..."
 
 
 def plan_container(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 
 OnInvalid = Literal["fail", "warn"]
 KEY_RELOAD_INTERVAL: Final = 10.0
+MAX_REMEMBERED_WARNINGS: Final = 4096
+"""Bad pods (pod, reason) whose warning was already logged, so that a pod skipped at every
+Synchronize and event is logged once. A node runs a few hundred pods, so every one is
+remembered; the bound only keeps a flood of distinct pods from growing memory."""
 
 
 class KeyringSource:
@@ -154,6 +159,8 @@ class Enforcer(Handler):
         """Sandbox ID -> the VF netdevs moved into it."""
         self.injected: dict[str, tuple[str, str]] = {}
         """Container ID -> (sandbox ID, what it was given), while the container lives."""
+        self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
+        """(pod, reason) already logged as a warning, oldest first."""
 
     # --- records ----------------------------------------------------------------------------
 
@@ -294,20 +301,33 @@ class Enforcer(Handler):
         )
 
     async def _sandbox_stopped(self, pod: api.PodSandbox, *, forget: bool) -> None:
+        """Never fails: a pod must always be deletable, whatever its record says."""
         planned = self.pod_netdevs.get(pod.id)
-        if planned is None and self.mover is not None:
-            try:
-                planned = self._plan_pod_netdevs(pod)
-            except RejectError:
-                planned = None  # nothing of ours was moved for an invalid record
         if forget:
             self.pod_netdevs.pop(pod.id, None)
             self.injected = {
                 cid: entry for cid, entry in self.injected.items() if entry[0] != pod.id
             }
-        if planned is None or self.mover is None:
+        if self.mover is None:
             return
-        problems = await asyncio.to_thread(self.mover.move_out, planned.netns, list(planned.moves))
+        try:
+            if planned is None:
+                planned = self._plan_pod_netdevs(pod)
+            if planned is None:
+                return
+            problems = await asyncio.to_thread(
+                self.mover.move_out, planned.netns, list(planned.moves)
+            )
+        except RejectError as exc:
+            # nothing of ours was moved for an invalid record
+            self._warn_once(pod, f"{exc.message}; nothing to bring back")
+            return
+        except Exception as exc:
+            self._netdev_count("out", "error")
+            self._warn_once(
+                pod, f"cannot bring its VF netdevs back: {type(exc).__name__}: {exc}", exc
+            )
+            return
         if problems:
             self._netdev_count("out", "error")
             for problem in problems:
@@ -315,6 +335,20 @@ class Enforcer(Handler):
         else:
             self._netdev_count("out", "ok")
             log.info("VF netdevs of pod=%s are back in the host namespace", planned.key)
+
+    def _warn_once(
+        self, pod: api.PodSandbox, reason: str, error: BaseException | None = None
+    ) -> None:
+        """Log a bad pod that is skipped: a warning the first time, debug after."""
+        key = (pod.uid or pod.id, reason)
+        if key in self._warned:
+            self._warned.move_to_end(key)
+            log.debug("pod %s: %s", _pod_key(pod), reason)
+            return
+        self._warned[key] = None
+        if len(self._warned) > MAX_REMEMBERED_WARNINGS:
+            self._warned.popitem(last=False)
+        log.warning("pod %s: %s", _pod_key(pod), reason, exc_info=error)
 
     def _netdev_count(self, direction: str, result: str) -> None:
         if self.metrics is not None:
@@ -334,7 +368,10 @@ class Enforcer(Handler):
             try:
                 planned = self._plan_pod_netdevs(pod)
             except RejectError as exc:
-                log.warning("pod %s: %s", _pod_key(pod), exc.message)
+                self._warn_once(pod, f"{exc.message}; skipped")
+                continue
+            except Exception as exc:
+                self._warn_once(pod, f"skipped: {type(exc).__name__}: {exc}", exc)
                 continue
             if planned is not None:
                 self.pod_netdevs[pod.id] = planned

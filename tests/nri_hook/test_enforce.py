@@ -4,6 +4,7 @@ simulator with realistic (and captured) PodSandbox/Container messages."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 from collections.abc import Awaitable, Callable
@@ -419,3 +420,117 @@ def test_a_restarted_plugin_still_brings_vfs_back(
             await second.close()
 
         _run(body)
+
+
+# --- poison records: one bad pod never fails a batch call or another pod ------------------------
+
+
+def _non_ascii_proof(text: str) -> str:
+    """The record with its integrity proof replaced by non-ASCII text of the same length."""
+    doc = json.loads(text)
+    proof = doc["integrity"]
+    for key, value in proof.items():
+        if key not in ("alg", "keyId") and isinstance(value, str):
+            proof[key] = "\u00e9" * len(value)
+    return json.dumps(doc, ensure_ascii=False)
+
+
+def _poison_pods() -> list[api.PodSandbox]:
+    good = record(ContainerAllocation("main", gpus=(GPU0,)))
+    texts = {
+        "deep-array": "[" * 1000,
+        "nonascii-proof": _non_ascii_proof(good),
+        "deep-object": '{"a":' * 5000,
+        "huge": "[" * 70000,
+    }
+    return [
+        make_pod(
+            name,
+            namespace="team-a",
+            uid=f"0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1d{i:02d}",
+            annotations={ALLOCATION_ANNOTATION: text},
+            netns="/var/run/netns/poison",
+        )
+        for i, (name, text) in enumerate(texts.items())
+    ]
+
+
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_poison_records_do_not_fail_synchronize_or_the_other_pods(
+    sock_dir: Path,
+    device_root: Path,
+    key_file: Path,
+    version: RuntimeVersion,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def body() -> None:
+        good = make_pod(
+            "train",
+            namespace="team-a",
+            uid=UID,
+            annotations={ALLOCATION_ANNOTATION: _vf_record("tsr-vf0")},
+            netns="/var/run/netns/train",
+        )
+        poison = _poison_pods()
+        h = await start(sock_dir, device_root, key_file, version=version, sync_pods=[*poison, good])
+        assert h.sim.dropped == []
+        assert list(h.enforcer.pod_netdevs) == [good.id]
+        for pod in poison:
+            warned = [r for r in caplog.records if f"team-a/{pod.name}" in r.getMessage()]
+            assert len(warned) == 1, pod.name
+            assert "record" in warned[0].getMessage()
+        await h.close()
+
+    _run(body)
+
+
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_poison_records_never_fail_sandbox_stop_or_removal(
+    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
+) -> None:
+    async def body() -> None:
+        h = await start(sock_dir, device_root, key_file, version=version)
+        for pod in _poison_pods():
+            assert await h.conn.event(api.STOP_POD_SANDBOX, pod)
+            assert await h.conn.event(api.REMOVE_POD_SANDBOX, pod)
+            assert await h.conn.event(api.REMOVE_CONTAINER, pod, make_container(pod, "main"))
+        await h.close()
+
+    _run(body)
+
+
+@pytest.mark.parametrize("on_invalid", ["fail", "warn"])
+def test_poison_records_refuse_creation_and_sandbox_start_saying_why(
+    sock_dir: Path, device_root: Path, key_file: Path, on_invalid: OnInvalid
+) -> None:
+    async def body() -> None:
+        h = await start(sock_dir, device_root, key_file, on_invalid=on_invalid)
+        for pod in _poison_pods():
+            container = make_container(pod, "main")
+            if on_invalid == "warn":
+                assert await h.conn.create_container(pod, container) == (
+                    api.CreateContainerResponse()
+                )
+                assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+                continue
+            with pytest.raises(RpcError) as refused:
+                await h.conn.create_container(pod, container)
+            assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
+            assert f"pod team-a/{pod.name}" in refused.value.message
+            assert "record" in refused.value.message
+            with pytest.raises(RpcError) as refused:
+                await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
+            assert f"pod team-a/{pod.name}" in refused.value.message
+        # the session is intact: a good pod still gets its devices
+        pod = make_pod(
+            "train",
+            namespace="team-a",
+            uid=UID,
+            annotations={ALLOCATION_ANNOTATION: record(ContainerAllocation("main", gpus=(GPU0,)))},
+        )
+        response = await h.conn.create_container(pod, make_container(pod, "main"))
+        assert _env(response) == {"NVIDIA_VISIBLE_DEVICES": GPU0.uuid}
+        await h.close()
+
+    _run(body)
