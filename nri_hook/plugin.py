@@ -35,14 +35,14 @@ import os
 import random
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from google.protobuf.message import DecodeError, Message
 
 from nri_hook.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
-from nri_hook.ttrpc import CallContext, Client, Code, RpcError, Server, unary
+from nri_hook.ttrpc import CallContext, Client, Code, RpcError, Server
 from nri_hook.ttrpc import Handler as TtrpcHandler
 from protos.nri import api_pb2 as api
 
@@ -62,6 +62,17 @@ VALID_EVENTS_V0_10: Final = 0x3FFF
 """From NRI v0.10 (adds UPDATE_POD_SANDBOX, POST_UPDATE_POD_SANDBOX, VALIDATE_...)."""
 
 DEFAULT_REGISTRATION_TIMEOUT: Final = 5.0
+
+MAX_SYNC_OBJECTS: Final = 16384
+"""Pods plus containers one Synchronize (all its chunks) may carry. kubelet runs at most
+--max-pods pods on a node (110 by default, rarely configured above 500), each with a few
+containers: this is ten times the busiest real node, and bounds what a peer can make the
+plugin hold (each object collected costs memory until the last chunk)."""
+MAX_SYNC_BYTES: Final = 128 << 20
+"""Bytes of all chunks of one Synchronize. The runtime splits a Synchronize into chunks of
+at most 4 MiB (the ttrpc limit); a pod or container is a few KiB (Kubernetes caps an
+object's annotations at 256 KiB), so a node at 500 pods sends a few MiB to a few tens of
+MiB: 32 full chunks is ample, and the memory a peer can pin stays bounded."""
 
 _NAME_RE = re.compile(r"^[a-zA-Z0-9_.+-]+$")
 _INDEX_RE = re.compile(r"^[0-9]{2}$")
@@ -190,26 +201,34 @@ class _Session:
         self.runtime = ""
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
+        self._sync_bytes = 0
 
     def register(self, server: Server) -> None:
-        methods = {
-            "Configure": unary(api.ConfigureRequest, self._configure),
-            "Synchronize": unary(api.SynchronizeRequest, self._synchronize),
-            "Shutdown": unary(api.Empty, self._shutdown),
-            "CreateContainer": unary(api.CreateContainerRequest, self._create_container),
-            "UpdateContainer": unary(api.UpdateContainerRequest, self._update_container),
-            "StopContainer": unary(api.StopContainerRequest, self._stop_container),
-            "StateChange": unary(api.StateChangeEvent, self._state_change),
-            "UpdatePodSandbox": unary(api.UpdatePodSandboxRequest, self._update_pod_sandbox),
-            "ValidateContainerAdjustment": unary(
-                api.ValidateContainerAdjustmentRequest, self._validate
+        typed: dict[str, tuple[type[Message], MessageHandler]] = {
+            "Configure": (api.ConfigureRequest, self._configure),
+            "Synchronize": (api.SynchronizeRequest, self._synchronize),
+            "Shutdown": (api.Empty, self._shutdown),
+            "CreateContainer": (api.CreateContainerRequest, self._create_container),
+            "UpdateContainer": (api.UpdateContainerRequest, self._update_container),
+            "StopContainer": (api.StopContainerRequest, self._stop_container),
+            "StateChange": (api.StateChangeEvent, self._state_change),
+            "UpdatePodSandbox": (api.UpdatePodSandboxRequest, self._update_pod_sandbox),
+            "ValidateContainerAdjustment": (
+                api.ValidateContainerAdjustmentRequest,
+                self._validate,
             ),
         }
         for method, event in self._POD_EVENTS.items():
-            methods[method] = self._pod_event(method, event)
+            typed[method] = (getattr(api, f"{method}Request"), self._event_call(event, False))
         for method, event in self._CONTAINER_EVENTS.items():
-            methods[method] = self._container_event(method, event)
-        server.register(PLUGIN_SERVICE, methods)
+            typed[method] = (getattr(api, f"{method}Request"), self._event_call(event, True))
+        server.register(
+            PLUGIN_SERVICE,
+            {
+                method: _typed(method, request_type, _guarded(method, handler))
+                for method, (request_type, handler) in typed.items()
+            },
+        )
 
     async def _configure(
         self, req: api.ConfigureRequest, ctx: CallContext
@@ -245,12 +264,22 @@ class _Session:
     async def _synchronize(
         self, req: api.SynchronizeRequest, ctx: CallContext
     ) -> api.SynchronizeResponse:
+        objects = len(self._sync_pods) + len(self._sync_containers)
+        objects += len(req.pods) + len(req.containers)
+        self._sync_bytes += req.ByteSize()
+        if objects > MAX_SYNC_OBJECTS or self._sync_bytes > MAX_SYNC_BYTES:
+            self._sync_pods, self._sync_containers, self._sync_bytes = [], [], 0
+            raise RpcError(
+                Code.RESOURCE_EXHAUSTED,
+                f"Synchronize carries over {MAX_SYNC_OBJECTS} pods and containers or over "
+                f"{MAX_SYNC_BYTES >> 20} MiB",
+            )
         self._sync_pods.extend(req.pods)
         self._sync_containers.extend(req.containers)
         if req.more:
             return api.SynchronizeResponse(more=True)
         pods, containers = self._sync_pods, self._sync_containers
-        self._sync_pods, self._sync_containers = [], []
+        self._sync_pods, self._sync_containers, self._sync_bytes = [], [], 0
         updates = await self.handler.synchronize(pods, containers)
         return api.SynchronizeResponse(update=updates, more=False)
 
@@ -289,34 +318,61 @@ class _Session:
     ) -> api.ValidateContainerAdjustmentResponse:
         return await self.handler.validate(req)
 
-    def _pod_event(self, method: str, event: int) -> TtrpcHandler:
-        request_type: type[Message] = getattr(api, f"{method}Request")
+    def _event_call(self, event: int, with_container: bool) -> MessageHandler:
         handler = self.handler
 
-        async def call(payload: bytes, ctx: CallContext) -> bytes:
-            req: Any = _parse(request_type, payload)
-            await handler.event(event, req.pod, None)
-            return b""  # the response messages of these events have no fields
-
-        return call
-
-    def _container_event(self, method: str, event: int) -> TtrpcHandler:
-        request_type: type[Message] = getattr(api, f"{method}Request")
-        handler = self.handler
-
-        async def call(payload: bytes, ctx: CallContext) -> bytes:
-            req: Any = _parse(request_type, payload)
-            await handler.event(event, req.pod, req.container)
-            return b""
+        async def call(req: Any, ctx: CallContext) -> Message:
+            await handler.event(event, req.pod, req.container if with_container else None)
+            return api.Empty()  # the response messages of these events have no fields
 
         return call
 
 
-def _parse(message_type: type[Message], payload: bytes) -> Message:
-    try:
-        return message_type.FromString(payload)
-    except DecodeError as exc:
-        raise RpcError(Code.INTERNAL, f"cannot decode {message_type.__name__}: {exc}") from None
+MessageHandler = Callable[[Any, CallContext], Awaitable[Message]]
+
+
+def _typed(method: str, request_type: type[Message], handler: MessageHandler) -> TtrpcHandler:
+    """A byte-level ttrpc handler: decode the request, run `handler`, encode its answer.
+    Bytes that are not a `request_type` are the caller's fault: INVALID_ARGUMENT."""
+
+    async def call(payload: bytes, ctx: CallContext) -> bytes:
+        try:
+            request = request_type.FromString(payload)
+        except (DecodeError, RecursionError) as exc:
+            raise RpcError(
+                Code.INVALID_ARGUMENT, f"{method}: cannot decode {request_type.__name__}: {exc}"
+            ) from None
+        response = await handler(request, ctx)
+        return response.SerializeToString()
+
+    return call
+
+
+def _guarded(method: str, handler: MessageHandler) -> MessageHandler:
+    """An unexpected exception fails this call only, as INTERNAL naming the method and pod;
+    the session and every other call carry on."""
+
+    async def call(req: Any, ctx: CallContext) -> Message:
+        try:
+            return await handler(req, ctx)
+        except RpcError:
+            raise
+        except Exception as exc:
+            about = _about(req)
+            log.exception("%s%s failed", method, about)
+            raise RpcError(
+                Code.INTERNAL,
+                f"{method}{about}: internal error in the plugin: {type(exc).__name__}: {exc}",
+            ) from None
+
+    return call
+
+
+def _about(req: Message) -> str:
+    pod = getattr(req, "pod", None)
+    if not isinstance(pod, api.PodSandbox) or not (pod.name or pod.namespace):
+        return ""
+    return f" of pod {pod.namespace}/{pod.name}"
 
 
 class NriPlugin:

@@ -3,7 +3,9 @@
 Behaviour mirrors the Go server (containerd/ttrpc) where a peer can observe it:
 - client stream IDs must be odd and strictly increasing, else INVALID_ARGUMENT on that ID;
 - an undecodable Request envelope gives INVALID_ARGUMENT, an unknown service or method
-  UNIMPLEMENTED ("service X" / "method X"), an undecodable request payload INTERNAL;
+  UNIMPLEMENTED ("service X" / "method X"); an undecodable request payload gives
+  INVALID_ARGUMENT through `unary` (Go says INTERNAL; no runtime tells them apart, and
+  bytes the caller got wrong are the caller's fault, not the server's);
 - an oversized frame is skipped and answered with RESOURCE_EXHAUSTED; the connection lives;
 - Data frames get INVALID_ARGUMENT (this implementation serves unary calls only) and
   unknown frame types are ignored;
@@ -59,8 +61,10 @@ def unary(
     async def call(payload: bytes, ctx: CallContext) -> bytes:
         try:
             request = request_type.FromString(payload)
-        except DecodeError as exc:
-            raise RpcError(Code.INTERNAL, f"cannot decode {request_type.__name__}: {exc}") from None
+        except (DecodeError, RecursionError) as exc:
+            raise RpcError(
+                Code.INVALID_ARGUMENT, f"cannot decode {request_type.__name__}: {exc}"
+            ) from None
         response = await handler(request, ctx)
         return response.SerializeToString()
 

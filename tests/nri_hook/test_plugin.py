@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nri_hook import plugin as plugin_module
 from nri_hook.plugin import (
     PLUGIN_SERVICE,
     VALID_EVENTS_LEGACY,
@@ -23,7 +24,7 @@ from nri_hook.plugin import (
     event_mask,
     valid_events_for,
 )
-from nri_hook.ttrpc import Code, RpcError
+from nri_hook.ttrpc import CallContext, Code, RpcError
 from protos.nri import api_pb2 as api
 from tessera_testbed.containerd import (
     CONTAINERD_1_7,
@@ -321,7 +322,11 @@ def test_arbitrary_payloads_get_an_answer_never_a_crash(
         try:
             await conn.client.call(PLUGIN_SERVICE, method, payload, timeout=5)
         except RpcError as exc:
-            assert exc.code in (Code.INTERNAL, Code.PERMISSION_DENIED, Code.FAILED_PRECONDITION)
+            assert exc.code in (
+                Code.INVALID_ARGUMENT,
+                Code.PERMISSION_DENIED,
+                Code.FAILED_PRECONDITION,
+            )
         # the connection survived: the plugin still answers
         pod = make_pod("after")
         assert (await conn.create_container(pod, make_container(pod, "c"))).adjust.env
@@ -349,3 +354,65 @@ def test_arbitrary_trunk_bytes_end_the_session_cleanly(chunks: list[bytes]) -> N
         assert handler.disconnects == 1
 
     _run(body)
+
+
+class Crasher(Recorder):
+    """A handler with a bug that only pods named 'boom' reach."""
+
+    async def create_container(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        if pod.name == "boom":
+            raise KeyError("a bug")
+        return await super().create_container(pod, container)
+
+    async def event(self, event: int, pod: api.PodSandbox, container: api.Container | None) -> None:
+        if pod.name == "boom":
+            raise ZeroDivisionError("another bug")
+        await super().event(event, pod, container)
+
+
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_a_handler_bug_fails_that_call_only_as_internal(sock_dir: Path, version: object) -> None:
+    async def body() -> None:
+        sim, conn, task, stop = await _connected(sock_dir, Crasher(ALL_OURS), version=version)
+        boom = make_pod("boom", namespace="team-a")
+        with pytest.raises(RpcError) as failed:
+            await conn.create_container(boom, make_container(boom, "main"))
+        assert failed.value.code == Code.INTERNAL
+        assert "CreateContainer of pod team-a/boom" in failed.value.message
+        assert "KeyError" in failed.value.message
+        with pytest.raises(RpcError) as failed:
+            await conn.event(api.RUN_POD_SANDBOX, boom)
+        assert failed.value.code == Code.INTERNAL
+        assert "pod team-a/boom" in failed.value.message
+        assert "ZeroDivisionError" in failed.value.message
+        fine = make_pod("fine")
+        assert await conn.event(api.RUN_POD_SANDBOX, fine)
+        assert (await conn.create_container(fine, make_container(fine, "c"))).adjust.env
+        assert sim.dropped == []
+        await _finish(sim, task, stop)
+
+    _run(body)
+
+
+def test_an_oversized_synchronize_is_refused_and_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plugin_module, "MAX_SYNC_OBJECTS", 3)
+    handler = Recorder(ALL_OURS)
+    session = plugin_module._Session(handler)
+    ctx = CallContext(PLUGIN_SERVICE, "Synchronize", 1, (), None)
+    pods = [make_pod(f"p{i}", uid=f"00000000-0000-4000-8000-00000000000{i}") for i in range(4)]
+
+    async def body() -> None:
+        chunk = api.SynchronizeRequest(pods=pods[:2], more=True)
+        assert (await session._synchronize(chunk, ctx)).more
+        with pytest.raises(RpcError) as refused:
+            await session._synchronize(api.SynchronizeRequest(pods=pods[2:], more=True), ctx)
+        assert refused.value.code == Code.RESOURCE_EXHAUSTED
+        # what was collected is dropped: a fresh Synchronize starts from nothing
+        await session._synchronize(api.SynchronizeRequest(pods=pods[:1]), ctx)
+        assert handler.synced == [(["p0"], [])]
+
+    asyncio.run(body())

@@ -187,7 +187,7 @@ def test_status_errors_reach_the_caller() -> None:
             )
             with pytest.raises(RpcError) as payload:
                 await client.call(SERVICE, "Echo", b"\xff\xff\xff")
-            assert payload.value.code == Code.INTERNAL
+            assert payload.value.code == Code.INVALID_ARGUMENT
             # the connection is still fine after all of that
             ok = await client.call(SERVICE, "Echo", api_pb2.KeyValue(key="a").SerializeToString())
             assert api_pb2.KeyValue.FromString(ok).key == "a"
