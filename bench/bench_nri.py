@@ -5,7 +5,7 @@ line per injected container to a file) against the runtime simulator in this pro
 over a real unix socket. Every request is a full CreateContainer for a container named in
 a signed allocation record (two GPUs, an RDMA VF, hami-core limits), so each one decodes
 and verifies a record, stats device nodes and builds an adjustment. The request messages
-are the ones real containerd 2.3.4 sent (from shared/vectors when present), else
+are the ones real containerd 2.3.4 sent (from tests/vectors when present), else
 simulator-made ones of the same shape.
 
 The round trip is measured from the runtime side (send to reply decoded), one call at a
@@ -39,8 +39,8 @@ from tessera_testbed.containerd import (
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURED = (
-    ROOT.parent
-    / "shared/vectors/nri-wire/v2.3.4/session-001/messages"
+    ROOT
+    / "tests/vectors/nri-wire/v2.3.4/session-001/messages"
     / "025-r2p-nri.pkg.api.v1alpha1.Plugin.CreateContainer-request.nri.bin"
 )
 NODE = "bench-node"

@@ -11,7 +11,7 @@ Rules this implementation keeps:
   4096-byte buffer and fails (ENOMEM) on a frame that does not fit, so a write of more
   than 4096 bytes goes out as the first 4096 bytes, then the rest (split again only at
   the 4 MiB + 10 payload limit). This is exactly how containerd itself sends (see the
-  captures in shared/vectors/nri-wire).
+  captures in tests/vectors/nri-wire).
 - Receiving, a connection is a byte stream: messages may span frames and are reassembled
   by the reader on top (ttrpc's FrameDecoder).
 - Each connection queues at most 256 frames; an overflow closes the whole trunk, as

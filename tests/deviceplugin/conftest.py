@@ -7,15 +7,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-VECTORS = ROOT.parent / "shared" / "vectors" / "deviceplugin"
+from tests.vectors import DEVICEPLUGIN, require
 
 
 @pytest.fixture
 def vectors() -> Path:
-    if not VECTORS.is_dir():
-        pytest.skip(f"no kubelet vectors at {VECTORS}")
-    return VECTORS
+    return require(DEVICEPLUGIN)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A real kubelet's requests (shared/vectors/deviceplugin): decoded with our messages, and the
+"""A real kubelet's requests (tests/vectors/deviceplugin): decoded with our messages, and the
 exact request bytes replayed against our server."""
 
 from __future__ import annotations

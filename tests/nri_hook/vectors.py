@@ -1,7 +1,7 @@
-"""The captured containerd <-> plugin sessions in <repo root>/../shared/vectors/nri-wire.
+"""The captured containerd <-> plugin sessions in tests/vectors/nri-wire.
 
-Tests that need them use the `sessions` fixture (conftest.py), which skips cleanly when
-the directory is absent (a clone without shared/ beside it).
+Tests that need them use the `sessions` fixture (conftest.py), which fails when the
+directory is absent: every clone carries them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-VECTORS = REPO_ROOT.parent / "shared" / "vectors" / "nri-wire"
+from tests.vectors import NRI_WIRE, require
+
+VECTORS = NRI_WIRE
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Session:
 
 
 def all_sessions() -> list[Session]:
-    if not VECTORS.is_dir():
-        return []
-    return [Session(p) for p in sorted(VECTORS.glob("*/session-*")) if p.is_dir()]
+    found = [Session(p) for p in sorted(require(VECTORS).glob("*/session-*")) if p.is_dir()]
+    if not found:
+        raise AssertionError(f"no captured NRI sessions under {VECTORS}")
+    return found

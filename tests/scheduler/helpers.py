@@ -16,11 +16,12 @@ from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
+from tests.vectors import EXTENDER
 
 KEY = b"tessera-test-integrity-key-0123456789"
 KEYRING = Keyring.single(KEY)
 ROOT = Path(__file__).resolve().parents[2]
-VECTORS = ROOT.parent / "shared" / "vectors" / "extender"
+VECTORS = EXTENDER
 
 
 def gpu_spec(node: str, index: int, model: str = "NVIDIA H100 80GB HBM3", mem: int = 81920):

@@ -20,10 +20,7 @@ from tests.scheduler.helpers import (
     running,
     wait_for,
 )
-
-pytestmark = pytest.mark.skipif(
-    not VECTORS.is_dir(), reason=f"captured extender vectors not found at {VECTORS}"
-)
+from tests.vectors import require
 
 NODES = ["peer-node-0", "peer-node-1", "peer-node-2"]
 CAPTURED = b"example.com/gpu-core"
@@ -34,7 +31,7 @@ same value is the tessera request with that meaning (a share of one GPU)."""
 
 def vector(name: str) -> bytes:
     """A captured body with tessera's resource name; every other byte as captured."""
-    raw = (VECTORS / name).read_bytes()
+    raw = (require(VECTORS) / name).read_bytes()
     if b'"Pod"' in raw:
         assert CAPTURED in raw, name
     return raw.replace(CAPTURED, OURS)
