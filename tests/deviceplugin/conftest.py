@@ -9,6 +9,8 @@ import pytest
 
 from tests.vectors import DEVICEPLUGIN, require
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture
 def vectors() -> Path:
