@@ -14,8 +14,14 @@ Rules this implementation keeps:
   captures in tests/vectors/nri-wire).
 - Receiving, a connection is a byte stream: messages may span frames and are reassembled
   by the reader on top (ttrpc's FrameDecoder).
-- Each connection queues at most 256 frames; an overflow closes the whole trunk, as
-  upstream does. A declared payload over the limit is a protocol error and closes it too.
+- Zero-length frames carry nothing and are skipped; frames for an ID nobody opened
+  (0 included) are dropped.
+- Each connection queues at most 256 frames and MAX_QUEUED_BYTES unread bytes; an
+  overflow closes the whole trunk, as upstream does for frames. A declared payload over
+  the limit is a protocol error and closes it too. The runtime reconnects a closed trunk.
+- A peer that stops reading: once MAX_WRITE_BUFFER bytes wait unsent, the trunk closes.
+- The decoder never holds more than one frame (header + MAX_PAYLOAD) of a connection
+  that is being reassembled, and nothing once the trunk ends mid-frame.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import logging
 import struct
 from typing import Final
 
+from nri_hook.ttrpc.stream import MAX_WRITE_BUFFER
+
 log = logging.getLogger(__name__)
 
 HEADER_LEN: Final = 8
@@ -35,7 +43,11 @@ MAX_PAYLOAD: Final = (4 << 20) + 10
 GO_READ_BUFFER: Final = 4096
 """Frames sent to a Go peer must fit in its 4096-byte read buffer (see module doc)."""
 QUEUE_LEN: Final = 256
-"""Frames a connection may hold unread before the trunk is closed."""
+"""Frames a connection may hold unread before the trunk is closed (upstream's value)."""
+MAX_QUEUED_BYTES: Final = 2 * MAX_PAYLOAD
+"""Payload bytes a connection may hold unread before the trunk is closed. The reader on
+top (ttrpc) takes frames as fast as they come; the most a live peer leaves waiting is a
+whole largest message (it arrives as 4096 bytes plus the rest) and the start of the next."""
 
 RESERVED_CONN: Final = 0
 PLUGIN_SERVICE_CONN: Final = 1
@@ -113,11 +125,15 @@ class Mux:
         writer: asyncio.StreamWriter,
         *,
         queue_len: int = QUEUE_LEN,
+        max_queued_bytes: int = MAX_QUEUED_BYTES,
+        max_write_buffer: int = MAX_WRITE_BUFFER,
         first_frame_limit: int = GO_READ_BUFFER,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._queue_len = queue_len
+        self._max_queued_bytes = max_queued_bytes
+        self._max_write_buffer = max_write_buffer
         self._first = first_frame_limit
         self._conns: dict[int, MuxConn] = {}
         self._error: Exception | None = None
@@ -168,7 +184,17 @@ class Mux:
     def _write(self, conn_id: int, data: bytes) -> None:
         if self._closed.is_set() or self._writer.is_closing():
             raise ConnectionResetError("mux is closed")
-        self._writer.write(encode_frames(conn_id, data, self._first))
+        frames = encode_frames(conn_id, data, self._first)
+        if self._writer.transport.get_write_buffer_size() + len(frames) > self._max_write_buffer:
+            error = MuxError(
+                f"the peer is not reading: over {self._max_write_buffer} bytes unsent; "
+                "closing the trunk"
+            )
+            log.warning("%s", error)
+            self._writer.transport.abort()  # a graceful close would wait for the peer to read
+            self.close(error)
+            raise ConnectionResetError(str(error))
+        self._writer.write(frames)
 
     async def _drain(self) -> None:
         if self._closed.is_set():
@@ -191,8 +217,8 @@ class Mux:
                         continue
                     if not conn._deliver(payload):
                         raise MuxError(
-                            f"mux connection {conn_id} has {self._queue_len} unread frames; "
-                            "closing the trunk"
+                            f"mux connection {conn_id} has {len(conn._queue)} unread frames "
+                            f"({conn._queued_bytes} bytes); closing the trunk"
                         )
         except MuxError as exc:
             log.warning("%s", exc)
@@ -213,13 +239,19 @@ class MuxConn:
         self._mux = mux
         self.conn_id = conn_id
         self._queue: collections.deque[bytes] = collections.deque()
+        self._queued_bytes = 0
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
 
     def _deliver(self, payload: bytes) -> bool:
-        if len(self._queue) >= self._mux._queue_len:
+        mux = self._mux
+        if (
+            len(self._queue) >= mux._queue_len
+            or self._queued_bytes + len(payload) > mux._max_queued_bytes
+        ):
             return False
         self._queue.append(payload)
+        self._queued_bytes += len(payload)
         self._wake()
         return True
 
@@ -242,7 +274,9 @@ class MuxConn:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._queue.popleft()
+        payload = self._queue.popleft()
+        self._queued_bytes -= len(payload)
+        return payload
 
     def write(self, data: bytes) -> None:
         if self._ended:

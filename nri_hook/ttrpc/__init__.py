@@ -19,7 +19,7 @@ from nri_hook.ttrpc.frame import (
     OversizedFrame,
     encode_frame,
 )
-from nri_hook.ttrpc.server import CallContext, Handler, Server, unary
+from nri_hook.ttrpc.server import CallContext, Handler, Limits, Server, unary
 from nri_hook.ttrpc.status import Code, ConnectionClosedError, RpcError
 from nri_hook.ttrpc.stream import AsyncioStream, ByteStream
 
@@ -39,6 +39,7 @@ __all__ = [
     "FrameDecoder",
     "FrameTooLargeError",
     "Handler",
+    "Limits",
     "MessageType",
     "OversizedFrame",
     "RpcError",

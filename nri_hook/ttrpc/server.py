@@ -11,6 +11,11 @@ Behaviour mirrors the Go server (containerd/ttrpc) where a peer can observe it:
   unknown frame types are ignored;
 - handlers run concurrently, so responses may leave in a different order than requests;
 - a request's timeout_nano bounds its handler (DEADLINE_EXCEEDED when it runs over).
+
+Limits (`Limits`, each a named constant below): requests handled at once and the request
+bytes they hold, metadata entries and bytes per request. A request over a limit is
+answered RESOURCE_EXHAUSTED on its own stream and the connection carries on; frames over
+4 MiB are skipped by the frame reader, never buffered (nri_hook.ttrpc.frame).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -35,6 +40,34 @@ from nri_hook.ttrpc.stream import ByteStream
 from protos.ttrpc import ttrpc_pb2
 
 log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT: Final = 64
+"""Requests one connection may have being handled at once. Go's ttrpc client sends calls
+concurrently, but a runtime calls a plugin about one container or pod event at a time (a
+few at once on a busy node); 64 is far above that and bounds the handler tasks a peer can
+pile up."""
+MAX_IN_FLIGHT_BYTES: Final = 32 << 20
+"""Request payload bytes held by the requests being handled on one connection: eight of
+the largest (4 MiB) messages, so a full-size Synchronize chunk always fits while a peer
+cannot pin more than this (plus the decoded messages) in memory."""
+MAX_METADATA_ENTRIES: Final = 64
+"""Metadata pairs in one Request envelope. containerd sends one
+(containerd-namespace-ttrpc); 64 leaves room for tracing and other callers."""
+MAX_METADATA_BYTES: Final = 64 << 10
+"""Bytes of all metadata keys and values of one Request (the same order of size as
+gRPC's 8 KiB default header list limit, with room to spare)."""
+MAX_NAME_IN_ERROR: Final = 200
+"""Characters of a peer-chosen service or method name quoted back in an error status."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one connection may ask of a Server (see the constants for the reasons)."""
+
+    max_in_flight: int = MAX_IN_FLIGHT
+    max_in_flight_bytes: int = MAX_IN_FLIGHT_BYTES
+    max_metadata_entries: int = MAX_METADATA_ENTRIES
+    max_metadata_bytes: int = MAX_METADATA_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +107,9 @@ def unary(
 class Server:
     """Services by fully-qualified name; `serve` runs one connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
         self._services: dict[str, dict[str, Handler]] = {}
+        self.limits = limits or Limits()
 
     def register(self, service: str, methods: Mapping[str, Handler]) -> None:
         if service in self._services:
@@ -84,15 +118,23 @@ class Server:
 
     async def serve(self, stream: ByteStream) -> None:
         """Answer calls until the peer closes the stream (or the task is cancelled)."""
-        await _Connection(self._services, stream).run()
+        await _Connection(self._services, stream, self.limits).run()
+
+
+def _clip(name: str) -> str:
+    return name if len(name) <= MAX_NAME_IN_ERROR else name[:MAX_NAME_IN_ERROR] + "..."
 
 
 class _Connection:
-    def __init__(self, services: Mapping[str, Mapping[str, Handler]], stream: ByteStream) -> None:
+    def __init__(
+        self, services: Mapping[str, Mapping[str, Handler]], stream: ByteStream, limits: Limits
+    ) -> None:
         self._services = services
         self._stream = stream
+        self._limits = limits
         self._last_stream_id = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight_bytes = 0
         self._closed = False
 
     async def run(self) -> None:
@@ -100,7 +142,7 @@ class _Connection:
         try:
             while True:
                 chunk = await self._stream.read()
-                if not chunk:
+                if not chunk or self._closed:
                     return
                 for frame in decoder.feed(chunk):
                     if isinstance(frame, OversizedFrame):
@@ -145,11 +187,31 @@ class _Connection:
             return
         methods = self._services.get(request.service)
         if methods is None:
-            self._send_status(stream_id, Code.UNIMPLEMENTED, f"service {request.service}")
+            self._send_status(stream_id, Code.UNIMPLEMENTED, f"service {_clip(request.service)}")
             return
         handler = methods.get(request.method)
         if handler is None:
-            self._send_status(stream_id, Code.UNIMPLEMENTED, f"method {request.method}")
+            self._send_status(stream_id, Code.UNIMPLEMENTED, f"method {_clip(request.method)}")
+            return
+        limits = self._limits
+        refusal = ""
+        meta_bytes = sum(len(kv.key) + len(kv.value) for kv in request.metadata)
+        if len(request.metadata) > limits.max_metadata_entries:
+            refusal = (
+                f"{len(request.metadata)} metadata entries, over {limits.max_metadata_entries}"
+            )
+        elif meta_bytes > limits.max_metadata_bytes:
+            refusal = f"{meta_bytes} bytes of metadata, over {limits.max_metadata_bytes}"
+        elif len(self._tasks) >= limits.max_in_flight:
+            refusal = f"{len(self._tasks)} requests already in progress on this connection"
+        elif self._in_flight_bytes + len(request.payload) > limits.max_in_flight_bytes:
+            refusal = (
+                f"{self._in_flight_bytes} request bytes already in progress on this "
+                f"connection; {len(request.payload)} more would exceed "
+                f"{limits.max_in_flight_bytes}"
+            )
+        if refusal:
+            self._send_status(stream_id, Code.RESOURCE_EXHAUSTED, f"{request.method}: {refusal}")
             return
         ctx = CallContext(
             service=request.service,
@@ -158,9 +220,16 @@ class _Connection:
             metadata=tuple((kv.key, kv.value) for kv in request.metadata),
             timeout=request.timeout_nano / 1e9 if request.timeout_nano > 0 else None,
         )
+        size = len(request.payload)
+        self._in_flight_bytes += size
         task = asyncio.get_running_loop().create_task(self._handle(handler, request.payload, ctx))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            self._in_flight_bytes -= size
+
+        task.add_done_callback(done)
 
     async def _handle(self, handler: Handler, payload: bytes, ctx: CallContext) -> None:
         try:

@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Protocol
+from typing import Final, Protocol
 
-READ_CHUNK = 64 * 1024
+from nri_hook.ttrpc.frame import HEADER_LEN, MAX_DATA_LEN
+
+READ_CHUNK: Final = 64 * 1024
+MAX_WRITE_BUFFER: Final = 4 * (HEADER_LEN + MAX_DATA_LEN)
+"""Bytes written but not yet taken by the peer before the stream is closed (16 MiB + 40).
+A live peer reads what it asked for; one that stops reading while requests keep coming
+would otherwise make every answer pile up in memory. Four of the largest frames leave
+ample room for a burst of replies to a peer that is merely slow."""
 
 
 class ByteStream(Protocol):
@@ -34,9 +41,16 @@ class ByteStream(Protocol):
 class AsyncioStream:
     """ByteStream over an asyncio StreamReader/StreamWriter pair (e.g. a unix socket)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_write_buffer: int = MAX_WRITE_BUFFER,
+    ) -> None:
         self._reader = reader
         self._writer = writer
+        self._max_write_buffer = max_write_buffer
 
     async def read(self) -> bytes:
         try:
@@ -47,6 +61,11 @@ class AsyncioStream:
     def write(self, data: bytes) -> None:
         if self._writer.is_closing():
             raise ConnectionResetError("stream is closed")
+        if self._writer.transport.get_write_buffer_size() + len(data) > self._max_write_buffer:
+            self._writer.transport.abort()  # a graceful close would wait for the peer to read
+            raise ConnectionResetError(
+                f"peer is not reading: over {self._max_write_buffer} bytes unsent; closed"
+            )
         self._writer.write(data)
 
     async def drain(self) -> None:

@@ -7,7 +7,7 @@ import socket
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nri_hook.mux import (
@@ -19,8 +19,17 @@ from nri_hook.mux import (
     encode_frames,
     split_payload,
 )
-from nri_hook.ttrpc import CallContext, Client, Server, unary
+from nri_hook.ttrpc import (
+    HEADER_LEN,
+    CallContext,
+    Client,
+    MessageType,
+    Server,
+    encode_frame,
+    unary,
+)
 from protos.nri import api_pb2
+from protos.ttrpc import ttrpc_pb2
 
 
 def test_split_rule_whole_up_to_4096_then_4096_and_the_rest() -> None:
@@ -184,5 +193,99 @@ def test_a_zero_length_frame_does_not_end_the_connection() -> None:
         left.close()
         right.close()
         await asyncio.wait_for(serving, 2)
+
+    asyncio.run(body())
+
+
+def test_unread_bytes_over_the_bound_close_the_whole_trunk() -> None:
+    async def body() -> None:
+        left, right = await _pair(max_queued_bytes=1000)
+        unread = left.open(1)
+        sender = right.open(1)
+        sender.write(b"a" * 600)
+        sender.write(b"b" * 600)  # 1200 bytes unread: over
+        await asyncio.wait_for(left.wait_closed(), 2)
+        assert isinstance(left.error, MuxError)
+        assert await unread.read() == b"a" * 600
+        assert await unread.read() == b""
+        right.close()
+
+    asyncio.run(body())
+
+
+def test_a_peer_that_stops_reading_gets_the_trunk_closed() -> None:
+    async def body() -> None:
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_unix_connection(sock=a)
+        left = Mux(ra, wa, max_write_buffer=256 << 10)
+        _peer = await asyncio.open_unix_connection(sock=b)  # never reads
+        conn = left.open(1)
+        with pytest.raises(ConnectionResetError):
+            for _ in range(1000):
+                conn.write(b"x" * (64 << 10))
+        assert left.closed and isinstance(left.error, MuxError)
+        assert wa.transport.get_write_buffer_size() <= 256 << 10
+        _peer[1].close()
+
+    asyncio.run(body())
+
+
+JUNK_FRAME = st.one_of(
+    st.tuples(st.sampled_from([0, 3, 7, 2**32 - 1]), st.binary(max_size=300)),  # unopened
+    st.tuples(st.sampled_from([1, 2]), st.just(b"")),  # zero-length frames
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(JUNK_FRAME, max_size=12),
+    st.lists(st.integers(1, 700), max_size=20),
+    st.integers(0, 12),
+)
+def test_junk_frames_and_any_read_boundaries_leave_the_connections_working(
+    junk: list[tuple[int, bytes]], cuts: list[int], at: int
+) -> None:
+    """Frames for unopened IDs and empty frames, interleaved with a real call cut into
+    pieces, and all of it cut at arbitrary read boundaries: the call is answered."""
+
+    async def body() -> None:
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_unix_connection(sock=a)
+        left = Mux(ra, wa)
+        server = Server()
+
+        async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+            return req
+
+        server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
+        serving = asyncio.create_task(server.serve(left.open(1)))
+        request = ttrpc_pb2.Request(
+            service="t.S",
+            method="Echo",
+            payload=api_pb2.KeyValue(key="k", value="v" * 5000).SerializeToString(),
+        ).SerializeToString()
+        message = encode_frame(1, MessageType.REQUEST, 0, request)
+        halves = [(1, message[:1000]), (1, message[1000:])]  # one message over two frames
+        frames = [*junk[:at], halves[0], *junk[at:], halves[1], *junk]
+        wire = b"".join(encode_frames(c, d) for c, d in frames)
+        pieces, pos = [], 0
+        for cut in [*cuts, len(wire)]:
+            pieces.append(wire[pos : pos + cut])
+            pos += cut
+        rb, wb = await asyncio.open_unix_connection(sock=b)
+        for piece in pieces:
+            wb.write(piece)
+            await wb.drain()
+        decoder = MuxDecoder()
+        got = b""
+        while len(got) < HEADER_LEN or len(got) < HEADER_LEN + int.from_bytes(got[:4], "big"):
+            chunk = await asyncio.wait_for(rb.read(65536), 5)
+            assert chunk
+            got += b"".join(p for c, p in decoder.feed(chunk) if c == 1)
+        response = ttrpc_pb2.Response.FromString(got[HEADER_LEN:])
+        assert api_pb2.KeyValue.FromString(response.payload).value == "v" * 5000
+        wb.close()
+        await asyncio.wait_for(left.wait_closed(), 5)
+        await asyncio.wait_for(serving, 5)
 
     asyncio.run(body())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ from nri_hook.ttrpc import (
     Frame,
     FrameDecoder,
     FrameTooLargeError,
+    Limits,
     MessageType,
     OversizedFrame,
     RpcError,
@@ -32,6 +34,7 @@ from nri_hook.ttrpc import (
 )
 from protos.nri import api_pb2
 from protos.ttrpc import ttrpc_pb2
+from tests.nri_hook.vectors import Session
 
 SERVICE = "test.Echo"
 
@@ -351,5 +354,178 @@ def test_arbitrary_bytes_never_crash_the_server(chunks: list[bytes]) -> None:
         await peer.drain()
         peer.close()
         await asyncio.wait_for(task, 5)  # returns normally at EOF: no exception escapes
+
+    _run(body)
+
+
+# --- limits ---------------------------------------------------------------------------------------
+
+
+def _gated_server(gate: asyncio.Event, limits: Limits) -> Server:
+    """Echo, but a request whose key is "wait" holds its slot until `gate` opens."""
+
+    async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+        if req.key == "wait":
+            await gate.wait()
+        return req
+
+    server = Server(limits)
+    server.register(SERVICE, {"Echo": unary(api_pb2.KeyValue, echo)})
+    return server
+
+
+def _call_frame(
+    stream_id: int, key: str, value: str = "", metadata: list[tuple[str, str]] | None = None
+) -> bytes:
+    payload = api_pb2.KeyValue(key=key, value=value).SerializeToString()
+    body = ttrpc_pb2.Request(
+        service=SERVICE,
+        method="Echo",
+        payload=payload,
+        metadata=[ttrpc_pb2.KeyValue(key=k, value=v) for k, v in metadata or []],
+    )
+    return encode_frame(stream_id, MessageType.REQUEST, 0, body.SerializeToString())
+
+
+async def _responses(peer: AsyncioStream, decoder: FrameDecoder, n: int) -> dict[int, int]:
+    codes: dict[int, int] = {}
+    while len(codes) < n:
+        chunk = await peer.read()
+        assert chunk, "server closed the connection"
+        for f in decoder.feed(chunk):
+            assert isinstance(f, Frame)
+            codes[f.stream_id] = ttrpc_pb2.Response.FromString(f.data).status.code
+    return codes
+
+
+def test_requests_over_the_in_flight_limits_are_refused_on_their_own_stream() -> None:
+    async def body() -> None:
+        gate = asyncio.Event()
+        limits = Limits(max_in_flight=2, max_in_flight_bytes=1000)
+        server_side, peer = await _socket_streams()
+        task = asyncio.create_task(_gated_server(gate, limits).serve(server_side))
+        decoder = FrameDecoder()
+        # two waiting requests fill the count; a third is refused, the connection lives
+        peer.write(_call_frame(1, "wait") + _call_frame(3, "wait") + _call_frame(5, "x"))
+        assert await _responses(peer, decoder, 1) == {5: Code.RESOURCE_EXHAUSTED}
+        gate.set()
+        assert await _responses(peer, decoder, 2) == {1: Code.OK, 3: Code.OK}
+        # bytes: one waiting request of 900 bytes leaves no room for another 200
+        gate.clear()
+        peer.write(_call_frame(7, "wait", "v" * 900) + _call_frame(9, "x", "v" * 200))
+        assert await _responses(peer, decoder, 1) == {9: Code.RESOURCE_EXHAUSTED}
+        gate.set()
+        assert await _responses(peer, decoder, 1) == {7: Code.OK}
+        # and with the slots free again, the same request passes
+        peer.write(_call_frame(11, "x", "v" * 200))
+        assert await _responses(peer, decoder, 1) == {11: Code.OK}
+        peer.close()
+        await asyncio.wait_for(task, 5)
+
+    _run(body)
+
+
+def test_metadata_over_the_limits_is_refused() -> None:
+    async def body() -> None:
+        limits = Limits(max_metadata_entries=3, max_metadata_bytes=100)
+        server_side, peer = await _socket_streams()
+        task = asyncio.create_task(_gated_server(asyncio.Event(), limits).serve(server_side))
+        decoder = FrameDecoder()
+        peer.write(
+            _call_frame(1, "x", metadata=[("k", "v")] * 3)  # at the limit
+            + _call_frame(3, "x", metadata=[("k", "v")] * 4)
+            + _call_frame(5, "x", metadata=[("k", "v" * 99)])  # exactly 100 bytes
+            + _call_frame(7, "x", metadata=[("k", "v" * 100)])
+        )
+        assert await _responses(peer, decoder, 4) == {
+            1: Code.OK,
+            3: Code.RESOURCE_EXHAUSTED,
+            5: Code.OK,
+            7: Code.RESOURCE_EXHAUSTED,
+        }
+        peer.close()
+        await asyncio.wait_for(task, 5)
+
+    _run(body)
+
+
+def test_the_default_limits_admit_what_containerd_sends(sessions: list[Session]) -> None:
+    """Every request in the captured sessions is within every default limit."""
+    limits = Limits()
+    for session in sessions:
+        for m in session.messages("r2p"):
+            if m["ttrpc_type"] != "request":
+                continue
+            request = ttrpc_pb2.Request.FromString(session.body(m))
+            assert len(request.metadata) <= limits.max_metadata_entries
+            assert sum(len(kv.key) + len(kv.value) for kv in request.metadata) <= (
+                limits.max_metadata_bytes
+            )
+            assert len(session.body(m)) <= MAX_DATA_LEN
+
+
+def test_a_peer_that_stops_reading_is_disconnected_not_buffered_without_end() -> None:
+    async def body() -> None:
+        a, b = socket.socketpair()
+        ra, wa = await asyncio.open_unix_connection(sock=a)
+        server_side = AsyncioStream(ra, wa, max_write_buffer=256 << 10)
+        _, peer_writer = await asyncio.open_unix_connection(sock=b)
+        task = asyncio.create_task(_echo_server().serve(server_side))
+        # 64 answers of 64 KiB each, none of them read: far over the 256 KiB bound
+        sent = 0
+        with contextlib.suppress(ConnectionResetError):
+            for i in range(64):
+                peer_writer.write(_call_frame(2 * i + 1, "big", "v" * (64 << 10)))
+                await peer_writer.drain()
+                sent += 1
+        await asyncio.wait_for(task, 10)  # the server gave up on this peer and returned
+        assert wa.transport.is_closing()
+        peer_writer.close()
+
+    _run(body)
+
+
+def test_a_peer_that_vanishes_mid_message_ends_the_connection_cleanly() -> None:
+    async def body() -> None:
+        gate = asyncio.Event()
+        server_side, peer = await _socket_streams()
+        task = asyncio.create_task(_gated_server(gate, Limits()).serve(server_side))
+        whole = _call_frame(3, "x", "v" * 10000)
+        peer.write(_call_frame(1, "wait") + whole[: len(whole) // 2])
+        await peer.drain()
+        peer.close()
+        await asyncio.wait_for(task, 5)  # returns, the waiting handler is cancelled
+
+    _run(body)
+
+
+CRAFTED_HEADERS = st.builds(
+    lambda length, stream_id, msg_type, flags, body: (
+        struct.pack(">IIBB", length, stream_id, msg_type, flags) + body
+    ),
+    st.sampled_from([0, 1, 10, MAX_DATA_LEN, MAX_DATA_LEN + 1, 2**32 - 1]),
+    st.sampled_from([0, 1, 2, 3, 2**31, 2**32 - 1, 2**32 - 2]),
+    st.integers(0, 255),
+    st.integers(0, 255),
+    st.binary(max_size=30),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(CRAFTED_HEADERS, min_size=1, max_size=5))
+def test_crafted_headers_get_answers_or_are_skipped_and_the_server_lives(
+    frames: list[bytes],
+) -> None:
+    """Huge and zero lengths, bad stream IDs, types and flags; the connection still serves
+    whatever whole frames follow, then ends cleanly at EOF."""
+
+    async def body() -> None:
+        server_side, peer = await _socket_streams()
+        task = asyncio.create_task(_echo_server().serve(server_side))
+        for frame in frames:
+            peer.write(frame)
+        await peer.drain()
+        peer.close()
+        await asyncio.wait_for(task, 5)
 
     _run(body)
