@@ -4,10 +4,16 @@ One re-entrant lock guards everything here. Decisions (filter, prioritize, the p
 step of bind) and the watch handlers take it for short, CPU-only sections; no API call is
 ever made while holding it.
 
-A node takes new tessera pods only if its inventory parsed and its node agent's heartbeat
-Lease is fresh; `problems` holds the reason for every node that does not, kept up to date
-on every inventory or Lease event and re-checked for expiry by `refresh_problems`, which
-the service calls about once a second (so a heartbeat is noticed stale within a second).
+A node takes new tessera pods only if its inventory parsed, it is not fenced, and its node
+agent's heartbeat Lease is fresh; `problems` holds the reason for every node that does
+not, kept up to date on every inventory, fence or Lease event and re-checked for expiry by
+`refresh_problems`, which the service calls about once a second (so a heartbeat is noticed
+stale within a second).
+
+A node is *fenced* while a pod bound to it and not finished carries an allocation record
+that does not count (malformed, forged, copied, conflicting): that pod may be using
+devices nobody can account for, so placing more pods there could double-allocate them.
+The fence lifts by itself when the pod goes or its record counts again.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from scheduler_plugin.recovery import section
 from tessera.decision import Decider
 from tessera.errors import TesseraError
 from tessera.model import NodeInventory
@@ -35,6 +42,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LEASE_DURATION = 40
 DEFAULT_HEARTBEAT_GRACE = 5.0
+FENCE_REASON_PODS = 3
+"""Pods named in a fenced node's reason; more are counted (filter answers stay short)."""
+
+FenceListener = Callable[[str, str, str, str | None], None]
+"""(node, pod key, pod UID, problem, or None when that pod no longer fences the node)."""
 
 
 def parse_time(text: Any) -> float | None:
@@ -71,12 +83,11 @@ class HeartbeatTracker:
 
     def observe(self, lease: Mapping[str, Any], now: float) -> str | None:
         """Record a Lease; returns the node it belongs to (None if not a heartbeat)."""
-        meta = lease.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        if not name.startswith(HEARTBEAT_LEASE_PREFIX):
+        name = section(lease, "metadata").get("name")
+        if not isinstance(name, str) or not name.startswith(HEARTBEAT_LEASE_PREFIX):
             return None
         node = name[len(HEARTBEAT_LEASE_PREFIX) :]
-        spec = lease.get("spec") or {}
+        spec = section(lease, "spec")
         renew = str(spec.get("renewTime") or spec.get("acquireTime") or "")
         duration = spec.get("leaseDurationSeconds")
         if not isinstance(duration, int) or isinstance(duration, bool) or duration <= 0:
@@ -94,8 +105,8 @@ class HeartbeatTracker:
         return node
 
     def forget(self, lease: Mapping[str, Any]) -> str | None:
-        name = str((lease.get("metadata") or {}).get("name") or "")
-        if not name.startswith(HEARTBEAT_LEASE_PREFIX):
+        name = section(lease, "metadata").get("name")
+        if not isinstance(name, str) or not name.startswith(HEARTBEAT_LEASE_PREFIX):
             return None
         node = name[len(HEARTBEAT_LEASE_PREFIX) :]
         self._beats.pop(node, None)
@@ -156,6 +167,12 @@ class Cache:
         """Nodes that take no new tessera pods, with the reason (resolvable)."""
         self.invalid_records: dict[str, tuple[str, str]] = {}
         """Pod key -> (uid, problem) for records that do not count."""
+        self.fences: dict[str, dict[str, tuple[str, str]]] = {}
+        """Node -> {pod UID: (pod key, problem)}: bound, unfinished pods on that node whose
+        record does not count (see the module doc)."""
+        self._fenced_by: dict[str, str] = {}
+        """Pod UID -> the node it fences."""
+        self._fence_listeners: list[FenceListener] = []
         self.pods: dict[str, PodInfo] = {}
         """Every pod by UID (all pods, tessera or not), for bind and preempt look-ups."""
         self.inflight: set[str] = set()
@@ -175,6 +192,12 @@ class Cache:
         for listener in self._listeners:
             listener(node)
 
+    def subscribe_fences(self, listener: FenceListener) -> None:
+        """Call `listener(node, key, uid, problem)` when a pod starts fencing a node or its
+        reason changes, and with problem None when it stops (inside the lock: listeners
+        only take note)."""
+        self._fence_listeners.append(listener)
+
     def _bump(self, node: str) -> None:
         self.generation += 1
         self._notify(node)
@@ -188,12 +211,29 @@ class Cache:
         """Put the node into the state iff its inventory is known and its Node exists."""
         inventory = self.inventories.get(name)
         if inventory is not None and self._node_present(name):
-            self.state.set_node(inventory)
+            try:
+                self.state.set_node(inventory)
+            except Exception as exc:
+                # Only an inventory that set_inventory could not index gets here, and it
+                # never stays in `inventories`; still, one node must not stop the others.
+                log.exception("bug: node %s cannot enter the cluster state", name)
+                self.inventories.pop(name, None)
+                self._drop_from_state(name)
+                self._inventory_failed(name, f"cannot be indexed ({type(exc).__name__})")
+                return
         elif name in self.state.nodes:
             self.state.remove_node(name)
         self.update_problem(name)
 
+    def _drop_from_state(self, name: str) -> None:
+        try:
+            self.state.remove_node(name)
+        except Exception:
+            log.exception("bug: removing node %s from the cluster state failed", name)
+
     def set_inventory(self, name: str, spec: Any) -> None:
+        """Take a node's NodeDevices spec. One that does not parse, or cannot be indexed,
+        makes that node unusable (with the reason) and keeps what it had: nothing else."""
         with self.lock:
             try:
                 if not isinstance(spec, Mapping):
@@ -204,9 +244,42 @@ class Cache:
             except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
                 self._inventory_failed(name, str(exc))
                 return
+            except Exception as exc:
+                log.exception("bug: parsing nodedevices/%s raised", name)
+                self._inventory_failed(name, f"cannot be read ({type(exc).__name__})")
+                return
+            previous = self.inventories.get(name)
             self.inventory_errors.pop(name, None)
             self.inventories[name] = inventory
-            self._sync_node(name)
+            if not self._node_present(name):
+                self._sync_node(name)
+                return
+            try:
+                self.state.set_node(inventory)
+            except Exception as exc:
+                # e.g. a value past what the decision index holds (OverflowError): the
+                # node keeps its last good inventory, or leaves the state, and is unusable
+                self._restore_inventory(name, previous)
+                self._inventory_failed(name, f"cannot be indexed: {type(exc).__name__}: {exc}")
+                return
+            self.update_problem(name)
+
+    def _restore_inventory(self, name: str, previous: NodeInventory | None) -> None:
+        if previous is None:
+            self.inventories.pop(name, None)
+            self._drop_from_state(name)
+            return
+        self.inventories[name] = previous
+        try:
+            self.state.set_node(previous)
+        except Exception:
+            log.exception("bug: restoring the inventory of node %s failed", name)
+            self.inventories.pop(name, None)
+            self._drop_from_state(name)
+
+    def mark_inventory_bad(self, name: str, problem: str) -> None:
+        with self.lock:
+            self._inventory_failed(name, problem)
 
     def _inventory_failed(self, name: str, problem: str) -> None:
         log.warning("node inventory nodedevices/%s does not parse: %s", name, problem)
@@ -249,9 +322,77 @@ class Cache:
             if node is not None:
                 self.update_problem(node, now)
 
+    # --- fences -----------------------------------------------------------------------------
+
+    def fence(self, uid: str, node: str, key: str, problem: str) -> None:
+        """Pod `uid` (bound to `node`, not finished) carries a record that does not count."""
+        with self.lock:
+            before = self._fenced_by.get(uid)
+            if before is not None and before != node:
+                self.unfence(uid)
+            pods = self.fences.setdefault(node, {})
+            if pods.get(uid) == (key, problem):
+                return
+            pods[uid] = (key, problem)
+            self._fenced_by[uid] = node
+            log.warning(
+                "node %s fenced: pod %s runs with an untrusted allocation record (%s)",
+                node,
+                key,
+                problem,
+            )
+            for listener in self._fence_listeners:
+                listener(node, key, uid, problem)
+            self.update_problem(node)
+
+    def unfence(self, uid: str) -> None:
+        """Pod `uid` no longer fences its node (gone, finished, or its record counts)."""
+        with self.lock:
+            node = self._fenced_by.pop(uid, None)
+            if node is None:
+                return
+            pods = self.fences.get(node, {})
+            key, _ = pods.pop(uid, (uid, ""))
+            if not pods:
+                self.fences.pop(node, None)
+                log.info(
+                    "node %s unfenced: pod %s no longer carries an untrusted record", node, key
+                )
+            for listener in self._fence_listeners:
+                listener(node, key, uid, None)
+            self.update_problem(node)
+
+    def fenced_by(self) -> dict[str, str]:
+        """Pod UID -> the node it fences (a copy)."""
+        with self.lock:
+            return dict(self._fenced_by)
+
+    def fence_reason(self, node: str) -> str | None:
+        pods = self.fences.get(node)
+        if not pods:
+            return None
+        items = sorted(pods.values())
+        named = "; ".join(f"pod {key}: {problem}" for key, problem in items[:FENCE_REASON_PODS])
+        more = len(items) - FENCE_REASON_PODS
+        if more > 0:
+            named += f"; and {more} more pod(s)"
+        return (
+            "node is fenced: a running pod carries an untrusted allocation record, so its "
+            f"device use is unknown ({named}); delete the pod or restore its record"
+        )
+
+    def fenced_nodes(self) -> set[str]:
+        """Nodes fenced for an untrusted record or an unusable inventory."""
+        with self.lock:
+            return set(self.fences) | set(self.inventory_errors)
+
+    # --- problems -------------------------------------------------------------------------
+
     def update_problem(self, node: str, now: float | None = None) -> None:
         with self.lock:
             problem = self.inventory_errors.get(node)
+            if problem is None:
+                problem = self.fence_reason(node)
             if problem is None and self.require_heartbeat and node in self.inventories:
                 problem = self.heartbeats.problem(node, self.clock() if now is None else now)
             if self.problems.get(node) == problem:
@@ -266,7 +407,12 @@ class Cache:
         """Re-check every node (heartbeats expire with time, not with events)."""
         with self.lock:
             now = self.clock()
-            names = set(self.inventories) | set(self.inventory_errors) | set(self.problems)
+            names = (
+                set(self.inventories)
+                | set(self.inventory_errors)
+                | set(self.problems)
+                | set(self.fences)
+            )
             for name in names:
                 self.update_problem(name, now)
 
@@ -277,10 +423,21 @@ class Cache:
         with self.lock:
             node = self.state.nodes.get(name)
             problem = self.problems.get(name)
+            fenced = [
+                {"pod": key, "uid": uid, "problem": why}
+                for uid, (key, why) in sorted(self.fences.get(name, {}).items())
+            ]
             if node is None:
                 if name not in self.inventory_errors:
                     return None
-                return {"node": name, "usable": False, "problem": problem, "gpus": [], "rdma": []}
+                return {
+                    "node": name,
+                    "usable": False,
+                    "problem": problem,
+                    "fenced": fenced,
+                    "gpus": [],
+                    "rdma": [],
+                }
             holders_gpu: dict[str, list[dict[str, Any]]] = {}
             holders_nic: dict[str, list[dict[str, Any]]] = {}
             for alloc in self.state.pods_on(name):
@@ -346,6 +503,7 @@ class Cache:
                 "node": name,
                 "usable": problem is None,
                 "problem": problem,
+                "fenced": fenced,
                 "gpus": gpus,
                 "rdma": nics,
             }

@@ -6,6 +6,13 @@ that ends is resumed from the last resourceVersion seen (bookmarks included); a 
 handler knew (objects missing from the list count as deleted). The service is ready only
 after every informer has listed once.
 
+Every handler processes each object on its own: whatever one object holds (a poison
+record, a NodeDevices past every bound, a wrong shape), its failure is recorded against
+that object (an unusable or fenced node, an invalid record) and logged; it never aborts a
+list, the watch, the initial sync (readiness) or any other object. An unexpected exception
+is logged as a bug with the object's name, and handled as the safe case: a pod that cannot
+be judged, bound and not finished, fences its node.
+
 Pods are judged by the same rule as a rebuild (recovery.judge), with two guards for binds
 of our own that the watch has not caught up with:
 - while a bind is in flight, events for that pod are ignored (the bind settles it);
@@ -35,8 +42,11 @@ from scheduler_plugin.recovery import (
     is_finished,
     judge,
     pod_identity,
+    pod_node,
     record_text,
+    section,
 )
+from tessera.allocation import PodAllocation
 from tessera.errors import StateError
 from tessera.record import Keyring
 from tessera.resources import (
@@ -186,7 +196,14 @@ class Informer:
 
 
 def _name(obj: Mapping[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+    name = section(obj, "metadata").get("name")
+    return name if isinstance(name, str) else ""
+
+
+def _bug(what: str, obj: Mapping[str, Any]) -> None:
+    """Log an exception that escaped the handling of one object (a bug: handlers turn bad
+    input into recorded problems), naming the object; the caller goes on."""
+    log.exception("bug: handling %s %r failed; skipped it", what, _name(obj)[:253])
 
 
 class InventoryHandler(Handler):
@@ -199,17 +216,35 @@ class InventoryHandler(Handler):
             seen = set()
             for obj in objects:
                 name = _name(obj)
+                if not name:
+                    continue
                 seen.add(name)
-                self.cache.set_inventory(name, obj.get("spec"))
+                self._set(name, obj)
             for name in set(self.cache.inventories) | set(self.cache.inventory_errors):
                 if name not in seen:
-                    self.cache.drop_inventory(name)
+                    self._drop(name)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
+        name = _name(obj)
+        if not name:
+            return
         if kind == "DELETED":
-            self.cache.drop_inventory(_name(obj))
+            self._drop(name)
         else:
-            self.cache.set_inventory(_name(obj), obj.get("spec"))
+            self._set(name, obj)
+
+    def _set(self, name: str, obj: Mapping[str, Any]) -> None:
+        try:
+            self.cache.set_inventory(name, obj.get("spec"))
+        except Exception:
+            _bug("nodedevices", obj)
+            self.cache.mark_inventory_bad(name, "could not be processed (internal error)")
+
+    def _drop(self, name: str) -> None:
+        try:
+            self.cache.drop_inventory(name)
+        except Exception:
+            _bug("nodedevices", {"metadata": {"name": name}})
 
 
 class NodeHandler(Handler):
@@ -217,10 +252,12 @@ class NodeHandler(Handler):
         self.cache = cache
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        self.cache.set_node_objects([_name(o) for o in items])
+        self.cache.set_node_objects([n for n in map(_name, items) if n])
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.cache.node_object(_name(obj), kind != "DELETED")
+        name = _name(obj)
+        if name:
+            self.cache.node_object(name, kind != "DELETED")
 
 
 class LeaseHandler(Handler):
@@ -233,21 +270,22 @@ class LeaseHandler(Handler):
             seen = set()
             for obj in objects:
                 seen.add(_name(obj))
-                self.cache.lease_event("ADDED", obj)
+                self.event("ADDED", obj)
             for node in list(self.cache.heartbeats.nodes()):
                 if HEARTBEAT_LEASE_PREFIX + node not in seen:
-                    self.cache.lease_event(
-                        "DELETED", {"metadata": {"name": HEARTBEAT_LEASE_PREFIX + node}}
-                    )
+                    self.event("DELETED", {"metadata": {"name": HEARTBEAT_LEASE_PREFIX + node}})
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        self.cache.lease_event(kind, obj)
+        try:
+            self.cache.lease_event(kind, obj)
+        except Exception:
+            _bug("lease", obj)
 
 
 def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
     """What the rebuild rule reads of a pod (a full list keeps only this until sorted)."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    meta = section(pod, "metadata")
+    spec = section(pod, "spec")
     return {
         "metadata": {
             "name": meta.get("name"),
@@ -257,12 +295,12 @@ def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
             "annotations": {ALLOCATION_ANNOTATION: record_text(pod)},
         },
         "spec": {"nodeName": spec.get("nodeName"), "priority": spec.get("priority")},
-        "status": {"phase": (pod.get("status") or {}).get("phase")},
+        "status": {"phase": section(pod, "status").get("phase")},
     }
 
 
 def _priority(pod: Mapping[str, Any]) -> int:
-    value = (pod.get("spec") or {}).get("priority")
+    value = section(pod, "spec").get("priority")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
@@ -282,20 +320,29 @@ class Reconciler(Handler):
         self.assume_ttl = assume_ttl
         self.on_invalid = on_invalid
         self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
+        self._conflicting: dict[str, tuple[str, PodAllocation]] = {}
+        """UID -> (pod key, allocation) of valid records that conflict with another pod's:
+        retried whenever a pod on that node releases its devices."""
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
         cache = self.cache
         seen: set[str] = set()
         with_records: list[dict[str, Any]] = []
         for pod in items:
-            seen.add(pod_identity(pod)[0])
-            if record_text(pod) is None:
-                self.apply(pod)
-            else:
-                with_records.append(_slim(pod))
+            try:
+                seen.add(pod_identity(pod)[0])
+                if record_text(pod) is None:
+                    self.apply(pod)
+                else:
+                    with_records.append(_slim(pod))
+            except Exception:
+                self._crashed(pod)
         # records are accounted oldest first, as a rebuild does (recovery.apply_order)
         for pod in sorted(with_records, key=apply_order):
-            self.apply(pod)
+            try:
+                self.apply(pod)
+            except Exception:
+                self._crashed(pod)
         with cache.lock:
             gone = [
                 uid
@@ -303,7 +350,7 @@ class Reconciler(Handler):
                 if uid not in seen and uid not in cache.inflight and uid not in cache.state.assumed
             ]
             for uid in gone:
-                cache.state.remove(uid)
+                self._release(uid)
             for uid in [u for u in cache.pods if u not in seen and u not in cache.inflight]:
                 del cache.pods[uid]
             for uid in [u for u in self._verdicts if u not in seen]:
@@ -311,12 +358,34 @@ class Reconciler(Handler):
             for key, (uid, _) in list(cache.invalid_records.items()):
                 if uid not in seen:
                     del cache.invalid_records[key]
+            for uid in [u for u in cache.fenced_by() if u not in seen]:
+                self._conflicting.pop(uid, None)
+                cache.unfence(uid)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind == "DELETED":
-            self.deleted(obj)
-        else:
-            self.apply(obj)
+        try:
+            if kind == "DELETED":
+                self.deleted(obj)
+            else:
+                self.apply(obj)
+        except Exception:
+            self._crashed(obj)
+
+    def _crashed(self, pod: Mapping[str, Any]) -> None:
+        """An exception escaped the handling of one pod (a bug). The pod's record cannot
+        be trusted: when bound and not finished, its node is fenced (fail closed)."""
+        uid, namespace, name = pod_identity(pod)
+        log.exception("bug: handling pod %s/%s failed; its record does not count", namespace, name)
+        node = pod_node(pod)
+        if not uid or not node or is_finished(pod):
+            return
+        key = f"{namespace}/{name}"
+        try:
+            with self.cache.lock:
+                self._verdicts.pop(uid, None)
+                self._invalid(key, uid, node, "could not be processed (internal error)")
+        except Exception:
+            log.exception("bug: fencing node %s for pod %s failed", node, key)
 
     def _judge(self, uid: str, pod: Mapping[str, Any]) -> Verdict:
         """judge(), remembered per pod while what it reads is unchanged: running pods get
@@ -326,14 +395,8 @@ class Reconciler(Handler):
         if text is None:
             self._verdicts.pop(uid, None)
             return judge(pod, self.keyring)
-        meta = pod.get("metadata") or {}
-        seen = (
-            hash(text),
-            str((pod.get("spec") or {}).get("nodeName") or ""),
-            is_finished(pod),
-            str(meta.get("namespace") or "default"),
-            str(meta.get("name") or ""),
-        )
+        _, namespace, name = pod_identity(pod)
+        seen = (hash(text), pod_node(pod), is_finished(pod), namespace, name)
         hit = self._verdicts.get(uid)
         if hit is not None and hit[0] == seen:
             return hit[1]
@@ -349,9 +412,30 @@ class Reconciler(Handler):
             cache.pods.pop(uid, None)
             cache.bound_at.pop(uid, None)
             cache.invalid_records.pop(f"{namespace}/{name}", None)
+            self._conflicting.pop(uid, None)
+            cache.unfence(uid)
             if uid in cache.inflight:
                 return  # the bind fails on its own and undoes itself
-            cache.state.remove(uid)
+            self._release(uid)
+
+    def _release(self, uid: str) -> None:
+        """Remove a pod's allocation; a record that conflicted with it may count now."""
+        alloc = self.cache.state.remove(uid)
+        if alloc is not None:
+            self._retry_conflicts(alloc.node)
+
+    def _retry_conflicts(self, node: str) -> None:
+        cache = self.cache
+        for uid, (key, alloc) in sorted(self._conflicting.items()):
+            if alloc.node != node or uid in cache.inflight:
+                continue
+            try:
+                cache.state.add(alloc)
+            except StateError:
+                continue
+            del self._conflicting[uid]
+            cache.invalid_records.pop(key, None)
+            cache.unfence(uid)
 
     def apply(self, pod: Mapping[str, Any], *, authoritative: bool = False) -> None:
         """Account one pod as the rebuild rule says. `authoritative`: the object was just
@@ -363,7 +447,7 @@ class Reconciler(Handler):
         cache = self.cache
         verdict = self._judge(uid, pod)
         with cache.lock:
-            node = str((pod.get("spec") or {}).get("nodeName") or "")
+            node = pod_node(pod)
             cache.pods[uid] = PodInfo(namespace, name, node, _priority(pod))
             current = cache.state.allocation(uid)
             if uid in cache.inflight:
@@ -372,24 +456,30 @@ class Reconciler(Handler):
                     cache.state.confirm(uid)
                 return
             if isinstance(verdict, Holds):
-                cache.invalid_records.pop(key, None)
                 alloc = verdict.allocation
+                cache.bound_at.pop(uid, None)
                 if current == alloc:
                     cache.state.confirm(uid)
-                    cache.bound_at.pop(uid, None)
+                    self._trusted(key, uid)
                     return
                 if current is not None:
                     cache.state.remove(uid)
                 try:
                     cache.state.add(alloc)
                 except StateError as exc:
-                    self._invalid(key, uid, f"conflicts with another pod: {exc}")
-                cache.bound_at.pop(uid, None)
+                    # a valid record that overcommits a device with another: the devices
+                    # this pod really uses are unknown, so its node is fenced
+                    self._conflicting[uid] = (key, alloc)
+                    self._invalid(key, uid, node, f"conflicts with another pod: {exc}")
+                else:
+                    self._trusted(key, uid)
+                if current is not None:
+                    self._retry_conflicts(current.node)
                 return
             if isinstance(verdict, Invalid):
-                self._invalid(key, uid, verdict.problem)
+                self._invalid(key, uid, verdict.node or node, verdict.problem)
             else:
-                cache.invalid_records.pop(key, None)
+                self._trusted(key, uid)
             if current is None:
                 return
             protected = (
@@ -399,16 +489,26 @@ class Reconciler(Handler):
                 and isinstance(verdict, Nothing)
             )
             if not protected:
-                cache.state.remove(uid)
+                self._release(uid)
                 cache.bound_at.pop(uid, None)
 
-    def _invalid(self, key: str, uid: str, problem: str) -> None:
+    def _trusted(self, key: str, uid: str) -> None:
+        """The pod's record counts (or it has none, or it is finished): no fence."""
+        self.cache.invalid_records.pop(key, None)
+        self._conflicting.pop(uid, None)
+        self.cache.unfence(uid)
+
+    def _invalid(self, key: str, uid: str, node: str, problem: str) -> None:
         cache = self.cache
         if cache.invalid_records.get(key) != (uid, problem):
             log.warning("allocation record of pod %s does not count: %s", key, problem)
             if self.on_invalid is not None:
                 self.on_invalid(key, problem)
         cache.invalid_records[key] = (uid, problem)
+        if not problem.startswith("conflicts"):
+            self._conflicting.pop(uid, None)
+        if node:
+            cache.fence(uid, node, key, problem)
 
     def expired_assumed(self, now: float) -> list[tuple[str, str, str]]:
         """(uid, namespace, name) of assumed allocations the watch has not confirmed in
@@ -435,13 +535,13 @@ class Reconciler(Handler):
                 if exc.status == 404:
                     with self.cache.lock:
                         if uid not in self.cache.inflight:
-                            self.cache.state.remove(uid)
+                            self._release(uid)
                             self.cache.bound_at.pop(uid, None)
                 continue
             if pod_identity(pod)[0] != uid:
                 with self.cache.lock:
                     if uid not in self.cache.inflight:
-                        self.cache.state.remove(uid)
+                        self._release(uid)
                         self.cache.bound_at.pop(uid, None)
                 continue
             self.apply(pod, authoritative=True)

@@ -11,7 +11,12 @@ A pod holds the devices its allocation record names exactly when
 A pod with a record but no nodeName was interrupted between writing the record and
 binding: it holds nothing, and its next bind overwrites the record. A record that fails to
 decode or verify (forged by a user, corrupt, copied from another pod) never counts; the
-pod is reported so an operator can see it.
+pod is reported so an operator can see it. Such a pod, bound and not finished, may still
+be using devices nobody can account for: its node is *fenced* (no new tessera pods) until
+the pod is gone or its record is fixed (`Invalid.fences`, docs/scheduler.md "Fencing").
+
+Every pod is judged on its own: whatever one pod carries (any shape, any record), judging
+it returns a verdict and never raises, so one object cannot stop a rebuild or a relist.
 
 Everything here is pure so that the running service and a rebuild after a restart apply
 literally the same function.
@@ -19,8 +24,9 @@ literally the same function.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.allocation import PodAllocation
@@ -29,6 +35,8 @@ from tessera.model import NodeInventory
 from tessera.record import Keyring, decode
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera.state import ClusterState
+
+log = logging.getLogger(__name__)
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -49,37 +57,56 @@ class Nothing:
 
 @dataclass(frozen=True)
 class Invalid:
-    """The pod carries a record that must not count."""
+    """The pod carries a record that must not count. It is bound and has not finished
+    (judge only decodes such records), so its real device use is unknown: its node
+    is fenced."""
 
     problem: str
+    node: str = ""
+    """The node the pod is bound to (the one to fence)."""
 
 
 Verdict = Holds | Nothing | Invalid
 
 
+def section(obj: Any, name: str) -> Mapping[str, Any]:
+    """obj[name] when both are objects, else {}: API objects are read without trusting
+    their shape (a field of the wrong type reads as absent)."""
+    value = obj.get(name) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def pod_identity(pod: Mapping[str, Any]) -> tuple[str, str, str]:
     """(uid, namespace, name) of a pod dict."""
-    meta = pod.get("metadata") or {}
+    meta = section(pod, "metadata")
     return (
-        str(meta.get("uid") or ""),
-        str(meta.get("namespace") or "default"),
-        str(meta.get("name") or ""),
+        _text(meta.get("uid")),
+        _text(meta.get("namespace")) or "default",
+        _text(meta.get("name")),
     )
 
 
+def pod_node(pod: Mapping[str, Any]) -> str:
+    """The node the pod is bound to, or ""."""
+    return _text(section(pod, "spec").get("nodeName"))
+
+
 def record_text(pod: Mapping[str, Any]) -> str | None:
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    value = annotations.get(ALLOCATION_ANNOTATION)
+    value = section(section(pod, "metadata"), "annotations").get(ALLOCATION_ANNOTATION)
     return value if isinstance(value, str) else None
 
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
-    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+    return section(pod, "status").get("phase") in FINISHED_PHASES
 
 
 def apply_order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
     """The order in which pods are accounted: oldest first, then by UID."""
-    created = str((pod.get("metadata") or {}).get("creationTimestamp") or "")
+    created = _text(section(pod, "metadata").get("creationTimestamp"))
     return (created, *pod_identity(pod))
 
 
@@ -90,14 +117,25 @@ def judge(pod: Mapping[str, Any], keyring: Keyring | None) -> Verdict:
         return Nothing("no allocation record")
     if is_finished(pod):
         return Nothing("finished")
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = pod_node(pod)
     if not node:
         return Nothing("record without a binding (interrupted bind)")
     uid, namespace, name = pod_identity(pod)
     try:
-        alloc = decode(text, keyring, pod_uid=uid, node=str(node), namespace=namespace, name=name)
+        alloc = decode(text, keyring, pod_uid=uid, node=node, namespace=namespace, name=name)
     except RecordError as exc:
-        return Invalid(str(exc))
+        return Invalid(str(exc), node)
+    except Exception as exc:  # a bug in the codec must not stop the rebuild
+        # Defence in depth: the codec raises only RecordError by contract; anything else
+        # is a bug in it, and the record is untrusted all the same.
+        log.error(
+            "bug: decoding the allocation record of pod %s/%s raised %s: %s",
+            namespace,
+            name,
+            type(exc).__name__,
+            str(exc)[:200],
+        )
+        return Invalid(f"record cannot be read ({type(exc).__name__})", node)
     return Holds(alloc)
 
 
@@ -106,6 +144,8 @@ class Rebuilt:
     state: ClusterState
     invalid: dict[str, str]
     """Pod key -> why its record does not count (bad record or a conflicting one)."""
+    fenced: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Node -> {pod key: why} for bound, unfinished pods whose record does not count."""
 
 
 def rebuild(
@@ -120,15 +160,21 @@ def rebuild(
     for inventory in inventories:
         state.set_node(inventory)
     invalid: dict[str, str] = {}
+    fenced: dict[str, dict[str, str]] = {}
     ordered = sorted(pods, key=apply_order)
     for pod in ordered:
         verdict = judge(pod, keyring)
         _, namespace, name = pod_identity(pod)
+        key = f"{namespace}/{name}"
+        problem = None
         if isinstance(verdict, Invalid):
-            invalid[f"{namespace}/{name}"] = verdict.problem
+            problem = verdict.problem
         elif isinstance(verdict, Holds):
             try:
                 state.add(verdict.allocation)
             except StateError as exc:
-                invalid[f"{namespace}/{name}"] = f"conflicts with another pod: {exc}"
-    return Rebuilt(state, invalid)
+                problem = f"conflicts with another pod: {exc}"
+        if problem is not None:
+            invalid[key] = problem
+            fenced.setdefault(pod_node(pod), {})[key] = problem
+    return Rebuilt(state, invalid, fenced)

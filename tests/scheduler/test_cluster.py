@@ -69,11 +69,20 @@ def test_forged_and_copied_records_never_hold_devices(fake):
         assert "does not verify" in problems["default/wrong-key"]
         assert "is for pod UID 'someone-else'" in problems["default/copied"]
         assert used_core(service, "n") == 0
-        # the whole GPU is still free for a real pod, and the service keeps serving
-        assert schedule(h, fake, pod("real", {rn.GPU: 100}), ["n"]) == "n"
         status, body = h.get("/debug/pods")
         assert status == 200 and len(json.loads(body)["invalidRecords"]) == 3
         assert sample(service.metrics, "tessera_invalid_allocation_records") == 3.0
+        # the forged pods are bound and running: what they really use is unknown, so their
+        # node is fenced (docs/scheduler.md "Fencing") and the service keeps serving
+        _, reply = h.post(
+            "/filter", {"Pod": fake.create("pods", pod("real", {rn.GPU: 100})), "NodeNames": ["n"]}
+        )
+        assert "untrusted allocation record" in reply["FailedNodes"]["n"]
+        for name in ("unsigned", "wrong-key", "copied"):
+            fake.delete("pods", name)
+        wait_for(lambda: "n" not in service.cache.problems)
+        # the whole GPU is free for a real pod
+        assert schedule(h, fake, fake.get("pods", "real"), ["n"]) == "n"
         fake.delete("pods", "real")
         wait_for(lambda: used_core(service, "n") == 0)
 
