@@ -40,6 +40,7 @@ _LATENCY_BUCKETS = (
 )
 
 _CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("node is fenced", "fenced"),
     ("no tessera device inventory", "no_inventory"),
     ("device inventory", "inventory_invalid"),
     ("heartbeat", "agent_silent"),
@@ -95,6 +96,12 @@ class _GpuCollector(Collector):
             "tessera_invalid_allocation_records",
             "Pods whose allocation record does not count (forged, corrupt or conflicting)",
         )
+        fenced = GaugeMetricFamily(
+            "tessera_scheduler_fenced_nodes",
+            "Nodes fenced for new tessera pods, by reason: a running pod with an untrusted "
+            "allocation record, or a NodeDevices that does not parse or index",
+            labels=["reason"],
+        )
         pods = GaugeMetricFamily(
             "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
         )
@@ -108,11 +115,13 @@ class _GpuCollector(Collector):
                         total.add_metric(labels, g.memory_mib)
                 unusable.add_metric([], len(cache.problems))
                 invalid.add_metric([], len(cache.invalid_records))
+                fenced.add_metric(["untrusted_record"], len(cache.fences))
+                fenced.add_metric(["invalid_inventory"], len(cache.inventory_errors))
                 assumed = len(cache.state.assumed)
                 pods.add_metric(["assumed"], assumed)
                 pods.add_metric(["confirmed"], len(cache.state.pods) - assumed)
                 pods.add_metric(["pending_node"], len(cache.state.pending))
-        yield from (core, mem, total, unusable, invalid, pods)
+        yield from (core, mem, total, unusable, invalid, fenced, pods)
 
 
 class Metrics:

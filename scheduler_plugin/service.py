@@ -22,6 +22,7 @@ from typing import Any
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
 from scheduler_plugin.cluster import Informer, Reconciler, informers
+from scheduler_plugin.events import UNTRUSTED_RECORD, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
 from scheduler_plugin.http import DEFAULT_MAX_BODY, ChangeFeed, Server
 from scheduler_plugin.kube import KubeClient
@@ -113,6 +114,10 @@ class Service:
             enabled=self._leading,
             metrics=self.metrics,
         )
+        self.events = EventRecorder(
+            client, instance=options.identity or default_identity(), enabled=self._leading
+        )
+        self.cache.subscribe_fences(self._fence_changed)
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
@@ -133,6 +138,7 @@ class Service:
         self._ticker.start()
         if self.options.write_status:
             self.status_writer.start()
+        self.events.start()
         log.info(
             "tessera-scheduler serving on %s:%d (policy %s)",
             self.options.host,
@@ -147,6 +153,7 @@ class Service:
         for informer in self.informers:
             informer.stop()
         self.status_writer.stop()
+        self.events.stop()
         if self.leader is not None:
             self.leader.stop(release=release)
         self.client.close()
@@ -189,6 +196,22 @@ class Service:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.status_writer.mark_all()
+            with self.cache.lock:
+                for node, pods in self.cache.fences.items():
+                    for uid, (key, problem) in pods.items():
+                        self._fence_changed(node, key, uid, problem)
+
+    def _fence_changed(self, node: str, key: str, uid: str, problem: str | None) -> None:
+        """A pod started fencing its node: a Warning Event on the pod (rate-limited)."""
+        if problem is None:
+            return
+        namespace, _, name = key.partition("/")
+        message = (
+            f"node {node} is fenced for new tessera pods: this pod's allocation record "
+            f"cannot be trusted ({problem}), so the devices it uses are unknown; delete "
+            "the pod or restore its record to lift the fence"
+        )
+        self.events.warn(PodEvent(namespace, name, uid, UNTRUSTED_RECORD, message))
 
     def answering(self) -> bool:
         return self.synced and self._leading() and not self.stopping.is_set()

@@ -12,7 +12,16 @@ from scheduler_plugin.cli import build_parser
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer, parse_path
-from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share
+from tests.scheduler.helpers import (
+    ROOT,
+    Http,
+    pod,
+    populate,
+    running,
+    schedule,
+    share,
+    wait_for,
+)
 
 DEPLOY = ROOT / "deploy" / "scheduler"
 
@@ -92,6 +101,9 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
                 "/bind",
                 {"PodName": "b", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n"},
             )  # bind without filter: reads the pod
+            # a running pod whose record its author altered fences the node: an Event
+            fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: "{"}}})
+            wait_for(lambda: fake.items("events"))
             service.status_writer.flush()
             service.reconciler.assume_ttl = 0
             service.reconciler.expire_assumed(service.client, now=float("inf"))

@@ -1,0 +1,107 @@
+"""Fencing against the simulated API server and the real service: what an operator sees
+(Event, NodeDevices status, metric, filter reason) and a restart with poison pods."""
+
+from __future__ import annotations
+
+import time
+
+from scheduler_plugin.events import UNTRUSTED_RECORD
+from scheduler_plugin.metrics import sample
+from tessera import resources as rn
+from tests.scheduler.helpers import Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
+
+FENCED = "tessera_scheduler_fenced_nodes"
+
+
+def poison(fake, name: str, node: str, record: str) -> None:
+    """A pod bound to `node` (created with spec.nodeName, as a user may) with a record."""
+    obj = pod(name, share(10, 10), annotations={rn.ALLOCATION_ANNOTATION: record})
+    obj["spec"]["nodeName"] = node
+    fake.create("pods", obj)
+    fake.patch("pods", name, {"status": {"phase": "Running"}}, sub="status")
+
+
+def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(fake):
+    populate(fake, ["n", "m"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+        fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: "["}}})
+        wait_for(lambda: "n" in service.cache.fences)
+        # filter says why; other nodes keep taking pods
+        _, reply = h.post(
+            "/filter",
+            {"Pod": fake.create("pods", pod("b", share(10, 10))), "NodeNames": ["n", "m"]},
+        )
+        assert reply["NodeNames"] == ["m"]
+        assert "default/a" in reply["FailedNodes"]["n"] and "fenced" in reply["FailedNodes"]["n"]
+        assert sample(service.metrics, FENCED, {"reason": "untrusted_record"}) == 1.0
+        assert sample(
+            service.metrics, "tessera_scheduler_node_failures_total", {"reason": "fenced"}
+        )
+        # a Warning Event on the pod, once, however often the pod is seen again
+        event = wait_for(lambda: fake.items("events"))[0]
+        assert event["reason"] == UNTRUSTED_RECORD and event["type"] == "Warning"
+        assert event["involvedObject"]["name"] == "a" and "fenced" in event["message"]
+        for phase in ("Running", "Running"):
+            fake.patch("pods", "a", {"status": {"phase": phase, "message": "x"}}, sub="status")
+        pods_informer = next(i for i in service.informers if i.name == "pods")
+        pods_informer.list_once()  # a relist repeats nothing
+        service.events.flush()
+        assert len(fake.items("events")) == 1
+        # the NodeDevices status names the pod
+        status = wait_for(lambda: fake.get("nodedevices", "n").get("status", {}).get("allocation"))
+        wait_for(lambda: fake.get("nodedevices", "n")["status"]["allocation"]["fenced"])
+        status = fake.get("nodedevices", "n")["status"]["allocation"]
+        assert status["usable"] is False and status["fenced"][0]["pod"] == "default/a"
+        # the record restored: unfenced, and "a" holds its devices again
+        fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
+        wait_for(lambda: "n" not in service.cache.problems)
+        assert sample(service.metrics, FENCED, {"reason": "untrusted_record"}) == 0.0
+        wait_for(lambda: not fake.get("nodedevices", "n")["status"]["allocation"]["fenced"])
+        assert schedule(h, fake, fake.get("pods", "b"), ["n"]) == "n"
+
+
+def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replaced(fake):
+    populate(fake, ["n"], gpus=1)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        obj = pod("g", share(30, 30), annotations={rn.ALLOCATION_ANNOTATION: POISON_DEEP})
+        assert schedule(h, fake, obj, ["n"]) == "n"
+        wait_for(lambda: not service.cache.state.assumed)
+        assert not service.cache.fences and not service.cache.invalid_records
+        assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 30
+
+
+def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(fake):
+    nodes = ["n1", "n2", "n3"]
+    populate(fake, nodes, gpus=2)
+    with running(fake) as service:
+        h = Http(service.server.port)
+        for i, node in enumerate(nodes * 2):
+            assert schedule(h, fake, pod(f"v{i}", share(30, 30)), [node]) == node
+        wait_for(lambda: not service.cache.state.assumed)
+    # while the scheduler is down, users poison pods on n1
+    fake.patch("pods", "v0", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: POISON_MAC}}})
+    for i, record in enumerate([POISON_DEEP, POISON_MAC, "{", "\x00" * 1000]):
+        poison(fake, f"poison{i}", "n1", record)
+    started = time.monotonic()
+    with running(fake) as service:
+        ready_after = time.monotonic() - started
+        print(f"ready {ready_after:.2f}s after a restart with poison pods")  # the figure
+        h = Http(service.server.port)
+        assert set(service.cache.fences) == {"n1"}
+        assert {k for k in service.cache.invalid_records} == {
+            "default/v0",
+            *(f"default/poison{i}" for i in range(4)),
+        }
+        # valid pods elsewhere keep their devices; new pods go to the other nodes
+        assert service.cache.state.allocation(fake.get("pods", "v1")["metadata"]["uid"])
+        assert schedule(h, fake, pod("new", share(30, 30)), nodes) in ("n2", "n3")
+        for name in ("v0", *(f"poison{i}" for i in range(4))):
+            fake.delete("pods", name)
+        wait_for(lambda: "n1" not in service.cache.problems)
+        assert schedule(h, fake, pod("after", share(30, 30)), ["n1"]) == "n1"
