@@ -73,6 +73,8 @@ class Decider:
         self._cache: OrderedDict[tuple[object, str, int], dict[str, tuple[int, float | NoFit]]] = (
             OrderedDict()
         )
+        self._model_tables: dict[tuple[object, int], BoolArray] = {}
+        """Per allowed-model set and number of known models: which model ids it allows."""
 
     def policy_for(self, request: PodRequest) -> Policy:
         return self.policies[request.hints.placement or self.default_policy]
@@ -108,12 +110,13 @@ class Decider:
             policy.name,
         )
 
-    def place(self, request: PodRequest, node: str) -> Placement | NoFit:
-        """The exact placement on one node (what bind commits)."""
+    def place(self, request: PodRequest, node: str, scored: bool = True) -> Placement | NoFit:
+        """The exact placement on one node (what bind commits); `scored=False` leaves the
+        node score out (NaN), which only ranking needs."""
         state = self.state.nodes.get(node)
         if state is None:
             return UNKNOWN_NODE
-        return place_pod(state, request, self.policy_for(request))
+        return place_pod(state, request, self.policy_for(request), scored)
 
     # --- exact path ------------------------------------------------------------------------
 
@@ -173,8 +176,12 @@ class Decider:
         """(fits, case, eligible slots, host fits, scores) for every row; the scores of
         the rows that fit are the policy's, from its vector form or else exact."""
         idx = self.index
-        host_ok = (idx.cpu_free[rows] >= request.cpu_milli) & (
-            idx.mem_free[rows] >= request.memory_mib
+        # rows 0..n-1 in order (the usual case: every node, none removed) read as views
+        sel: IntArray | slice = (
+            slice(0, rows.size) if rows.size and int(rows[-1]) == rows.size - 1 else rows
+        )
+        host_ok = (idx.cpu_free[sel] >= request.cpu_milli) & (
+            idx.mem_free[sel] >= request.memory_mib
         )
         case: VectorCase
         if not request.containers:
@@ -183,20 +190,20 @@ class Decider:
             case = HostCase(request.cpu_milli, request.memory_mib, request.shape())
         else:
             c = request.containers[0]
-            eligible = idx.healthy[rows] & self._model_mask(request, rows)
+            eligible = idx.healthy[sel] & self._model_mask(request, sel)
             if c.gpu_count:
                 free_whole = (
                     eligible
-                    & (idx.free_core[rows] == UNITS_PER_DEVICE)
-                    & (idx.free_mem[rows] == idx.total_mem[rows])
+                    & (idx.free_core[sel] == UNITS_PER_DEVICE)
+                    & (idx.free_mem[sel] == idx.total_mem[sel])
                 )
                 ok = (free_whole.sum(axis=1) >= c.gpu_count) & host_ok
                 case = WholeCase(
                     c.gpu_count, free_whole, request.cpu_milli, request.memory_mib, request.shape()
                 )
             else:
-                need = _share_need(idx, rows, c)
-                fits = eligible & (idx.free_core[rows] >= c.core) & (idx.free_mem[rows] >= need)
+                need = _share_need(idx, sel, c)
+                fits = eligible & (idx.free_core[sel] >= c.core) & (idx.free_mem[sel] >= need)
                 ok = fits.any(axis=1) & host_ok
                 case = ShareCase(
                     c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape()
@@ -221,18 +228,24 @@ class Decider:
                     scores[pos] = value
         return ok, case, eligible, host_ok, scores
 
-    def _model_mask(self, request: PodRequest, rows: IntArray) -> BoolArray:
+    def _model_mask(self, request: PodRequest, rows: IntArray | slice) -> BoolArray:
         idx = self.index
         if not request.hints.models:
             return idx.model[rows] >= 0
-        from tessera.model import model_matches
+        key = (request.hints.models, len(idx.models))
+        table = self._model_tables.get(key)
+        if table is None:
+            from tessera.model import model_matches
 
-        allowed = [
-            mid
-            for mid, model in enumerate(idx.models)
-            if any(model_matches(model, wanted) for wanted in request.hints.models)
-        ]
-        return np.isin(idx.model[rows], np.asarray(allowed, dtype=np.int64))
+            # one entry per model id, and a last one for -1 (no GPU in the slot)
+            table = np.zeros(len(idx.models) + 1, dtype=np.bool_)
+            for mid, model in enumerate(idx.models):
+                table[mid] = any(model_matches(model, wanted) for wanted in request.hints.models)
+            if len(self._model_tables) > _CACHE_SHAPES:
+                self._model_tables.clear()
+            self._model_tables[key] = table
+        out: BoolArray = table[idx.model[rows]]
+        return out
 
     def _explain(
         self,
@@ -348,12 +361,11 @@ def _vectorizable(request: PodRequest) -> bool:
     return not (c.gpu_count > 1 and hints.topology is not None)
 
 
-def _share_need(idx: ClusterIndex, rows: IntArray, c: ContainerRequest) -> IntArray:
+def _share_need(idx: ClusterIndex, rows: IntArray | slice, c: ContainerRequest) -> IntArray:
     """Memory (MiB) the share needs on each GPU slot of the given rows."""
     if c.memory_units:
-        need: IntArray = np.broadcast_to(
-            (c.memory_units * idx.unit_mib[rows])[:, None], (rows.size, idx.slots)
-        )
+        units = idx.unit_mib[rows]
+        need: IntArray = np.broadcast_to((c.memory_units * units)[:, None], (units.size, idx.slots))
         return need
     result: IntArray = idx.total_mem[rows] * c.memory_ratio // UNITS_PER_DEVICE
     return result

@@ -65,6 +65,8 @@ class ClusterIndex:
         self.models: list[str] = []
         self._model_ids: dict[str, int] = {}
         self.row_of: dict[str, int] = {}
+        self._all_rows: IntArray | None = None
+        """`all_rows` until a node comes or goes."""
         self.names: list[str | None] = []
         self._free_rows: list[int] = []
         self._stamps = 0
@@ -114,6 +116,7 @@ class ClusterIndex:
             if row is not None:
                 self._clear(row)
                 del self.row_of[name]
+                self._all_rows = None
                 self.names[row] = None
                 self._free_rows.append(row)
             return
@@ -129,6 +132,7 @@ class ClusterIndex:
             if row >= self.capacity_rows:
                 self._alloc(self.capacity_rows * 2, self.slots)
         self.row_of[name] = row
+        self._all_rows = None
         self.names[row] = name
         return row
 
@@ -183,4 +187,10 @@ class ClusterIndex:
         return np.asarray(rows, dtype=np.int64), unknown
 
     def all_rows(self) -> IntArray:
-        return np.asarray(sorted(self.row_of.values()), dtype=np.int64)
+        """Every known node's row, ascending (do not modify: it is shared until a node
+        comes or goes)."""
+        if self._all_rows is None:
+            rows = np.asarray(sorted(self.row_of.values()), dtype=np.int64)
+            rows.flags.writeable = False
+            self._all_rows = rows
+        return self._all_rows

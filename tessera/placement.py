@@ -8,6 +8,7 @@ waiting could ever help (`unresolvable`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -84,8 +85,13 @@ def eligible_gpu_slots(node: NodeState, hints: PodHints) -> tuple[list[int], NoF
     return healthy, None
 
 
-def place_pod(node: NodeState, request: PodRequest, policy: Policy) -> Placement | NoFit:
-    """Decide whether and where the pod fits on `node` (nothing is changed)."""
+def place_pod(
+    node: NodeState, request: PodRequest, policy: Policy, scored: bool = True
+) -> Placement | NoFit:
+    """Decide whether and where the pod fits on `node` (nothing is changed).
+
+    `scored=False` skips the policy's node score (the placement is the same; its `score`
+    is then NaN), for callers that have chosen the node already."""
     if node.cpu_free is not None and request.cpu_milli > node.cpu_free:
         return NoFit(f"insufficient cpu ({request.cpu_milli}m wanted, {node.cpu_free}m free)")
     if node.mem_free is not None and request.memory_mib > node.mem_free:
@@ -103,8 +109,12 @@ def place_pod(node: NodeState, request: PodRequest, policy: Policy) -> Placement
         allocations = _place_containers(node, request, policy, scratch, slots)
     except _NoFitError as exc:
         return exc.nofit
-    score = policy.placement_score(
-        node, request, node.free_core, node.free_mem, scratch.core, scratch.mem
+    score = (
+        policy.placement_score(
+            node, request, node.free_core, node.free_mem, scratch.core, scratch.mem
+        )
+        if scored
+        else math.nan
     )
     alloc = PodAllocation(
         pod_uid=request.uid,

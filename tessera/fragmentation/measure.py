@@ -70,6 +70,7 @@ class FragmentMeasure:
         self.count_host_classes = count_host_classes
         self._nodes: dict[int, _NodeSlots] = {}
         self._c = self._compile(workload)
+        self._row_cache: _RowsCache | None = None
 
     def _compile(self, workload: Workload) -> _Compiled:
         shapes: list[GpuShape] = []
@@ -209,31 +210,63 @@ class FragmentMeasure:
         return out
 
     def _state(self, index: ClusterIndex, rows: IntArray) -> _RowState:
-        """What the measure needs of each row's current state."""
+        """What the measure needs of each row's current state (request-independent, so it
+        is kept per row while the row's stamp is unchanged: a request shape seen for the
+        first time then costs a gather, not a recomputation of every node)."""
         c = self._c
         fc = index.free_core[rows]
         fm = index.free_mem[rows]
         tm = index.total_mem[rows]
-        model = index.model[rows]
-        base = index.healthy[rows] & (model >= 0)
-        allowed = self._allowed_matrix(index)
-        elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
         # memory a GPU of shape g needs on each slot: units * unit, or total * ratio // 100;
         # free >= total * ratio // 100  <=>  100 * free + 100 > total * ratio  (integers)
-        tm_ratio = tm[:, :, None] * c.ratio[None, None, :]
-        units_need = c.units[None, None, :] * index.unit_mib[rows][:, None, None]
+        units = index.unit_mib[rows]
 
-        def mem_ok(free_mem: IntArray) -> BoolArray:
-            by_ratio = (_FULL * free_mem + _FULL)[:, :, None] > tm_ratio
-            by_units = free_mem[:, :, None] >= units_need
-            out: BoolArray = np.where(c.has_units[None, None, :], by_units, by_ratio)
+        def mem_ok(free_mem: IntArray, tm: IntArray = tm, units: IntArray = units) -> BoolArray:
+            by_ratio = (_FULL * free_mem + _FULL)[:, :, None] > tm[:, :, None] * c.ratio
+            if not c.has_units.any():
+                return by_ratio
+            by_units = free_mem[:, :, None] >= c.units * units[:, None, None]
+            out: BoolArray = np.where(c.has_units, by_units, by_ratio)
             return out
 
-        ok = elig & (fc[:, :, None] >= c.core[None, None, :]) & mem_ok(fm)
-        cnt = ok.sum(axis=1)
-        usable = np.einsum("rs,rsg->rg", fc, ok, dtype=np.int64)
-        idle = (fc * base).sum(axis=1)
-        return _RowState(fc, fm, base, elig, ok, cnt, usable, idle, mem_ok)
+        rc = self._rows_cache(index)
+        stale = rows[rc.stamp[rows] != index.stamp[rows]]
+        if stale.size:
+            sfc = index.free_core[stale]
+            model = index.model[stale]
+            base = index.healthy[stale] & (model >= 0)
+            allowed = self._allowed_matrix(index)
+            elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
+            ok = (
+                elig
+                & (sfc[:, :, None] >= c.core)
+                & mem_ok(index.free_mem[stale], index.total_mem[stale], index.unit_mib[stale])
+            )
+            rc.elig[stale] = elig
+            rc.ok[stale] = ok
+            rc.cnt[stale] = ok.sum(axis=1)
+            rc.usable[stale] = np.einsum("rs,rsg->rg", sfc, ok, dtype=np.int64)
+            rc.idle[stale] = (sfc * base).sum(axis=1)
+            rc.stamp[stale] = index.stamp[stale]
+        return _RowState(
+            fc, fm, rc.elig[rows], rc.ok[rows], rc.cnt[rows], rc.usable[rows], rc.idle[rows], mem_ok
+        )
+
+    def _rows_cache(self, index: ClusterIndex) -> _RowsCache:
+        rc = self._row_cache
+        shape = (index.capacity_rows, index.slots, len(self._c.shapes))
+        if rc is None or rc.index is not index or rc.ok.shape != shape:
+            rows, _, g = shape
+            rc = self._row_cache = _RowsCache(
+                index,
+                np.full(rows, -2, dtype=np.int64),
+                np.zeros(shape, dtype=np.bool_),
+                np.zeros(shape, dtype=np.bool_),
+                np.zeros((rows, g), dtype=np.int64),
+                np.zeros((rows, g), dtype=np.int64),
+                np.zeros(rows, dtype=np.int64),
+            )
+        return rc
 
     def rows_fragment(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
         """Expected fragment of each row as it is now."""
@@ -290,10 +323,22 @@ class FragmentMeasure:
 
 
 @dataclass
+class _RowsCache:
+    """`_state` per index row, valid while `stamp` equals the row's stamp."""
+
+    index: object
+    stamp: IntArray
+    elig: BoolArray
+    ok: BoolArray
+    cnt: IntArray
+    usable: IntArray
+    idle: IntArray
+
+
+@dataclass
 class _RowState:
     fc: IntArray
     fm: IntArray
-    base: BoolArray
     elig: BoolArray
     ok: BoolArray
     cnt: IntArray

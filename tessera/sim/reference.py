@@ -359,10 +359,14 @@ class FgdPolicy(Policy):
         return self._cache.get(index, rows, (type(case).__name__, key), 0, compute)
 
 
+FGD_COVERAGE = 0.95
+"""The paper's typical pods cover this share of the trace's pods."""
+
+
 def fgd_workload(requests: Iterable[PodRequest]) -> Workload:
     """The paper's typical pods: (CPU, GPU) classes, CPU-only pods included, the most
     popular ones covering 95% of the pods, renormalized."""
-    return Workload.from_requests(requests, coverage=0.95, host_memory=False)
+    return Workload.from_requests(requests, coverage=FGD_COVERAGE, host_memory=False)
 
 
 REFERENCE_POLICIES = (RANDOM, DOTPROD, BESTFIT, FGD)

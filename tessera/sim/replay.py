@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import numpy.typing as npt
 
+from tessera.allocation import PodAllocation
 from tessera.decision import Decider
 from tessera.fragmentation import FragmentMeasure, Workload
 from tessera.placement import NoFit
@@ -78,6 +79,9 @@ class RunResult:
     placed: npt.NDArray[np.bool_]
     seconds: float
     decision_seconds: list[float] = field(default_factory=list)
+    placements: list[tuple[str, tuple[int, ...]] | None] = field(default_factory=list)
+    """Per arrived pod: the node and the GPU indices it got (a GPU once per grant), or
+    None when it found no place."""
 
     @property
     def pods(self) -> int:
@@ -106,11 +110,11 @@ class Replayer:
         self.measure_workload = measure_workload
         self.memory_mode = memory_mode
         self.reference_mib = reference_gpu_memory(self.nodes)
-        self._requests: dict[str, PodRequest] = {}
+        self._requests: dict[tuple[object, ...], PodRequest] = {}
 
     def request(self, pod: TracePod, uid: str) -> PodRequest:
-        base_name = pod.name.split("-tuned-")[0]
-        key = f"{base_name}|{pod.num_gpu}|{pod.gpu_milli}|{pod.cpu_milli}|{pod.memory_mib}"
+        # pods with equal resources parse alike but for their name and UID
+        key = (pod.num_gpu, pod.gpu_milli, pod.cpu_milli, pod.memory_mib, pod.gpu_spec)
         base = self._requests.get(key)
         if base is None:
             base = pod.request(uid, self.memory_mode, self.reference_mib)
@@ -151,6 +155,7 @@ class Replayer:
         idle_rec = np.zeros(count, dtype=np.float64)
         placed = np.zeros(count, dtype=np.bool_)
         decision_seconds: list[float] = []
+        where: list[tuple[str, tuple[int, ...]] | None] = []
         arrived_total = allocated_total = 0
         for i, pod in enumerate(pods):
             request = self.request(pod, f"{seed}-{i}")
@@ -171,12 +176,13 @@ class Replayer:
             if time_decisions:
                 decision_seconds.append(time.perf_counter() - t0)
             if chosen is not None:
-                placement = decider.place(request, chosen)
+                placement = decider.place(request, chosen, scored=False)
                 if isinstance(placement, NoFit):
                     raise RuntimeError(
                         f"{pod.name}: ranked {chosen} but placing it failed: {placement.reason}"
                     )
                 state.add(placement.allocation)
+                where.append((chosen, _gpu_indices(placement.allocation)))
                 allocated_total += pod.gpu_milli_total
                 placed[i] = True
                 pos = node_pos[chosen]
@@ -186,6 +192,8 @@ class Replayer:
                 idle_sum += new_idle - idle[pos]
                 frag[pos] = new_frag
                 idle[pos] = new_idle
+            else:
+                where.append(None)
             arrived[i] = arrived_total
             allocated[i] = allocated_total
             frag_rec[i] = frag_sum * 10
@@ -203,7 +211,12 @@ class Replayer:
             placed=placed,
             seconds=time.perf_counter() - start,
             decision_seconds=decision_seconds,
+            placements=where,
         )
+
+
+def _gpu_indices(allocation: PodAllocation) -> tuple[int, ...]:
+    return tuple(g.index for c in allocation.containers if c.counted for g in c.gpus)
 
 
 def _node_fragment(measure: FragmentMeasure, state: ClusterState, name: str) -> float:

@@ -5,22 +5,23 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tessera.fragmentation import FragmentationPolicy, Workload
+from tessera.fragmentation import FragmentationPolicy, PodClass, Workload
 from tessera.policies import POLICIES
 from tessera.policy import Policy
 from tessera.resources import DEFAULT_POLICY
 from tessera.sim.metrics import Summary, summarize
 from tessera.sim.reference import (
+    FGD_COVERAGE,
     REFERENCE_POLICIES,
     BestFitPolicy,
     DotProdPolicy,
     FgdPolicy,
     RandomPolicy,
-    fgd_workload,
 )
 from tessera.sim.replay import Replayer, RunResult, arrival_order
 from tessera.sim.trace import TraceNode, TracePod, load_nodes, load_pods
@@ -91,6 +92,22 @@ class Trace:
         )
 
 
+def trace_classes(
+    trace: Trace, memory_mode: str = "share", host_memory: bool = True
+) -> Counter[PodClass]:
+    """How many pods of the trace fall in each pod class (counted per distinct request,
+    so a trace of thousands of pods costs a few hundred parses)."""
+    replayer = Replayer(trace.nodes, Workload((), ()), memory_mode)
+    by_key = Counter(
+        (p.num_gpu, p.gpu_milli, p.cpu_milli, p.memory_mib, p.gpu_spec) for p in trace.pods
+    )
+    out: Counter[PodClass] = Counter()
+    for (num_gpu, gpu_milli, cpu, mem, spec), n in by_key.items():
+        pod = TracePod("typical", cpu, mem, num_gpu, gpu_milli, spec)
+        out[PodClass.of(replayer.request(pod, "typical"), host_memory)] += n
+    return out
+
+
 def make_policy(name: str, trace: Trace, seed: int, memory_mode: str = "share") -> Policy:
     """A fresh policy for one run. FGD gets the trace's typical pods (as published); every
     other policy sees only what a live scheduler sees."""
@@ -101,22 +118,20 @@ def make_policy(name: str, trace: Trace, seed: int, memory_mode: str = "share") 
     if name == "bestfit":
         return BestFitPolicy()
     if name == "fgd":
-        replayer = Replayer(trace.nodes, fgd_workload(()), memory_mode)
-        requests = [replayer.request(p, f"typical-{i}") for i, p in enumerate(trace.pods)]
-        return FgdPolicy(fgd_workload(requests))
+        return FgdPolicy(measure_workload(trace, memory_mode))
     if name == OFFLINE:
-        replayer = Replayer(trace.nodes, fgd_workload(()), memory_mode)
-        requests = [replayer.request(p, f"typical-{i}") for i, p in enumerate(trace.pods)]
-        return FragmentationPolicy(Workload.from_requests(requests, coverage=0.99))
+        counts = trace_classes(trace, memory_mode)
+        return FragmentationPolicy(Workload.from_counts(counts, coverage=0.99))
     if name in POLICIES:
         return POLICIES[name]()
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(policy_names())})")
 
 
 def measure_workload(trace: Trace, memory_mode: str = "share") -> Workload:
-    """The workload the reported fragmentation rate is measured against (the paper's)."""
-    replayer = Replayer(trace.nodes, fgd_workload(()), memory_mode)
-    return fgd_workload(replayer.request(p, f"typical-{i}") for i, p in enumerate(trace.pods))
+    """The workload the reported fragmentation rate is measured against (the paper's
+    typical pods, `fgd_workload`)."""
+    counts = trace_classes(trace, memory_mode, host_memory=False)
+    return Workload.from_counts(counts, coverage=FGD_COVERAGE)
 
 
 def run_one(
