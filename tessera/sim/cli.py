@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tessera.resources import DEFAULT_POLICY
 from tessera.sim.metrics import Summary
+from tessera.sim.replay import TIE_RULES
 from tessera.sim.runner import (
     DEFAULT_SEEDS,
     Job,
@@ -24,7 +25,6 @@ from tessera.sim.runner import (
     policy_names,
     run_jobs,
     summarize_jobs,
-    trace_name,
 )
 from tessera.sim.trace import TraceError, load_nodes, load_pods
 
@@ -72,9 +72,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--ties",
-        choices=("name", "random"),
-        default="name",
-        help="equal node scores: the first node by name (the paper's simulator) or random",
+        choices=TIE_RULES,
+        default="order",
+        help="equal node scores: the first node in an order drawn per seed (the paper's "
+        "simulator; default), the first by name, or a random one (kube-scheduler)",
+    )
+    parser.add_argument(
+        "--gpuspec",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PCT",
+        help="also replay each pod list with PCT percent of its GPU pods limited to GPU "
+        "models, as the paper's gpuspec variants (repeatable; 0 = as given)",
     )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     return parser
@@ -127,9 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         print(f"tessera-sim: {exc}", file=sys.stderr)
         return 2
+    specs = args.gpuspec or [0]
+    if any(not 0 <= g <= 100 for g in specs):
+        parser.error("--gpuspec: a percentage within 0..100")
     jobs = [
-        Job(str(args.nodes), str(pods), policy, seed, args.gpu_memory, args.ties)
+        Job(str(args.nodes), str(pods), policy, seed, args.gpu_memory, args.ties, spec)
         for pods in args.pods
+        for spec in specs
         for policy in policies
         for seed in seeds
     ]
@@ -137,16 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     def done(job: Job, run: object) -> None:
         if not args.json:
             print(
-                f"  {trace_name(job.pods_path)} {job.policy} seed {job.seed} done",
+                f"  {job.trace} {job.policy} seed {job.seed} done",
                 file=sys.stderr,
                 flush=True,
             )
 
     summaries = summarize_jobs(run_jobs(jobs, args.workers, done))
-    order = {
-        (trace_name(p), pol): i
-        for i, (p, pol) in enumerate((p, pol) for p in args.pods for pol in policies)
-    }
+    order = {(job.trace, job.policy): i for i, job in reversed(list(enumerate(jobs)))}
     summaries.sort(key=lambda s: order[(s.trace, s.policy)])
     if args.json:
         for s in summaries:

@@ -5,9 +5,10 @@ uniformly with replacement from the trace are appended until the total GPU reque
 pass 130% of the cluster's GPU capacity (a trace that already asks for more loses random
 pods until it does not). Pods arrive one at a time and never leave; each is placed by the
 policy (the Decider ranks every node, the best score wins, and the exact placement is
-committed; among nodes with the best score the one whose name sorts first wins, as in
-the paper's simulator, whose kube-scheduler fork replaced the random choice of
-`selectHost` with that rule "for reproducibility") or dropped when no
+committed; among nodes with the best score the first one in a node order drawn for the
+seed wins, as in the paper's simulator, whose kube-scheduler fork takes the first node
+by name "for reproducibility" after giving every node a random per-seed name prefix) or
+dropped when no
 node fits it, GPUs, host CPU and host memory alike. After every pod the arrived and the
 allocated GPU are recorded, and the cluster's fragmentation rate (the paper's measure).
 """
@@ -34,6 +35,9 @@ from tessera.state import ClusterState
 FloatArray = npt.NDArray[np.float64]
 INFLATION = 1.3
 """Arrivals stop before the GPU request passes 130% of capacity."""
+TIE_RULES = ("order", "name", "random")
+"""Among nodes with the best score: the first in a node order drawn per seed (the paper's
+simulator, the default), the first by name, or a random one (kube-scheduler's rule)."""
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,10 @@ class Replayer:
         nodes: Sequence[TraceNode],
         measure_workload: Workload,
         memory_mode: str = "share",
-        ties: str = "name",
+        ties: str = "order",
     ) -> None:
-        if ties not in ("name", "random"):
-            raise ValueError(f"ties must be 'name' or 'random', got {ties!r}")
+        if ties not in TIE_RULES:
+            raise ValueError(f"ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
         self.ties = ties
         self.nodes = list(nodes)
         self.capacity_milli = 1000 * sum(n.gpus for n in self.nodes)
@@ -137,7 +141,7 @@ class Replayer:
         index = decider.index
         measure = FragmentMeasure(self.measure_workload, count_host_classes=True)
         names = [n.name for n in self.nodes]
-        order_of = {n: i for i, n in enumerate(sorted(names))}
+        order_of = node_order(names, seed, self.ties)
         name_rank = np.zeros(index.capacity_rows, dtype=np.int64)
         for n, row in index.row_of.items():
             name_rank[row] = order_of[n]
@@ -168,7 +172,7 @@ class Replayer:
                 top = ranking.rows[ranking.scores == best]
                 if top.size == 1:
                     row = int(top[0])
-                elif self.ties == "name":
+                elif self.ties != "random":
                     row = int(top[name_rank[top].argmin()])
                 else:
                     row = int(top[tie_rng.integers(top.size)])
@@ -217,6 +221,16 @@ class Replayer:
 
 def _gpu_indices(allocation: PodAllocation) -> tuple[int, ...]:
     return tuple(g.index for c in allocation.containers if c.counted for g in c.gpus)
+
+
+def node_order(names: Sequence[str], seed: int, ties: str = "order") -> dict[str, int]:
+    """Each node's rank for breaking equal scores: by name ("name"), or in an order drawn
+    per seed ("order": the paper's simulator names every node with a random per-seed
+    prefix, then takes the first name, which is this)."""
+    ordered = sorted(names)
+    if ties == "order":
+        random.Random(f"node-order-{seed}").shuffle(ordered)
+    return {n: i for i, n in enumerate(ordered)}
 
 
 def _node_fragment(measure: FragmentMeasure, state: ClusterState, name: str) -> float:

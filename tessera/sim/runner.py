@@ -25,6 +25,7 @@ from tessera.sim.reference import (
 )
 from tessera.sim.replay import Replayer, RunResult, arrival_order
 from tessera.sim.trace import TraceNode, TracePod, load_nodes, load_pods
+from tessera.sim.variants import constrain_models, variant_name
 
 DEFAULT_SEEDS = tuple(range(42, 52))
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -139,7 +140,7 @@ def run_one(
     policy_name: str,
     seed: int,
     memory_mode: str = "share",
-    ties: str = "name",
+    ties: str = "order",
     time_decisions: bool = False,
 ) -> RunResult:
     replayer = Replayer(trace.nodes, measure_workload(trace, memory_mode), memory_mode, ties)
@@ -155,17 +156,37 @@ class Job:
     policy: str
     seed: int
     memory_mode: str = "share"
-    ties: str = "name"
+    ties: str = "order"
+    gpuspec: int = 0
+    """Percent of GPU pods given a GPU model allow-list (`tessera.sim.variants`); 0: none."""
+
+    @property
+    def trace(self) -> str:
+        name = trace_name(self.pods_path)
+        return variant_name(name, self.gpuspec / 100) if self.gpuspec else name
 
 
-_TRACES: dict[tuple[str, str], Trace] = {}
+_TRACES: dict[tuple[str, str, int], Trace] = {}
+
+
+def load_trace(nodes_path: str, pods_path: str, gpuspec: int = 0) -> Trace:
+    """A trace, with `gpuspec` percent of its GPU pods limited to GPU models (cached)."""
+    key = (nodes_path, pods_path, gpuspec)
+    trace = _TRACES.get(key)
+    if trace is None:
+        trace = Trace.load(nodes_path, pods_path)
+        if gpuspec:
+            trace = Trace(
+                variant_name(trace.name, gpuspec / 100),
+                trace.nodes,
+                tuple(constrain_models(trace.pods, trace.nodes, gpuspec / 100)),
+            )
+        _TRACES[key] = trace
+    return trace
 
 
 def _run_job(job: Job) -> tuple[Job, RunResult]:
-    key = (job.nodes_path, job.pods_path)
-    trace = _TRACES.get(key)
-    if trace is None:
-        trace = _TRACES[key] = Trace.load(job.nodes_path, job.pods_path)
+    trace = load_trace(job.nodes_path, job.pods_path, job.gpuspec)
     return job, run_one(trace, job.policy, job.seed, job.memory_mode, job.ties)
 
 
@@ -201,7 +222,7 @@ def summarize_jobs(results: Iterable[tuple[Job, RunResult]]) -> list[Summary]:
     """One summary per (trace, policy, memory mode), seeds in order."""
     groups: dict[tuple[str, str, str], list[RunResult]] = {}
     for job, run in results:
-        groups.setdefault((trace_name(job.pods_path), job.policy, job.memory_mode), []).append(run)
+        groups.setdefault((job.trace, job.policy, job.memory_mode), []).append(run)
     out = []
     for (trace, policy, memory_mode), runs in groups.items():
         runs.sort(key=lambda r: r.seed)

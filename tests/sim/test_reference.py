@@ -13,7 +13,7 @@ from tessera.sim.reference import (
     RandomPolicy,
     fgd_workload,
 )
-from tessera.sim.replay import Replayer, arrival_order
+from tessera.sim.replay import Replayer, arrival_order, node_order
 from tessera.sim.synthetic import synthetic_trace
 from tessera.sim.trace import TraceNode, TracePod
 from tessera.state import ClusterState
@@ -121,3 +121,22 @@ def test_name_order_breaks_ties() -> None:
     pods = [TracePod("only", 1000, 1, 1, 1000)]
     run = replayer.run(BestFitPolicy(), pods, 0)
     assert run.placed.all()
+
+
+def test_seeded_node_order_breaks_ties() -> None:
+    """The paper's rule: the first node of an order drawn per seed (a reproducible random
+    choice), not the first name."""
+    nodes = [TraceNode(f"n{i}", 96_000, 393_216, 8, "G2") for i in range(6)]
+    replayer = Replayer(nodes, fgd_workload(()))
+    eight = [n.name for n in nodes]
+    pods = [TracePod("only", 1000, 1, 1, 1000)]
+    chosen = set()
+    for seed in range(8):
+        order = node_order(eight, seed)
+        want = min(eight, key=lambda n: order[n])  # BestFit ties among equal empty nodes
+        run = replayer.run(BestFitPolicy(), pods, seed)
+        assert run.placements[0] is not None and run.placements[0][0] == want
+        chosen.add(want)
+    assert len(chosen) > 1
+    by_name = Replayer(nodes, fgd_workload(()), ties="name").run(BestFitPolicy(), pods, 3)
+    assert by_name.placements[0] is not None and by_name.placements[0][0] == min(eight)
