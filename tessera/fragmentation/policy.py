@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tessera.model import model_matches
 from tessera.node_state import NodeState
 from tessera.policy import (
     FloatArray,
@@ -93,6 +94,7 @@ class FragmentationPolicy(Policy):
         pack_by: str = "fraction",
         quantum: float = 0.1,
         order: float = 1e-6,
+        scarcity: float = 1.0,
     ) -> None:
         if weighting not in ("count", "demand"):
             raise ValueError(f"weighting must be 'count' or 'demand', got {weighting!r}")
@@ -104,6 +106,12 @@ class FragmentationPolicy(Policy):
         self._order_of: dict[str, float] = {}
         self.pack = pack
         self.balance = balance
+        self.scarcity = scarcity
+        self._prot_key: tuple[object, ...] | None = None
+        self._prot: FloatArray | None = None
+        """Per model id of the last index (and a last 0 for "no GPU"): how likely a GPU of
+        that model is wanted by pods that may run on few models (see `_protection`)."""
+        self._prot_by_name: dict[str, float] = {}
         self.weighting = weighting
         self.online: OnlineWorkload | None = None
         if workload is None:
@@ -210,6 +218,7 @@ class FragmentationPolicy(Policy):
         mem_after: Sequence[int],
         cpu_milli: int,
         memory_mib: int,
+        base: float = 0.0,
     ) -> float:
         delta = self.measure.delta(
             node, core_before, mem_before, core_after, mem_after, cpu_milli, memory_mib
@@ -244,6 +253,13 @@ class FragmentationPolicy(Policy):
                 )
             )
         )
+        if self._prot_by_name:
+            prot = self._prot_by_name
+            cost = sum(
+                (core_before[s] - core_after[s]) / _FULL * (prot.get(gpus[s].model, 0.0) - base)
+                for s in healthy
+            )
+            raw = raw - self.scarcity * cost
         return float(squash(self._final(raw, np.asarray([self._priority(node.name)])), 4.0)[0])
 
     def option_score(
@@ -288,12 +304,86 @@ class FragmentationPolicy(Policy):
             mem_after,
             request.cpu_milli,
             request.memory_mib,
+            self._base_by_name(request.hints.models),
         )
+
+    # --- scarce GPU models ---------------------------------------------------------------
+
+    def _protection(self, index: ClusterIndex) -> FloatArray | None:
+        """Per model id: the share of that model's GPUs that pods limited to a few models
+        are expected to want, capped at 1 (None: the workload has no such pods).
+
+        Each class c limited to the models S_c spreads its GPU demand over the GPUs of
+        S_c; relative to the whole cluster being asked for (the total expected demand
+        scaled to the cluster's GPUs), model m is wanted by
+        rho_m = (GPUs / mean demand) * sum over c with m in S_c of w_c d_c / GPUs(S_c).
+        min(1, rho_m) is then how likely a GPU of model m is one such a pod will need,
+        the expected cost, in GPUs, of giving it to a pod that could have run elsewhere.
+        Recomputed when the workload is replaced or nodes come or go (not when a GPU's
+        health flips: the capacity moves little then)."""
+        key = (self.generation, id(index), len(index.row_of), len(index.models))
+        if key == self._prot_key:
+            return self._prot
+        self._prot_key = key
+        self._prot = None
+        self._prot_by_name = {}
+        workload = self.workload
+        limited = [
+            (c, w)
+            for c, w in zip(workload.classes, workload.weights, strict=True)
+            if c.wants_gpu and c.models
+        ]
+        if not limited or not self.scarcity:
+            return None
+        rows = index.all_rows()
+        present = index.healthy[rows] & (index.model[rows] >= 0)
+        cap = np.bincount(index.model[rows][present], minlength=len(index.models)).astype(
+            np.float64
+        )
+        demand = sum(
+            w * c.gpu_percent / _FULL
+            for c, w in zip(workload.classes, workload.weights, strict=True)
+            if c.wants_gpu
+        )
+        if cap.sum() <= 0 or demand <= 0:
+            return None
+        load = np.zeros(len(index.models), dtype=np.float64)
+        for c, w in limited:
+            allowed = np.asarray(
+                [_allowed_model(m, c.models) for m in index.models], dtype=np.bool_
+            )
+            total = cap[allowed].sum()
+            if total > 0:
+                load[allowed] += w * c.gpu_percent / _FULL / total
+        prot = np.minimum(1.0, cap.sum() / demand * load)
+        self._prot = np.append(prot, 0.0)  # model id -1 (no GPU) reads the last entry
+        self._prot_by_name = {
+            m: float(v) for m, v, n in zip(index.models, prot, cap, strict=True) if n > 0
+        }
+        return self._prot
+
+    def _base(self, index: ClusterIndex, prot: FloatArray, models: tuple[str, ...]) -> float:
+        """The least protection among the models the pod may use: what it costs anyway."""
+        values = [
+            float(prot[i])
+            for i, m in enumerate(index.models)
+            if m in self._prot_by_name and (not models or _allowed_model(m, models))
+        ]
+        return min(values) if values else 0.0
+
+    def _base_by_name(self, models: Sequence[str] | frozenset[str]) -> float:
+        wanted = tuple(models)
+        values = [
+            v for m, v in self._prot_by_name.items() if not wanted or _allowed_model(m, wanted)
+        ]
+        return min(values) if values else 0.0
 
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
         measure = self.measure
+        prot = self._protection(index)
+        base = 0.0 if prot is None else self._base(index, prot, _case_models(case))
 
         def compute(stale: IntArray) -> FloatArray:
             # only rows where the request can fit need a score (the rest: NaN, unused)
@@ -338,6 +428,11 @@ class FragmentationPolicy(Policy):
                     mem[:, None] - sub_case.memory_mib,
                     np.where(np.isfinite(delta), used2, 0.0),
                 )
+                if prot is not None:
+                    # the share's part of a GPU, on each candidate GPU's model
+                    raw = raw - self.scarcity * sub_case.core / _FULL * (
+                        prot[index.model[sub]] - base
+                    )
                 final = self._final(raw.max(axis=1), self._priorities(index, sub))
                 best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
                 return best
@@ -356,6 +451,10 @@ class FragmentationPolicy(Policy):
                 mem - sub_case.memory_mib,
                 used,
             )
+            if prot is not None and isinstance(sub_case, WholeCase):
+                first = sub_case.free_whole.argmax(axis=1)
+                model = index.model[sub, first]
+                raw1 = raw1 - self.scarcity * sub_case.count * (prot[model] - base)
             final1 = self._final(raw1, self._priorities(index, sub))
             out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
             return out
@@ -386,3 +485,15 @@ def _case_key(case: VectorCase) -> object | None:
     if key is None:
         return None
     return (type(case).__name__, key)
+
+
+def _allowed_model(model: str, models: Sequence[str]) -> bool:
+    return any(model_matches(model, m) for m in models)
+
+
+def _case_models(case: VectorCase) -> tuple[str, ...]:
+    """The GPU models the request may use (empty: any), from its shape."""
+    shape = case.shape
+    hints = shape[1] if isinstance(shape, tuple) and len(shape) > 1 else None
+    models = getattr(hints, "models", ())
+    return tuple(models)

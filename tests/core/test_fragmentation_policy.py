@@ -286,6 +286,32 @@ def test_whole_gpus_keep_empty_nodes_empty() -> None:
     assert decide(policy, state, pod("p2", 100, cpu=1000)) == "b"
 
 
+SCARCE = Workload.from_counts(
+    {
+        PodClass(gpu_count=1, models=("T4",)): 6,
+        PodClass(core=50, memory_ratio=50, models=("T4",)): 2,
+        PodClass(gpu_count=1): 4,
+        PodClass(core=50, memory_ratio=50): 4,
+    }
+)
+"""Half the pods may run on T4 only, a model the clusters below have few GPUs of."""
+
+
+def test_pods_that_may_run_anywhere_leave_a_scarce_model_to_those_that_may_not() -> None:
+    state = ClusterState()
+    state.set_node(inventory("a10", 4, model=0), cpu_milli=64000)
+    state.set_node(inventory("t4", 4, model=1), cpu_milli=64000)
+    # a T4 GPU is half used: best fit alone sends the next half-GPU pod into its leftover
+    placed = place_pod(state.nodes["t4"], pod("t", 50, models="T4"), FragmentationPolicy(SCARCE))
+    assert isinstance(placed, Placement)
+    state.add(placed.allocation)
+    half = pod("half", 50)
+    assert decide(FragmentationPolicy(SCARCE, scarcity=0.0), state, half) == "t4"
+    assert decide(FragmentationPolicy(SCARCE), state, half) == "a10"
+    assert decide(FragmentationPolicy(SCARCE), state, pod("any", 100)) == "a10"
+    assert decide(FragmentationPolicy(SCARCE), state, pod("only-t4", 50, models="T4")) == "t4"
+
+
 # --- the vector form equals the exact form, and nothing is ever overcommitted -----------------
 
 
@@ -303,6 +329,7 @@ def reference_policies() -> list[Callable[[], Policy]]:
 POLICY_FACTORIES: list[Callable[[], Policy]] = [
     FragmentationPolicy,
     lambda: FragmentationPolicy(WORKLOAD, balance=0.0),
+    lambda: FragmentationPolicy(SCARCE),
     lambda: FragmentationPolicy(first_check=1, max_interval=1, drift=0.0, weighting="demand"),
     BinpackPolicy,
     SpreadPolicy,
