@@ -6,12 +6,16 @@ import argparse
 import asyncio
 import gc
 import logging
+import math
 import os
 import re
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Final, NoReturn
 
 from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
 from nri_hook.devices import HostDevices
@@ -34,6 +38,45 @@ log = logging.getLogger("nri_hook")
 
 DEFAULT_PLUGIN_NAME = "tessera"
 DEFAULT_PLUGIN_INDEX = "50"
+MAX_REGISTRATION_TIMEOUT: Final = 3600.0
+"""Seconds; containerd's own registration timeout is 5 s, so anything near an hour is a typo."""
+UNIX_PATH_MAX: Final = 107
+"""Longest unix socket path Linux accepts (sun_path is 108 bytes with the terminating NUL)."""
+_NODE_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_IFNAME_RE: Final = re.compile(r"^[A-Za-z0-9_.-]*$")
+
+
+class UsageError(ValueError):
+    """A flag, path or environment variable that cannot work; the message names it."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line on stderr, exit 2: the usage text would bury the one line that matters."""
+        self.exit(2, f"{self.prog}: {message} (see --help)\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0 < value <= MAX_REGISTRATION_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"{text} must be more than 0 and at most {MAX_REGISTRATION_TIMEOUT:g} seconds"
+        )
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535; 0 is off)")
+    return value
+
 
 DESCRIPTION = f"""\
 tessera's containerd NRI plugin. For every container containerd creates, it reads the
@@ -49,12 +92,13 @@ connection passed in {PLUGIN_SOCKET_ENV}."""
 
 EPILOG = """\
 exit status: 0 after SIGTERM/SIGINT or when a launching runtime closes the connection;
-2 for invalid flags or an unreadable integrity key.
+2 for an invalid flag, path or NRI_PLUGIN_* variable, or an unreadable integrity key
+(one line on stderr naming it).
 See docs/nri_hook.md for what is injected and how to deploy it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tessera-nri-hook",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -84,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conn.add_argument(
         "--registration-timeout",
-        type=float,
+        type=_seconds,
         default=DEFAULT_REGISTRATION_TIMEOUT,
         metavar="SECONDS",
         help="how long to wait for the runtime to accept the registration (default: %(default)s)",
@@ -176,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     obs.add_argument(
         "--metrics-port",
-        type=int,
+        type=_port,
         default=0,
         metavar="PORT",
         help="serve Prometheus metrics on this port (default: 0, off)",
@@ -204,36 +248,128 @@ def launched_identity(name: str, index: str) -> tuple[str, str]:
     return name, env_index or index
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    setup_logging(args.log_format, args.log_level, args.log_file)
-    name, index = launched_identity(args.plugin_name, args.plugin_index)
+def check_args(args: argparse.Namespace, name: str, index: str) -> Settings:
+    """Everything that can be checked before starting. Raises UsageError naming the flag
+    (or environment variable) and what is wrong."""
+    env_name, env_index = os.environ.get(PLUGIN_NAME_ENV), os.environ.get(PLUGIN_IDX_ENV)
     try:
-        check_identity(name, index)
-        if len(args.vf_rename_prefix) + 2 >= IFNAMSIZ:
-            raise ValueError("--vf-rename-prefix is too long for an interface name")
-        settings = Settings(
+        check_identity(name, "00")
+    except ValueError as exc:
+        raise UsageError(f"{PLUGIN_NAME_ENV if env_name else '--plugin-name'}: {exc}") from None
+    try:
+        check_identity("x", index)
+    except ValueError as exc:
+        raise UsageError(f"{PLUGIN_IDX_ENV if env_index else '--plugin-index'}: {exc}") from None
+    if args.node_name is not None and not _NODE_NAME_RE.match(args.node_name):
+        raise UsageError(
+            f"--node-name {args.node_name!r}: not a Kubernetes node name "
+            "(lower-case letters, digits, '-' and '.')"
+        )
+    fd_text = os.environ.get(PLUGIN_SOCKET_ENV, "")
+    if fd_text:
+        _check_inherited_socket(fd_text)
+    else:
+        _check_socket_path(args.socket)
+    root = Path(args.device_root)
+    if not root.is_dir():
+        raise UsageError(f"--device-root {args.device_root}: not a directory")
+    for flag, value in (
+        ("--mps-pipe-dir", args.mps_pipe_dir),
+        ("--hami-core-library", args.hami_core_library),
+    ):
+        if value and not value.startswith("/"):
+            raise UsageError(f"{flag} {value}: must be an absolute host path (it is mounted)")
+    prefix = args.vf_rename_prefix
+    if len(prefix) + 2 >= IFNAMSIZ:
+        raise UsageError(
+            f"--vf-rename-prefix {prefix!r}: too long for an interface name "
+            f"(at most {IFNAMSIZ - 3} characters)"
+        )
+    if not _IFNAME_RE.match(prefix):
+        raise UsageError(
+            f"--vf-rename-prefix {prefix!r}: use only letters, digits, '_', '.' and '-'"
+        )
+    try:
+        return Settings(
             isolation=args.isolation,
             mps_pipe_dir=args.mps_pipe_dir,
             hami_core_library=args.hami_core_library,
         )
     except ValueError as exc:
+        raise UsageError(f"--isolation: {exc}") from None
+
+
+def _check_socket_path(path: str) -> None:
+    """The runtime may not be up yet (the plugin retries until it is), but its socket's
+    directory must exist and the path must be usable as a unix socket."""
+    if len(os.fsencode(path)) > UNIX_PATH_MAX:
+        raise UsageError(f"--socket {path}: longer than {UNIX_PATH_MAX} bytes")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise UsageError(f"--socket {path}: directory {parent} does not exist")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UsageError(f"--socket {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"--socket {path}: exists and is not a socket")
+
+
+def _check_inherited_socket(fd_text: str) -> None:
+    try:
+        fd = int(fd_text)
+        mode = os.fstat(fd).st_mode
+    except (ValueError, OSError):
+        raise UsageError(f"{PLUGIN_SOCKET_ENV}={fd_text!r}: not an open file descriptor") from None
+    if not stat.S_ISSOCK(mode):
+        raise UsageError(f"{PLUGIN_SOCKET_ENV}={fd_text}: descriptor {fd} is not a socket")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    name, index = launched_identity(args.plugin_name, args.plugin_index)
+    try:
+        settings = check_args(args, name, index)
+    except UsageError as exc:
         parser.error(str(exc))
+    try:
+        setup_logging(args.log_format, args.log_level, args.log_file)
+    except OSError as exc:
+        parser.error(f"--log-file {args.log_file}: cannot open: {exc.strerror or exc}")
+
+    def fail(message: str) -> NoReturn:
+        if args.log_file:  # the log file says why the plugin did not start, too
+            log.error("%s", message)
+        parser.error(message)
+
     node = args.node_name or default_node_name()
     if args.no_integrity:
-        log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
         keys = KeyringSource.fixed(None)
     else:
         try:
             keys = KeyringSource(args.integrity_key_file)
         except KeyFileError as exc:
-            log.error("%s (use --no-integrity only on test clusters)", exc)
-            return 2
+            fail(
+                f"--integrity-key-file {args.integrity_key_file}: {exc} "
+                "(use --no-integrity only on test clusters)"
+            )
     metrics: Metrics | None = None
     if args.metrics_port:
         metrics = Metrics()
-        metrics.serve(args.metrics_port, args.metrics_address)
+        try:
+            metrics.serve(args.metrics_port, args.metrics_address)
+        except OSError as exc:
+            where = f"{args.metrics_address or '0.0.0.0'}:{args.metrics_port}"
+            fail(
+                f"--metrics-port {args.metrics_port} / --metrics-address "
+                f"{args.metrics_address or '(all)'}: cannot listen on {where}: "
+                f"{getattr(exc, 'strerror', None) or exc}"
+            )
+    if args.no_integrity:
+        log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
     enforcer = Enforcer(
         EnforcerConfig(
             node_name=node,

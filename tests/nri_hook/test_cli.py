@@ -55,17 +55,24 @@ def restore_logging() -> Iterator[None]:
 @pytest.mark.usefixtures("restore_logging")
 def test_flags_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as bad_index:
-        main(["--plugin-index", "7", "--no-integrity"])
+        main(["--plugin-index", "7", "--no-integrity", "--socket", str(tmp_path / "nri.sock")])
     assert bad_index.value.code == 2
     assert "two digits" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--isolation", "vgpu"])
-    assert (
+    with pytest.raises(SystemExit) as bad_key:
         main(
-            ["--integrity-key-file", str(tmp_path / "absent"), "--log-file", str(tmp_path / "log")]
+            [
+                "--socket",
+                str(tmp_path / "nri.sock"),
+                "--integrity-key-file",
+                str(tmp_path / "absent"),
+                "--log-file",
+                str(tmp_path / "log"),
+            ]
         )
-        == 2
-    )
+    assert bad_key.value.code == 2
+    assert "does not exist" in capsys.readouterr().err
     assert "does not exist" in (tmp_path / "log").read_text()
 
 
@@ -145,3 +152,92 @@ def test_launched_by_the_runtime_with_only_the_nri_environment(tmp_path: Path) -
     assert injected[0]["pod"] == "ml/job" and injected[0]["container"] == "main"
     assert injected[0]["level"] == "info"
     assert any("launched by the runtime" in entry["msg"] for entry in lines)
+
+
+# --- every bad flag, path or descriptor: one line naming it, exit 2, no traceback --------------
+
+
+def _bad_flag_cases(tmp: Path) -> list[tuple[list[str], dict[str, str], str]]:
+    not_a_socket = tmp / "plain-file"
+    not_a_socket.write_text("")
+    empty_dir = tmp / "no-keys"
+    empty_dir.mkdir()
+    ok = ["--no-integrity"]
+    return [
+        (["--plugin-index", "7", *ok], {}, "--plugin-index"),
+        (["--plugin-name", "bad name", *ok], {}, "--plugin-name"),
+        (["--registration-timeout", "soon", *ok], {}, "--registration-timeout"),
+        (["--registration-timeout", "-1", *ok], {}, "--registration-timeout"),
+        (["--registration-timeout", "nan", *ok], {}, "--registration-timeout"),
+        (["--registration-timeout", "inf", *ok], {}, "--registration-timeout"),
+        (["--metrics-port", "70000", *ok], {}, "--metrics-port"),
+        (["--metrics-port", "-5", *ok], {}, "--metrics-port"),
+        (["--metrics-port", "http", *ok], {}, "--metrics-port"),
+        (["--socket", "/nonexistent-tessera-dir/nri.sock", *ok], {}, "--socket"),
+        (["--socket", "/tmp/" + "s" * 120, *ok], {}, "--socket"),
+        (["--socket", str(not_a_socket), *ok], {}, "--socket"),
+        (["--integrity-key-file", str(tmp / "absent")], {}, "--integrity-key-file"),
+        (["--integrity-key-file", str(empty_dir)], {}, "--integrity-key-file"),
+        (["--device-root", str(tmp / "absent"), *ok], {}, "--device-root"),
+        (["--log-file", str(tmp / "absent" / "log"), *ok], {}, "--log-file"),
+        (["--isolation", "vgpu", *ok], {}, "--isolation"),
+        (["--mps-pipe-dir", "relative/dir", *ok], {}, "--mps-pipe-dir"),
+        (["--hami-core-library", "libvgpu.so", *ok], {}, "--hami-core-library"),
+        (["--vf-rename-prefix", "p" * 20, *ok], {}, "--vf-rename-prefix"),
+        (["--vf-rename-prefix", "a/b", *ok], {}, "--vf-rename-prefix"),
+        (["--node-name", "Not A Node", *ok], {}, "--node-name"),
+        (["--metrics-address", "no such address!", "--metrics-port", "1", *ok], {}, "address"),
+        (ok, {"NRI_PLUGIN_SOCKET": "three"}, "NRI_PLUGIN_SOCKET"),
+        (ok, {"NRI_PLUGIN_SOCKET": "987654"}, "NRI_PLUGIN_SOCKET"),
+        (ok, {"NRI_PLUGIN_IDX": "7"}, "NRI_PLUGIN_IDX"),
+        (ok, {"NRI_PLUGIN_NAME": "50-bad name"}, "NRI_PLUGIN_NAME"),
+    ]
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_each_bad_flag_is_one_line_naming_it_and_exit_2(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    sock_dir: Path,
+) -> None:
+    for name in ("NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"):
+        monkeypatch.delenv(name, raising=False)
+    base = ["--socket", str(sock_dir / "nri.sock"), "--device-root", "/"]
+    for args, env, flag in _bad_flag_cases(tmp_path):
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            with pytest.raises(SystemExit) as exited:
+                main([*base, *args])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2, (args, env, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, (args, env, err)
+        assert flag in lines[0], (args, env, err)
+        assert "Traceback" not in err
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_metrics_port_in_use_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], sock_dir: Path
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exited:
+            main(
+                [
+                    "--socket",
+                    str(sock_dir / "nri.sock"),
+                    "--no-integrity",
+                    "--metrics-address",
+                    "127.0.0.1",
+                    "--metrics-port",
+                    str(port),
+                ]
+            )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exited.value.code == 2
+    assert len(err) == 1 and "--metrics-port" in err[0] and str(port) in err[0]
