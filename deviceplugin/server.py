@@ -15,6 +15,12 @@ calls GetDevicePluginOptions from inside its Register handler.
   the NRI plugin applies the scheduler's real placement.
 - PreStartContainer is not requested (the option is off) but answered if called.
 
+Every request is checked before any work (request_bounds.py): IDs must be ones this resource
+advertised, each named once, within count and length bounds; a request the kubelet would
+never send gets INVALID_ARGUMENT saying what is wrong, and so do bytes that do not decode.
+gRPC itself refuses messages over MAX_RECEIVE_MESSAGE_BYTES (RESOURCE_EXHAUSTED). A refused
+request changes nothing.
+
 Kubelet restarts wipe the sockets in the directory and re-create kubelet.sock. A watcher
 thread polls every `poll_interval_s` (default 100 ms; the standard library has no inotify,
 and a stat of a few files is cheap): a missing or replaced plugin socket gets a fresh server,
@@ -36,6 +42,17 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.request_bounds import (
+    MAX_CONCURRENT_RPCS,
+    MAX_RECEIVE_MESSAGE_BYTES,
+    MAX_SEND_MESSAGE_BYTES,
+    BadRequestError,
+    check_allocation_size,
+    check_container_count,
+    check_ids,
+    check_subset,
+    check_total,
+)
 from deviceplugin.units import (
     ResourceUnits,
     allocation_summary,
@@ -54,10 +71,13 @@ DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-# the generated gRPC module is untyped; these give its two entry points we call a type
-_add_servicer: Callable[[pb_grpc.DevicePluginServicer, grpc.Server], None] = (
-    pb_grpc.add_DevicePluginServicer_to_server
+SERVICE = "v1beta1.DevicePlugin"
+SERVER_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_SEND_MESSAGE_BYTES),
 )
+
+# the generated gRPC module is untyped; this gives the entry point we call a type
 _registration_stub: Callable[[grpc.Channel], Any] = pb_grpc.RegistrationStub
 
 
@@ -80,6 +100,8 @@ class ResourceState:
         self._key: object = None
         self._message = pb.ListAndWatchResponse()
         self._stream = 0
+        self.known: frozenset[str] = frozenset()
+        """Every ID of the current snapshot; requests may name only these."""
         self.healthy = 0
         self.total = 0
 
@@ -92,6 +114,7 @@ class ResourceState:
         with self._cond:
             self._key = key
             self._message = message
+            self.known = frozenset(u.id for u in units.units)
             self._version += 1
             self.healthy = units.healthy_count
             self.total = len(units.units)
@@ -159,8 +182,19 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
+        known = self._state.known
+        requests = request.container_requests
+        check_container_count(len(requests))
+        check_total(
+            sum(len(c.available_deviceIDs) + len(c.must_include_deviceIDs) for c in requests)
+        )
+        for creq in requests:
+            check_ids("available_deviceIDs", creq.available_deviceIDs, known)
+            check_ids("must_include_deviceIDs", creq.must_include_deviceIDs, known)
+            check_subset(creq.must_include_deviceIDs, creq.available_deviceIDs)
+            check_allocation_size(creq.allocation_size)
         response = pb.PreferredAllocationResponse()
-        for creq in request.container_requests:
+        for creq in requests:
             ids = preferred_allocation(
                 creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size
             )
@@ -170,8 +204,14 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
+        known = self._state.known
+        requests = request.container_requests
+        check_container_count(len(requests))
+        check_total(sum(len(c.devices_ids) for c in requests))
+        for creq in requests:
+            check_ids("devices_ids", creq.devices_ids, known)
         response = pb.AllocateResponse()
-        for creq in request.container_requests:
+        for creq in requests:
             summary = allocation_summary(creq.devices_ids)
             container = response.container_responses.add()
             container.envs[self._env] = summary
@@ -182,7 +222,91 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
     ) -> pb.PreStartContainerResponse:
+        check_ids("devices_ids", request.devices_ids, self._state.known)
         return pb.PreStartContainerResponse()
+
+
+class _Undecodable:
+    """What a request that is not a valid protobuf message decodes to."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decoder(message: type[Any]) -> Callable[[bytes], Any]:
+    """gRPC answers INTERNAL when a deserializer raises; this one never does, so the handler
+    can answer INVALID_ARGUMENT instead (invalid UTF-8 in a string field, a cut message)."""
+
+    def decode(raw: bytes) -> Any:
+        try:
+            return message.FromString(raw)
+        except Exception as exc:  # DecodeError, and whatever a broken buffer makes upb raise
+            return _Undecodable(f"the request is not a valid {message.__name__}: {exc}")
+
+    return decode
+
+
+def _refuse(context: grpc.ServicerContext, method: str, reason: str) -> None:
+    log.info("%s refused: %s", method, reason)
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: {reason}")
+
+
+def _unary(method: str, handler: Callable[[Any, grpc.ServicerContext], Any]) -> Any:
+    def guarded(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            _refuse(context, method, request.reason)
+        try:
+            return handler(request, context)
+        except BadRequestError as exc:
+            _refuse(context, method, str(exc))
+
+    return guarded
+
+
+def _stream(method: str, handler: Callable[[Any, grpc.ServicerContext], Iterator[Any]]) -> Any:
+    def guarded(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        if isinstance(request, _Undecodable):
+            _refuse(context, method, request.reason)
+        yield from handler(request, context)
+
+    return guarded
+
+
+def service_handler(servicer: DevicePluginServicer) -> grpc.GenericRpcHandler[Any, Any]:
+    """The DevicePlugin service with undecodable and bad requests answered INVALID_ARGUMENT."""
+    s = servicer
+
+    def unary(method: str, handler: Any, request: type[Any], response: type[Any]) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            _unary(method, handler),
+            request_deserializer=_decoder(request),
+            response_serializer=response.SerializeToString,
+        )
+
+    methods = {
+        "GetDevicePluginOptions": unary(
+            "GetDevicePluginOptions", s.GetDevicePluginOptions, pb.Empty, pb.DevicePluginOptions
+        ),
+        "ListAndWatch": grpc.unary_stream_rpc_method_handler(
+            _stream("ListAndWatch", s.ListAndWatch),
+            request_deserializer=_decoder(pb.Empty),
+            response_serializer=pb.ListAndWatchResponse.SerializeToString,
+        ),
+        "GetPreferredAllocation": unary(
+            "GetPreferredAllocation",
+            s.GetPreferredAllocation,
+            pb.PreferredAllocationRequest,
+            pb.PreferredAllocationResponse,
+        ),
+        "Allocate": unary("Allocate", s.Allocate, pb.AllocateRequest, pb.AllocateResponse),
+        "PreStartContainer": unary(
+            "PreStartContainer",
+            s.PreStartContainer,
+            pb.PreStartContainerRequest,
+            pb.PreStartContainerResponse,
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -227,8 +351,10 @@ class PluginServer:
             path.unlink()
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="dp"),
+            handlers=[service_handler(self.servicer)],
+            options=SERVER_OPTIONS,
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,
         )
-        _add_servicer(self.servicer, server)
         if not server.add_insecure_port(f"unix://{path}"):
             raise OSError(f"cannot listen on {path}")
         server.start()

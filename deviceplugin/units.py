@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -361,14 +362,22 @@ def preferred_allocation(
         (d for d in free if d in touched), key=lambda d: (-len(free[d]), order[d])
     ):
         if need <= 0:
-            break
+            return chosen
         take(device, need)
-    while need > 0 and free:
-        fits = [d for d in free if len(free[d]) >= need]
-        if fits:
-            take(min(fits, key=lambda d: (len(free[d]), order[d])), need)
+    # The rest, in O(D log D) for D devices (a request may name thousands): devices sorted by
+    # (free units, -order), so the largest, first-listed one is last and the best fit is
+    # found by bisection. Largest-first until one device can hold the remainder, then the
+    # fullest device that still fits (ties: the first listed).
+    ranked = sorted(free, key=lambda d: (len(free[d]), -order[d]))
+    sizes = [len(free[d]) for d in ranked]
+    while need > 0 and ranked:
+        at = bisect_left(sizes, need)
+        if at < len(ranked):
+            run_end = bisect_right(sizes, sizes[at]) - 1  # same size: the last has least order
+            take(ranked[run_end], need)
             break
-        take(max(free, key=lambda d: (len(free[d]), -order[d])), need)
+        sizes.pop()
+        take(ranked.pop(), need)
     return chosen
 
 

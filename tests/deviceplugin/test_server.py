@@ -67,21 +67,27 @@ def test_preferred_allocation_allocate_and_prestart_through_the_kubelet(sock_dir
         kubelet.pre_start_container(GPU_CORE, chosen)
 
 
-def test_allocate_answers_every_container_and_unknown_ids(sock_dir: Path) -> None:
+def test_allocate_answers_every_container_and_refuses_unknown_ids(sock_dir: Path) -> None:
     agent, _ = make_agent(sock_dir, "t4-4x")
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered([GPU_MEMORY])
         request = pb.AllocateRequest()
         request.container_requests.add(devices_ids=["gpu0-mem-1", "gpu0-mem-2"])
-        request.container_requests.add(devices_ids=["gpu9-mem-0", "stale-id"])
+        request.container_requests.add(devices_ids=["gpu3-mem-0", "gpu1-mem-7"])
         request.container_requests.add(devices_ids=[])
-        response = kubelet.endpoint(GPU_MEMORY).stub.Allocate(request, timeout=5)
+        stub = kubelet.endpoint(GPU_MEMORY).stub
+        response = stub.Allocate(request, timeout=5)
         envs = [dict(c.envs) for c in response.container_responses]
         assert envs == [
             {"TESSERA_DP_GPU_MEMORY": "gpu0:2"},
-            {"TESSERA_DP_GPU_MEMORY": "gpu9:1,stale-id:1"},
+            {"TESSERA_DP_GPU_MEMORY": "gpu3:1,gpu1:1"},
             {"TESSERA_DP_GPU_MEMORY": ""},
         ]
+        request.container_requests.add(devices_ids=["gpu9-mem-0", "stale-id"])
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Allocate(request, timeout=5)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unknown device ID 'gpu9-mem-0'" in refused.value.details()
 
 
 def test_nvidia_gpu_resource_when_enabled(sock_dir: Path) -> None:
