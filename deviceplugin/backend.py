@@ -24,6 +24,10 @@ class BackendError(Exception):
     """A backend cannot start (no NVML library, no driver, unreadable topology file)."""
 
 
+class TopologyError(BackendError):
+    """The topology file cannot be used at all (missing, unreadable, not a topology)."""
+
+
 @dataclass(frozen=True)
 class XidEvent:
     """A critical-error event. `uuid` None means "some GPU, unknown which" (for instance the

@@ -13,8 +13,31 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from deviceplugin.backend import BACKENDS, BackendError, GpuBackend, NicSource, open_backend
+from deviceplugin.backend import (
+    BACKENDS,
+    BackendError,
+    GpuBackend,
+    NicSource,
+    TopologyError,
+    open_backend,
+)
+from deviceplugin.fake_backend import FakeBackend
+from deviceplugin.flags import (
+    MAX_MEMORY_UNIT_MIB,
+    ConfigError,
+    OneLineParser,
+    check_directory,
+    check_readable_file,
+    check_socket_dir,
+    check_socket_path,
+    namespace,
+    node_name,
+    non_empty,
+    seconds,
+    whole,
+)
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
 from deviceplugin.inventory import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -22,12 +45,28 @@ from deviceplugin.inventory import (
     cr_spec,
 )
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
-from deviceplugin.units import LimitError, UnitConfig, validate_resource_name
+from deviceplugin.units import LimitError, UnitConfig, socket_name, validate_resource_name
+from tessera.errors import InventoryError
 from tessera.logs import add_log_flags, setup_logging
-from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_MEMORY_UNIT_MIB
+from tessera.model import NodeInventory
+from tessera.resources import (
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_MEMORY_UNIT_MIB,
+    GPU,
+    GPU_CORE,
+    GPU_MEMORY,
+    GPU_MEMORY_RATIO,
+    NVIDIA_GPU,
+    RDMA,
+)
 from tessera.topology_file import BUILTIN_TOPOLOGIES
 
+if TYPE_CHECKING:
+    from deviceplugin.agent import Agent
+
 log = logging.getLogger("deviceplugin")
+
+ALL_RESOURCES = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA, NVIDIA_GPU)
 
 DESCRIPTION = """\
 tessera's node agent. Discovers the node's GPUs (NVML, or a topology file) and RDMA NICs
@@ -38,31 +77,11 @@ NodeDevices object, GPU labels and heartbeat Lease for the scheduler.
 
 EPILOG = f"""\
 built-in topologies: {", ".join(BUILTIN_TOPOLOGIES)}
-exit status: 0 after SIGTERM/SIGINT, 2 on a configuration error (bad flag, no backend,
-unreadable topology file, more unit IDs than the kubelet can take).
+exit status: 0 after SIGTERM/SIGINT; 2 on a configuration error, printed as one line
+naming the flag (a bad value, a directory where no socket can be created, a missing,
+empty or unreadable topology file, no GPUs found, more unit IDs than the kubelet can take).
 docs: docs/deviceplugin.md
 """
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {value}")
-    return value
 
 
 def _xids(text: str) -> frozenset[int]:
@@ -73,7 +92,7 @@ def _xids(text: str) -> frozenset[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="tessera-device-plugin",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -115,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument(
         "--node-name",
+        type=node_name,
         default=os.environ.get("NODE_NAME") or socket.gethostname(),
         help="this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
         "else the host name (%(default)s).",
@@ -135,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "--memory-unit-mib",
-        type=_positive_int,
+        type=whole(1, MAX_MEMORY_UNIT_MIB),
         default=DEFAULT_MEMORY_UNIT_MIB,
         metavar="MIB",
         help="size of one tessera.dev/gpu-memory unit; published in the inventory so the "
@@ -155,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "--socket-poll-interval",
-        type=_positive,
+        type=seconds(0),
         default=0.1,
         metavar="SECONDS",
         help="how often the sockets are checked for a kubelet restart. Default: %(default)s.",
@@ -179,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--health-query-interval",
-        type=_non_negative,
+        type=seconds(0, allow_zero=True),
         default=5.0,
         metavar="SECONDS",
         help="how often each GPU is queried and each NIC's ports re-read; 0 turns the queries "
@@ -187,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--health-recovery-seconds",
-        type=_non_negative,
+        type=seconds(0, allow_zero=True),
         default=300.0,
         metavar="SECONDS",
         help="quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
@@ -207,31 +227,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's "
         "service account (in-cluster).",
     )
-    i.add_argument("--kube-context", metavar="NAME", help="kubeconfig context to use")
+    i.add_argument(
+        "--kube-context", type=non_empty, metavar="NAME", help="kubeconfig context to use"
+    )
     i.add_argument(
         "--heartbeat-namespace",
+        type=namespace,
         default=DEFAULT_HEARTBEAT_NAMESPACE,
         metavar="NS",
         help="namespace of the heartbeat Lease. Default: %(default)s.",
     )
     i.add_argument(
         "--heartbeat-interval",
-        type=_positive,
+        type=seconds(0),
         default=DEFAULT_HEARTBEAT_INTERVAL_S,
         metavar="SECONDS",
         help="how often the Lease is renewed. Default: %(default)s.",
     )
     i.add_argument(
         "--lease-duration",
-        type=_positive_int,
+        type=whole(1, 86400),
         default=DEFAULT_LEASE_DURATION_S,
         metavar="SECONDS",
         help="the Lease's leaseDurationSeconds; the scheduler treats an agent whose Lease is "
-        "older than this as dead. Default: %(default)s.",
+        "older than this as dead; must be longer than --heartbeat-interval. Default: %(default)s.",
     )
     i.add_argument(
         "--resync-interval",
-        type=_positive,
+        type=seconds(0),
         default=300.0,
         metavar="SECONDS",
         help="how often the NodeDevices object and labels are compared with the API server "
@@ -250,8 +273,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | None:
-    from deviceplugin.fake_backend import FakeBackend
-
     mode = args.rdma
     if mode == "off":
         return None
@@ -259,8 +280,9 @@ def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | No
         mode = "topology" if isinstance(backend, FakeBackend) else "sysfs"
     if mode == "topology":
         if not isinstance(backend, FakeBackend):
-            raise BackendError("--rdma topology needs the fake backend")
+            raise ConfigError("--rdma", "'topology' needs the fake backend (--backend fake)")
         return backend
+    check_directory("--sysfs-root", Path(args.sysfs_root))
     from deviceplugin.rdma import Pyroute2Links, SysfsRdma
     from deviceplugin.sysfs import Sysfs
 
@@ -272,40 +294,93 @@ def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | No
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.log_format, args.log_level)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"tessera-device-plugin: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """What the file system or several flags together must allow, before anything starts."""
+    if args.lease_duration <= args.heartbeat_interval and not args.no_inventory:
+        raise ConfigError(
+            "--lease-duration",
+            f"{args.lease_duration} s is not longer than --heartbeat-interval "
+            f"({args.heartbeat_interval:g} s); the agent would look dead between renewals",
+        )
+    if args.topology and args.topology not in BUILTIN_TOPOLOGIES:
+        path = Path(args.topology)
+        check_readable_file("--topology", path)
+        if path.stat().st_size == 0:
+            raise ConfigError("--topology", f"{path} is empty")
+    if args.kubeconfig and not args.no_inventory and not args.print_inventory:
+        check_readable_file("--kubeconfig", Path(args.kubeconfig))
+
+
+def _check_sockets(args: argparse.Namespace) -> None:
+    """The socket directory is usable (created if missing) and the kubelet socket plausible;
+    only once discovery succeeded, so a bad topology does not leave a directory behind."""
+    longest = max((socket_name(r) for r in ALL_RESOURCES), key=len)
+    check_socket_dir("--device-plugin-dir", Path(args.device_plugin_dir), longest)
+    if args.kubelet_socket:
+        check_socket_path("--kubelet-socket", Path(args.kubelet_socket))
+
+
+def _open_backend(args: argparse.Namespace) -> GpuBackend:
+    try:
+        backend = open_backend(args.backend, args.topology, args.sysfs_root)
+    except TopologyError as exc:
+        raise ConfigError("--topology", str(exc)) from None
+    except BackendError as exc:
+        raise ConfigError(f"--backend {args.backend}", str(exc)) from None
+    if not isinstance(backend, FakeBackend):
+        check_directory("--sysfs-root", Path(args.sysfs_root))
+    return backend
+
+
+def _discovery_flag(args: argparse.Namespace, backend: GpuBackend) -> str:
+    return "--topology" if isinstance(backend, FakeBackend) else f"--backend {args.backend}"
+
+
+def _run(args: argparse.Namespace) -> int:
     from deviceplugin.agent import Agent, AgentConfig
     from deviceplugin.units import build_units
 
+    _check_flags(args)
     units = UnitConfig(
         memory_unit_mib=args.memory_unit_mib,
         nvidia_gpu=args.nvidia_gpu,
         rdma=not args.no_rdma_resource,
     )
+    backend = _open_backend(args)
     try:
-        backend = open_backend(args.backend, args.topology, args.sysfs_root)
         nics = _nic_source(args, backend)
-    except BackendError as exc:
-        log.error("%s", exc)
-        return 2
-    config = AgentConfig(
-        node_name=args.node_name,
-        units=units,
-        plugin_dir=Path(args.device_plugin_dir),
-        kubelet_socket=Path(args.kubelet_socket) if args.kubelet_socket else None,
-        xid_policy=XidPolicy(ignored=args.health_ignore_xids, enabled=not args.no_xid_health),
-        quiet_period_s=args.health_recovery_seconds,
-        query_interval_s=args.health_query_interval,
-        poll_interval_s=args.socket_poll_interval,
-        resync_interval_s=args.resync_interval,
-    )
-    agent = Agent(config, backend, nics)
-    try:
-        inventory = agent.discover()
-        for resource in units.resources(inventory):
-            validate_resource_name(resource)
-    except (LimitError, ValueError) as exc:
-        log.error("%s", exc)
+        config = AgentConfig(
+            node_name=args.node_name,
+            units=units,
+            plugin_dir=Path(args.device_plugin_dir),
+            kubelet_socket=Path(args.kubelet_socket) if args.kubelet_socket else None,
+            xid_policy=XidPolicy(ignored=args.health_ignore_xids, enabled=not args.no_xid_health),
+            quiet_period_s=args.health_recovery_seconds,
+            query_interval_s=args.health_query_interval,
+            poll_interval_s=args.socket_poll_interval,
+            resync_interval_s=args.resync_interval,
+        )
+        agent = Agent(config, backend, nics)
+        try:
+            inventory = agent.discover()
+            for resource in units.resources(inventory):
+                validate_resource_name(resource)
+        except LimitError as exc:
+            flag = "--memory-unit-mib" if "--memory-unit-mib" in str(exc) else None
+            raise ConfigError(flag or _discovery_flag(args, backend), str(exc)) from None
+        _check_inventory(args, backend, inventory, agent.errors)
+        if not args.print_inventory:
+            _check_sockets(args)
+    except ConfigError:
         backend.close()
-        return 2
+        raise
     if args.print_inventory:
         report = {
             "spec": cr_spec(inventory),
@@ -322,13 +397,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             api = KubernetesClientApi.connect(args.kubeconfig, args.kube_context)
         except Exception as exc:  # the kubernetes config loaders raise several types
-            log.error(
-                "cannot configure the Kubernetes client: %s (use --no-inventory "
-                "to run without a cluster)",
-                exc,
-            )
             backend.close()
-            return 2
+            flag = "--kubeconfig" if args.kubeconfig else "--kubeconfig (in-cluster)"
+            detail = " ".join(str(exc).split())[:300]
+            raise ConfigError(
+                flag,
+                f"cannot configure the Kubernetes client: {detail} (use --no-inventory to run "
+                "without a cluster)",
+            ) from None
         agent.publisher = InventoryPublisher(
             api,
             InventoryConfig(
@@ -338,7 +414,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 heartbeat_interval_s=args.heartbeat_interval,
             ),
         )
+    return _serve(agent)
 
+
+def _check_inventory(
+    args: argparse.Namespace,
+    backend: GpuBackend,
+    inventory: NodeInventory,
+    errors: Sequence[InventoryError],
+) -> None:
+    if not inventory.gpus:
+        note = f" ({len(errors)} broken entries skipped; first: {errors[0]})" if errors else ""
+        raise ConfigError(_discovery_flag(args, backend), f"no usable GPUs found{note}")
+    smallest = min(g.memory_mib for g in inventory.gpus)
+    if args.memory_unit_mib > smallest:
+        raise ConfigError(
+            "--memory-unit-mib",
+            f"{args.memory_unit_mib} MiB is more than the smallest GPU's memory ({smallest} "
+            "MiB): that GPU would have no tessera.dev/gpu-memory units",
+        )
+
+
+def _serve(agent: Agent) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -347,7 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    agent.start()
+    try:
+        agent.start()
+    except (OSError, RuntimeError) as exc:  # gRPC reports a failed bind as RuntimeError
+        agent.stop()
+        raise ConfigError("--device-plugin-dir", f"cannot serve: {exc}") from None
     log.info("serving %s", ", ".join(agent.units))
     while not stop.wait(1.0):
         pass

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
+from deviceplugin.backend import GpuDiscovery, TopologyError, XidEvent
 from tessera.errors import InventoryError
 from tessera.model import Gpu, NodeInventory, RdmaNic
 from tessera.topology_file import BUILTIN_TOPOLOGIES, load_document
@@ -118,7 +118,7 @@ class FakeBackend:
         try:
             inventory, errors = load_topology_lenient(name_or_path)
         except InventoryError as exc:
-            raise BackendError(str(exc)) from None
+            raise TopologyError(str(exc)) from None
         return cls(inventory, name_or_path, errors)
 
     # --- GpuBackend -------------------------------------------------------------------------
