@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import math
 import signal
+import ssl
 import sys
 import threading
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
+from scheduler_plugin import limits
 from tessera.keys import KeyFileError, load_keyring
 from tessera.logs import add_log_flags, setup_logging
 from tessera.policies import POLICIES
@@ -23,17 +28,72 @@ from tessera.resources import (
 log = logging.getLogger("scheduler_plugin")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every usage error is one line on stderr naming the flag, and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    if int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise argparse.ArgumentTypeError(
+                f"HOST must be an IP address or localhost, got {host!r}"
+            ) from None
+        host = "127.0.0.1"
+    return host, int(port)
+
+
+def _unreadable(text: str) -> str | None:
+    """Why the file cannot be read, or None."""
+    path = Path(text)
+    if not path.exists():
+        return f"{text} does not exist"
+    if not path.is_file():
+        return f"{text} is not a file"
+    try:
+        with path.open("rb") as f:
+            f.read(1)
+    except OSError as exc:
+        return f"cannot read {text}: {exc.strerror}"
+    return None
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _body_size(text: str) -> int:
+    if not text.isdigit() or not 1024 <= int(text) <= limits.MAX_BODY_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes from 1024 to {limits.MAX_BODY_LIMIT}, got {text!r}"
+        )
+    return int(text)
+
+
+def is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(host).is_loopback
 
 
 def build_parser() -> argparse.ArgumentParser:
     policies = sorted(POLICIES)
     default_policy = DEFAULT_POLICY
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="tessera-scheduler",
         description=(
             "The tessera kube-scheduler extender: decides which GPUs and RDMA NICs every "
@@ -42,13 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    g = p.add_argument_group("serving")
+    g = p.add_argument_group(
+        "serving and security",
+        "The extender port serves the verbs and /debug. kube-scheduler authenticates with a "
+        "client certificate (--tls-client-ca-file); without one the verbs are refused on "
+        "any non-loopback address unless --insecure-allow-unauthenticated. /debug needs a "
+        "client certificate or a Kubernetes bearer token allowed to get the path "
+        "(TokenReview + SubjectAccessReview). Probes and Prometheus use --health-listen.",
+    )
     g.add_argument(
         "--listen",
         type=_listen,
         default=("0.0.0.0", 8888),
         metavar="HOST:PORT",
-        help="address for the extender verbs, /healthz, /readyz, /metrics and /debug/",
+        help="address for the extender verbs and /debug/ (also /healthz, /readyz, /metrics)",
+    )
+    g.add_argument(
+        "--health-listen",
+        type=_listen,
+        default=("0.0.0.0", 8081),
+        metavar="HOST:PORT",
+        help="plain-HTTP address for /healthz, /readyz and /metrics only (kubelet probes, "
+        "Prometheus); port 0 picks a free port",
     )
     g.add_argument(
         "--tls-cert-file",
@@ -57,14 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
     g.add_argument(
         "--tls-client-ca-file",
-        help="require client certificates signed by this PEM CA (kube-scheduler's "
-        "tlsConfig.certFile/keyFile); without it any client may call",
+        help="PEM CA bundle: the extender verbs need a client certificate it signed "
+        "(kube-scheduler's tlsConfig certFile/keyFile); needs --tls-cert-file",
+    )
+    g.add_argument(
+        "--insecure-allow-unauthenticated",
+        action="store_true",
+        help="serve the verbs and /debug to anyone who reaches the port, without client "
+        "certificates or tokens (never in production: anyone could bind pods)",
     )
     g.add_argument(
         "--max-body-bytes",
-        type=int,
-        default=32 * 1024 * 1024,
-        help="largest request body accepted; larger ones get 413",
+        type=_body_size,
+        default=limits.MAX_BODY_BYTES,
+        help="largest request body, refused with 413 before it is read; the default holds "
+        "5,000 node names (nodeCacheCapable true); use "
+        f"{limits.NODE_OBJECTS_BODY_BYTES} with nodeCacheCapable false",
     )
     g = p.add_argument_group("cluster")
     g.add_argument(
@@ -75,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context", help="kubeconfig context (default: its current context)")
     g.add_argument(
         "--api-timeout",
-        type=float,
+        type=_positive,
         default=10.0,
         help="seconds one API request may take (keep below the extender httpTimeout)",
     )
@@ -86,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--heartbeat-grace",
-        type=float,
+        type=_positive,
         default=5.0,
         help="seconds past a heartbeat Lease's duration before its node takes no new pods",
     )
@@ -104,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--status-interval",
-        type=float,
+        type=_positive,
         default=2.0,
         help="seconds between batched writes of allocation summaries to NodeDevices status",
     )
@@ -157,19 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--leader-elect-lease-duration",
-        type=float,
+        type=_positive,
         default=15.0,
         help="seconds a standby waits after the last renewal before taking over",
     )
     g.add_argument(
         "--leader-elect-renew-deadline",
-        type=float,
+        type=_positive,
         default=10.0,
         help="seconds the leader keeps leading without a successful renewal",
     )
     g.add_argument(
         "--leader-elect-retry-period",
-        type=float,
+        type=_positive,
         default=2.0,
         help="seconds between election attempts and renewals",
     )
@@ -178,29 +261,63 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_format, args.log_level)
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ssl.SSLContext | None:
+    """Flag combinations and TLS material (parser.error on any problem); the TLS context."""
+    from scheduler_plugin.http import tls_context
+
+    for flag in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        value = getattr(args, flag)
+        problem = value is not None and _unreadable(value)
+        if problem:
+            parser.error(f"argument --{flag.replace('_', '-')}: {problem}")
     if bool(args.tls_cert_file) != bool(args.tls_key_file):
-        log.error("--tls-cert-file and --tls-key-file go together")
-        return 2
+        parser.error("--tls-cert-file and --tls-key-file go together")
+    if args.tls_client_ca_file and not args.tls_cert_file:
+        parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
+    if args.listen[1] != 0 and args.listen[1] == args.health_listen[1]:
+        parser.error("--listen and --health-listen need different ports")
+    if (
+        not args.tls_client_ca_file
+        and not args.insecure_allow_unauthenticated
+        and not is_loopback(args.listen[0])
+    ):
+        parser.error(
+            f"--listen {args.listen[0]} is not a loopback address: set --tls-client-ca-file "
+            "(with --tls-cert-file/--tls-key-file) so only kube-scheduler can bind pods, or "
+            "--insecure-allow-unauthenticated"
+        )
+    if not args.tls_cert_file:
+        return None
+    try:
+        tls_context(args.tls_cert_file, args.tls_key_file, None)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        parser.error(
+            f"--tls-cert-file/--tls-key-file: not a PEM certificate and its key "
+            f"({getattr(exc, 'reason', None) or exc})"
+        )
+    try:
+        return tls_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        parser.error(
+            f"--tls-client-ca-file: not a PEM CA certificate "
+            f"({getattr(exc, 'reason', None) or exc})"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    tls = check_args(parser, args)
+    setup_logging(args.log_format, args.log_level)
     try:
         keyring = load_keyring(args.integrity_key_file)
     except KeyFileError as exc:
         log.error("%s", exc)
         return 2
 
-    from scheduler_plugin.http import tls_context
     from scheduler_plugin.kube import KubeClient, load_connection
     from scheduler_plugin.service import Options, Service
 
-    tls = None
-    if args.tls_cert_file:
-        try:
-            tls = tls_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
-        except (OSError, ValueError) as exc:
-            log.error("cannot load the TLS files: %s", exc)
-            return 2
     try:
         conn, cfg = load_connection(args.kubeconfig, args.context)
     except Exception as exc:
@@ -226,11 +343,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_status=args.write_status,
         manage_nvidia_gpu=args.manage_nvidia_gpu,
         max_body=args.max_body_bytes,
+        health_host=args.health_listen[0],
+        health_port=args.health_listen[1],
+        open_debug=args.insecure_allow_unauthenticated,
     )
     try:
         service = Service(options, client, keyring, tls=tls).start()
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", options.host, options.port, exc)
+        log.error(
+            "cannot listen (--listen %s:%d, --health-listen %s:%d): %s",
+            options.host,
+            options.port,
+            options.health_host,
+            options.health_port,
+            exc,
+        )
         return 2
     done = threading.Event()
 

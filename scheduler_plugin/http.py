@@ -1,24 +1,31 @@
-"""The HTTP(S) server: extender verbs, health, metrics and the debug API.
+"""The HTTP(S) servers: extender verbs and the debug API; health and metrics.
 
-Stdlib `ThreadingHTTPServer` speaking HTTP/1.1 with keep-alive (kube-scheduler's Go client
-reuses connections). TLS is set up per connection in the connection's own thread, so a
-slow or failed handshake never blocks accepting others; with a client CA, clients must
-present a certificate it signed.
+uvicorn (httptools parser, uvloop event loop) in this process, each server on its own
+thread and event loop; bounds in scheduler_plugin.limits and scheduler_plugin.protocol.
+Why uvicorn, and the latency it was measured at: docs/scheduler.md, "HTTP server".
 
-Routes (the verbs are matched on the last path segment, so any urlPrefix works):
+Extender server (`--listen`), routes matched on the last path segment for the verbs, so any
+urlPrefix works:
 - POST .../filter, .../prioritize, .../bind, .../preempt: the extender (503 unless ready);
-- GET /healthz: the process is alive; GET /readyz: synced and leader (503 otherwise);
-- GET /metrics: Prometheus text format;
+  with a client CA only callers with a verified client certificate (kube-scheduler);
+- GET /healthz, /readyz, /metrics as on the health server;
 - GET /debug/nodes, /debug/nodes/<name>, /debug/pods, /debug/watch[?node=<name>]: JSON
-  views of every node's devices (total, free, used, which pod holds what), of pods whose
-  records do not count, and a stream of node summaries as they change (JSON lines).
+  views of the devices and pods (see docs/scheduler.md); a verified client certificate or
+  a bearer token that may `get` the path (TokenReview + SubjectAccessReview) is needed.
 
-Bodies over `max_body` bytes get 413 without being read; a body that is not JSON or not
-ExtenderArgs-shaped gets 400 with `{"Error": ...}`; the server keeps serving.
+Health server (`--health-listen`, plain HTTP for kubelet probes and Prometheus):
+GET /healthz (alive), /readyz (synced and leader, 503 otherwise), /metrics.
+
+Filter and prioritize run on the event loop (they are CPU-bound and short; a thread hop
+costs more than the HTTP work); bind, preempt and the debug views run on a bounded pool.
+Bodies are counted against a process-wide byte budget before they are read, refused with
+413 past --max-body-bytes (Content-Length or chunked), parsed with tessera.boundedjson;
+client input that is not ExtenderArgs-shaped gets 400 with a reason, never 5xx.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -26,261 +33,390 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote
 
+import uvicorn
+
+from scheduler_plugin import limits
 from scheduler_plugin.extender import BadArgsError
 from scheduler_plugin.metrics import CONTENT_TYPE
+from scheduler_plugin.protocol import BoundedProtocol
+from tessera.boundedjson import JsonLimitError, loads
 
 if TYPE_CHECKING:
+    from scheduler_plugin.auth import TokenAuthorizer
     from scheduler_plugin.service import Service
 
 log = logging.getLogger(__name__)
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
-DEFAULT_MAX_BODY = 32 * 1024 * 1024
-"""Large enough for 5,000 full Node objects (nodeCacheCapable: false)."""
+DEFAULT_MAX_BODY = limits.MAX_BODY_BYTES
+INLINE_VERBS = frozenset({"filter", "prioritize"})
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def tls_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ssl.SSLContext:
+    """TLS 1.2+ with this certificate; with a client CA, client certificates it signed are
+    verified when offered (the extender verbs then require one, /debug takes one)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     if client_ca_file:
         ctx.load_verify_locations(cafile=client_ca_file)
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+def requires_client_cert(tls: ssl.SSLContext | None) -> bool:
+    return tls is not None and tls.verify_mode != ssl.CERT_NONE
+
+
+class ByteBudget:
+    """Bytes of request bodies held at once; a body waits for room before it is read."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.free >= n)
+            self.free -= n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.free += n
+            self._cond.notify_all()
+
+
+class ReplyError(Exception):
+    """Answer at once with this status and JSON error (closing the connection if asked)."""
+
+    def __init__(self, status: int, error: str, *, close: bool = False) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.close = close
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def _send(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    *,
+    close: bool = False,
+) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class App:
+    """The ASGI application of one server (`extender` or `health` role)."""
 
     def __init__(
         self,
-        address: tuple[str, int],
         service: Service,
         *,
-        tls: ssl.SSLContext | None = None,
-        max_body: int = DEFAULT_MAX_BODY,
+        role: str,
+        max_body: int,
+        require_client_cert: bool,
+        authorizer: TokenAuthorizer | None,
+        open_debug: bool,
+        pool: ThreadPoolExecutor,
+        watch_pool: ThreadPoolExecutor,
     ) -> None:
         self.service = service
-        self.tls = tls
+        self.role = role
         self.max_body = max_body
-        self._streams: set[Any] = set()
-        self._streams_lock = threading.Lock()
-        super().__init__(address, Handler)
-
-    def get_request(self) -> tuple[socket.socket, Any]:
-        sock, addr = self.socket.accept()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.tls is not None:
-            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, addr
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+        self.require_client_cert = require_client_cert
+        self.authorizer = authorizer
+        self.open_debug = open_debug
+        self.pool = pool
+        self.watch_pool = watch_pool
+        self._budget: ByteBudget | None = None
 
     @property
-    def port(self) -> int:
-        return int(self.server_address[1])
+    def budget(self) -> ByteBudget:
+        # created on the server's event loop (asyncio primitives bind to their loop)
+        if self._budget is None:
+            self._budget = ByteBudget(self.max_body * limits.BODY_BUDGET_BODIES)
+        return self._budget
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, daemon=True, name="http")
-        thread.start()
-        return thread
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: Server
-    timeout = 120
-
-    def setup(self) -> None:
-        super().setup()
-        if isinstance(self.connection, ssl.SSLSocket):
-            self.connection.settimeout(10)
-            self.connection.do_handshake()
-            self.connection.settimeout(self.timeout)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-    # --- replies ----------------------------------------------------------------------
-
-    def _reply(self, code: int, body: bytes, content_type: str = "application/json") -> None:
-        # status line, headers and body leave in one write: split small writes can wait on
-        # the peer's delayed ACK (tens of milliseconds per request)
-        self.log_request(code)
-        phrase = self.responses.get(code, ("",))[0]
-        head = [
-            f"{self.protocol_version} {code} {phrase}",
-            f"Server: {self.version_string()}",
-            f"Date: {self.date_time_string()}",
-            f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
-        ]
-        if self.close_connection:
-            head.append("Connection: close")
-        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
-
-    def _json(self, code: int, obj: Any) -> None:
-        self._reply(code, json.dumps(obj, separators=(",", ":")).encode())
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        method = scope["method"]
+        path = scope["path"].rstrip("/") or "/"
+        try:
+            if method == "POST" and self.role == "extender":
+                await self._post(scope, receive, send, path)
+            elif method in ("GET", "HEAD"):
+                await self._get(scope, send, path)
+            else:
+                raise ReplyError(
+                    405 if path in ("/healthz", "/readyz") else 404, f"nothing at {path}"
+                )
+        except ReplyError as r:
+            await _send(send, r.status, _dumps({"Error": f"tessera: {r.error}"}), close=r.close)
 
     # --- POST: the extender ---------------------------------------------------------------
 
-    def do_POST(self) -> None:
-        path = urlsplit(self.path).path.rstrip("/")
+    async def _post(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         verb = path.rsplit("/", 1)[-1]
         if verb not in VERBS:
-            self._discard_body()
-            self._json(404, {"Error": f"no extender verb at {path}"})
-            return
-        service = self.server.service
+            raise ReplyError(404, f"no extender verb at {path}", close=True)
+        if self.require_client_cert and not _client_cert(scope):
+            raise ReplyError(403, "the extender verbs need a client certificate", close=True)
+        service = self.service
         started = time.perf_counter()
-        outcome = "error"
+        outcome = "bad_request"
         try:
-            body = self._read_body()
-            if body is None:
-                return
+            body = await self._body(scope, receive)
             if not service.answering():
-                self._json(503, {"Error": "tessera: this replica is not ready or not the leader"})
                 outcome = "not_ready"
-                return
+                raise ReplyError(503, "this replica is not ready or not the leader")
             try:
-                args = json.loads(body)
-            except (ValueError, UnicodeDecodeError) as exc:
-                self._json(400, {"Error": f"tessera: the body is not JSON: {exc}"})
-                outcome = "bad_request"
-                return
+                args = loads(
+                    body,
+                    what=f"{verb} request",
+                    max_bytes=self.max_body,
+                    max_depth=limits.MAX_JSON_DEPTH,
+                )
+            except JsonLimitError as exc:
+                raise ReplyError(400, f"bad {verb} request: {exc.reason}") from None
+            outcome = "error"
             try:
-                reply, outcome = service.call(verb, args)
+                if verb in INLINE_VERBS:
+                    reply, outcome = service.call(verb, args)
+                else:
+                    loop = asyncio.get_running_loop()
+                    reply, outcome = await loop.run_in_executor(self.pool, service.call, verb, args)
             except BadArgsError as exc:
-                self._json(400, {"Error": f"tessera: bad {verb} request: {exc}"})
                 outcome = "bad_request"
-                return
-            if isinstance(reply, bytes):
-                self._reply(200, reply)
-            else:
-                self._json(200, reply)
-        except Exception as exc:
-            log.exception("%s failed", verb)
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self._json(500, {"Error": f"tessera: internal error in {verb}: {exc}"})
+                raise ReplyError(400, f"bad {verb} request: {exc}") from None
+            except Exception as exc:
+                log.exception("%s failed", verb)
+                raise ReplyError(500, f"internal error in {verb}: {exc}", close=True) from None
+            await _send(send, 200, reply if isinstance(reply, bytes) else _dumps(reply))
         finally:
             if service.metrics is not None:
                 service.metrics.observe(verb, time.perf_counter() - started, outcome)
 
-    def _read_body(self) -> bytes | None:
-        length_text = self.headers.get("Content-Length")
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked" or length_text is None:
-            self.close_connection = True
-            self._json(411, {"Error": "tessera: a Content-Length is required"})
-            return None
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        """The whole body, counted against the budget before it is read."""
+        length_text = _header(scope, b"content-length")
+        chunked = (_header(scope, b"transfer-encoding") or b"").lower() == b"chunked"
+        if length_text is not None:
+            if not length_text.isdigit() or len(length_text) > 12:
+                raise ReplyError(400, "bad Content-Length", close=True)
+            expected = int(length_text)
+        elif chunked:
+            expected = self.max_body  # unknown: reserve the most it may be
+        else:
+            expected = 0
+        if expected > self.max_body:
+            raise ReplyError(413, f"body of {expected} bytes over {self.max_body}", close=True)
+        budget = self.budget
         try:
-            length = int(length_text)
-        except ValueError:
-            self.close_connection = True
-            self._json(400, {"Error": "tessera: bad Content-Length"})
-            return None
-        if length < 0 or length > self.server.max_body:
-            self.close_connection = True  # the body stays unread: drop the connection
-            self._json(
-                413, {"Error": f"tessera: body of {length} bytes over {self.server.max_body}"}
-            )
-            return None
-        data = self.rfile.read(length)
-        if len(data) != length:
-            self.close_connection = True
-            return None
-        return data
-
-    def _discard_body(self) -> None:
+            async with asyncio.timeout(limits.BODY_TIMEOUT):
+                await budget.acquire(expected)
+        except TimeoutError:
+            raise ReplyError(503, "too many request bodies in flight", close=True) from None
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = 0
-        if 0 < length <= self.server.max_body:
-            self.rfile.read(length)
-        elif length:
-            self.close_connection = True
+            parts: list[bytes] = []
+            size = 0
+            async with asyncio.timeout(limits.BODY_TIMEOUT):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise ReplyError(400, "the client went away", close=True)
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > expected:
+                        raise ReplyError(413, f"body over {self.max_body} bytes", close=True)
+                    parts.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(parts)
+        except TimeoutError:
+            raise ReplyError(408, "the body did not arrive in time", close=True) from None
+        finally:
+            await budget.release(expected)
 
-    # --- GET: health, metrics, debug ---------------------------------------------------------
+    # --- GET: health, metrics, debug -------------------------------------------------------
 
-    def do_GET(self) -> None:
-        split = urlsplit(self.path)
-        path = split.path.rstrip("/") or "/"
-        service = self.server.service
+    async def _get(self, scope: Scope, send: Send, path: str) -> None:
+        service = self.service
         if path == "/healthz":
-            self._reply(200, b"ok\n", "text/plain")
+            await _send(send, 200, b"ok\n", b"text/plain")
         elif path == "/readyz":
             ready, why = service.readiness()
-            self._reply(200 if ready else 503, (why + "\n").encode(), "text/plain")
+            await _send(send, 200 if ready else 503, (why + "\n").encode(), b"text/plain")
         elif path == "/metrics":
             if service.metrics is None:
-                self._reply(404, b"metrics disabled\n", "text/plain")
+                await _send(send, 404, b"metrics disabled\n", b"text/plain")
             else:
-                self._reply(200, service.metrics.render(), CONTENT_TYPE)
-        elif path == "/debug/nodes":
-            self._json(200, service.debug_nodes())
+                await _send(send, 200, service.metrics.render(), CONTENT_TYPE.encode())
+        elif self.role == "extender" and (path == "/debug" or path.startswith("/debug/")):
+            await self._authorize_debug(scope, path)
+            await self._debug(scope, send, path)
+        else:
+            raise ReplyError(404, f"nothing at {path}")
+
+    async def _authorize_debug(self, scope: Scope, path: str) -> None:
+        if self.open_debug or _client_cert(scope):
+            return
+        auth = (_header(scope, b"authorization") or b"").decode("latin-1")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip() or self.authorizer is None:
+            raise ReplyError(401, "/debug needs a client certificate or a bearer token")
+        loop = asyncio.get_running_loop()
+        decision = await loop.run_in_executor(self.pool, self.authorizer.check, token.strip(), path)
+        if not decision.allowed:
+            raise ReplyError(403, decision.reason)
+
+    async def _debug(self, scope: Scope, send: Send, path: str) -> None:
+        service = self.service
+        loop = asyncio.get_running_loop()
+        if path == "/debug/nodes":
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_nodes()))
         elif path.startswith("/debug/nodes/"):
             summary = service.cache.node_summary(unquote(path[len("/debug/nodes/") :]))
             if summary is None:
-                self._json(404, {"error": "no such node"})
-            else:
-                self._json(200, summary)
+                raise ReplyError(404, "no such node")
+            data = _dumps(summary)
         elif path == "/debug/pods":
-            self._json(200, service.debug_pods())
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_pods()))
         elif path == "/debug/watch":
-            query = {k: v[-1] for k, v in parse_qs(split.query).items()}
-            self._stream(service, query.get("node"))
+            query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+            await self._stream(send, query.get("node"))
+            return
         else:
-            self._json(404, {"error": f"nothing at {path}"})
+            raise ReplyError(404, f"nothing at {path}")
+        await _send(send, 200, data)
 
-    def _stream(self, service: Service, only: str | None) -> None:
+    async def _stream(self, send: Send, only: str | None) -> None:
         """Chunked JSON lines: a SYNC line with the node names, then one MODIFIED line with
         the node's summary whenever a node changes, PING lines when idle."""
+        service = self.service
+        if service.watchers_full():
+            raise ReplyError(503, "too many /debug/watch streams")
         changes = service.watch_changes()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-        self.close_connection = True
+        loop = asyncio.get_running_loop()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
 
-        def send(obj: Any) -> None:
-            data = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
+        async def line(obj: Any) -> None:
+            await send(
+                {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
+            )
 
         try:
             names = [only] if only else service.cache.node_names()
-            send({"type": "SYNC", "nodes": names})
+            await line({"type": "SYNC", "nodes": names})
             while not service.stopping.is_set():
-                dirty = changes.take(timeout=5.0)
+                dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
                 if not dirty:
-                    send({"type": "PING"})
+                    await line({"type": "PING"})
                     continue
                 for node in sorted(dirty):
                     if only and node != only:
                         continue
                     summary = service.cache.node_summary(node)
                     if summary is None:
-                        send({"type": "DELETED", "node": {"node": node}})
+                        await line({"type": "DELETED", "node": {"node": node}})
                     else:
-                        send({"type": "MODIFIED", "node": summary})
-            self.wfile.write(b"0\r\n\r\n")
-        except OSError:
-            pass
+                        await line({"type": "MODIFIED", "node": summary})
+            await send({"type": "http.response.body", "body": b""})
         finally:
             changes.close()
+
+
+def _client_cert(scope: Scope) -> bool:
+    tls = (scope.get("extensions") or {}).get("tls") or {}
+    return bool(tls.get("client_cert_name"))
+
+
+class Server:
+    """One uvicorn server on its own thread and event loop. The socket is bound in the
+    constructor, so a busy or forbidden address fails there (OSError)."""
+
+    def __init__(self, address: tuple[str, int], app: App, *, tls: ssl.SSLContext | None) -> None:
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind(address)
+        except OSError:
+            self.sock.close()
+            raise
+        self.app = app
+        self.tls = tls
+        config = uvicorn.Config(
+            app,
+            http=BoundedProtocol,
+            loop="uvloop",
+            ws="none",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            date_header=False,
+            timeout_keep_alive=int(limits.KEEPALIVE_TIMEOUT),
+            timeout_graceful_shutdown=1,
+            backlog=128,
+            ssl_context_factory=(lambda _cfg, _default: tls) if tls is not None else None,
+        )
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [self.sock]},
+            daemon=True,
+            name=f"http-{self.app.role}",
+        )
+        thread.start()
+        self._thread = thread
+        deadline = time.monotonic() + 10
+        while not self._server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not self._server.started:
+            raise OSError(f"the {self.app.role} server did not start")
+        return thread
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 class ChangeFeed:

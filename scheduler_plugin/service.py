@@ -1,6 +1,6 @@
 """The running extender: the pieces wired together, with their life cycle.
 
-start(): the informers list and watch; the HTTP server serves at once (health and metrics
+start(): the informers list and watch; the HTTP servers serve at once (health and metrics
 answer), but extender calls get 503 until every informer has synced and, with leader
 election, this replica leads. A ticker re-checks heartbeats every second and reads back
 assumed binds that the watch has not confirmed. stop(): the server, the informers and the
@@ -16,15 +16,18 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler_plugin import limits
+from scheduler_plugin.auth import TokenAuthorizer
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
 from scheduler_plugin.cluster import Informer, Reconciler, informers
 from scheduler_plugin.events import UNTRUSTED_RECORD, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.http import DEFAULT_MAX_BODY, ChangeFeed, Server
+from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.kube import KubeClient
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.metrics import Metrics
@@ -54,8 +57,13 @@ class Options:
     status_interval: float = 2.0
     write_status: bool = True
     manage_nvidia_gpu: bool = False
-    max_body: int = DEFAULT_MAX_BODY
+    max_body: int = limits.MAX_BODY_BYTES
     assume_ttl: float = 30.0
+    health_host: str = "0.0.0.0"
+    health_port: int | None = None
+    """Plain-HTTP port for /healthz, /readyz and /metrics (None: no health server)."""
+    open_debug: bool = False
+    """Serve /debug without a client certificate or bearer token (tests, local use)."""
 
 
 def default_identity() -> str:
@@ -121,10 +129,34 @@ class Service:
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
-        self.server = Server((options.host, options.port), self, tls=tls, max_body=options.max_body)
+        self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
+        self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
+        self.authorizer = TokenAuthorizer(client)
+        self.server = Server((options.host, options.port), self._app("extender", tls), tls=tls)
+        self.health_server: Server | None = None
+        if options.health_port is not None:
+            try:
+                self.health_server = Server(
+                    (options.health_host, options.health_port), self._app("health", None), tls=None
+                )
+            except OSError:
+                self.server.sock.close()
+                raise
         self.stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._settled = False
+
+    def _app(self, role: str, tls: ssl.SSLContext | None) -> App:
+        return App(
+            self,
+            role=role,
+            max_body=self.options.max_body,
+            require_client_cert=requires_client_cert(tls),
+            authorizer=self.authorizer,
+            open_debug=self.options.open_debug,
+            pool=self.pool,
+            watch_pool=self.watch_pool,
+        )
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -134,15 +166,21 @@ class Service:
         if self.leader is not None:
             self.leader.start()
         self.server.start()
+        if self.health_server is not None:
+            self.health_server.start()
         self._ticker = threading.Thread(target=self._tick, daemon=True, name="ticker")
         self._ticker.start()
         if self.options.write_status:
             self.status_writer.start()
         self.events.start()
         log.info(
-            "tessera-scheduler serving on %s:%d (policy %s)",
+            "tessera-scheduler serving on %s:%d%s, health on %s (policy %s)",
             self.options.host,
             self.server.port,
+            " (HTTPS)" if self.server.tls is not None else "",
+            f"{self.options.health_host}:{self.health_server.port}"
+            if self.health_server is not None
+            else "no port",
             self.options.policy,
         )
         return self
@@ -150,6 +188,10 @@ class Service:
     def stop(self, release: bool = True) -> None:
         self.stopping.set()
         self.server.stop()
+        if self.health_server is not None:
+            self.health_server.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.watch_pool.shutdown(wait=False, cancel_futures=True)
         for informer in self.informers:
             informer.stop()
         self.status_writer.stop()
@@ -279,6 +321,10 @@ class Service:
             feeds = list(self._feeds)
         for feed in feeds:
             feed.add(node)
+
+    def watchers_full(self) -> bool:
+        with self._feeds_lock:
+            return len(self._feeds) >= limits.MAX_WATCHERS
 
     def watch_changes(self) -> ChangeFeed:
         feed = ChangeFeed(self._drop_feed)

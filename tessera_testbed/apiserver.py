@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import json
 import re
 import socket
@@ -223,6 +224,33 @@ class FakeApiServer:
         self._thread: threading.Thread | None = None
         self.bookmark_interval: float | None = None
         self.list_calls = 0
+        self.tokens: dict[str, Obj] = {}
+        """Bearer token -> TokenReview status.user (username, uid, groups) it belongs to."""
+        self.grants: set[tuple[str, str, str]] = set()
+        """(user or "group:<name>", verb, non-resource path glob) a SubjectAccessReview
+        allows; nothing else is allowed."""
+
+    # --- delegated authentication ------------------------------------------------------------
+
+    def token_review(self, body: Any) -> Obj:
+        token = ((body or {}).get("spec") or {}).get("token")
+        user = self.tokens.get(token) if isinstance(token, str) else None
+        status: Obj = {"authenticated": user is not None}
+        if user is not None:
+            status["user"] = copy.deepcopy(user)
+        return {**(body or {}), "status": status}
+
+    def access_review(self, body: Any) -> Obj:
+        spec = (body or {}).get("spec") or {}
+        attrs = spec.get("nonResourceAttributes") or {}
+        subjects = {spec.get("user")} | {f"group:{g}" for g in spec.get("groups") or ()}
+        allowed = any(
+            who in subjects
+            and verb == attrs.get("verb")
+            and fnmatch.fnmatchcase(str(attrs.get("path")), glob)
+            for who, verb, glob in self.grants
+        )
+        return {**(body or {}), "status": {"allowed": allowed}}
 
     # --- life cycle -----------------------------------------------------------------------
 
@@ -721,6 +749,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiProblemError(fault.status, "InternalError", "injected fault")
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
             target = parse_path(split.path)
+            if method == "POST" and target.resource in ("tokenreviews", "subjectaccessreviews"):
+                review = fake.token_review if target.resource == "tokenreviews" else None
+                self._send(201, (review or fake.access_review)(body))
+                return
             if target.resource == "bindings" and method == "POST":
                 # the namespace-level form the python client's create_namespaced_binding uses
                 name = ((body or {}).get("metadata") or {}).get("name") or ""

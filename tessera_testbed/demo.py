@@ -433,7 +433,7 @@ def _start_nodes(
 def _start_scheduler(
     stack: ExitStack, api: FakeApiServer, keyring: Keyring, policy: str, nodes: Sequence[str]
 ) -> Service:
-    options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False)
+    options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False, open_debug=True)
     service = Service(options, KubeClient(Connection(host=api.url)), keyring).start()
     stack.callback(service.stop)
     if not service.wait_ready(20):

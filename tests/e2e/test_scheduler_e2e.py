@@ -148,6 +148,7 @@ class Cluster:
                 "scheduler_plugin.cli",
                 f"--kubeconfig={kubeconfig}",
                 f"--listen=127.0.0.1:{self.extender_port}",
+                "--health-listen=127.0.0.1:0",
                 "--no-leader-elect",
                 f"--integrity-key-file={key}",
                 "--log-level=debug",

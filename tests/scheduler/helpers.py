@@ -134,6 +134,8 @@ def options(**kw: Any) -> Options:
         "policy": "binpack",
         "leader_elect": False,
         "status_interval": 0.2,
+        "health_port": 0,
+        "open_debug": True,
     }
     base.update(kw)
     return Options(**base)

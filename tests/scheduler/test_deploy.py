@@ -53,12 +53,64 @@ def test_deployment_args_parse_and_mount_the_integrity_key():
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
+def _tls_secrets() -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs("tls-secrets.example.yaml")}
+
+
+def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port():
+    (deployment,) = docs("deployment.yaml")
+    pod_spec = deployment["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert not args.insecure_allow_unauthenticated
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["https"] == args.listen[1] and ports["health"] == args.health_listen[1]
+    assert ports["https"] != ports["health"]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"], get["scheme"]) == (path, "health", "HTTP")
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(ports["health"])
+    assert annotations["prometheus.io/scheme"] == "http"
+    # the TLS flags name files of the mounted serving Secret
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    secrets = _tls_secrets()
+    for flag in (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file):
+        folder, key = flag.rsplit("/", 1)
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == folder]
+        secret_name = volumes[mount["name"]]["secret"]["secretName"]
+        assert key in secrets[secret_name]["stringData"], flag
+        assert secrets[secret_name]["metadata"]["namespace"] == rn.DEFAULT_HEARTBEAT_NAMESPACE
+    # the Service exposes the extender port kube-scheduler calls, and nothing else
+    (service,) = docs("service.yaml")
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "https"
+    (config,) = docs("kube-scheduler-config.yaml")
+    (ext,) = config["extenders"]
+    assert (
+        ext["urlPrefix"]
+        == f"https://{service['metadata']['name']}.{rn.DEFAULT_HEARTBEAT_NAMESPACE}.svc:{port['port']}"
+    )
+
+
+def test_kube_scheduler_tls_config_names_the_client_secret_files():
+    (config,) = docs("kube-scheduler-config.yaml")
+    (ext,) = config["extenders"]
+    tls = ext["tlsConfig"]
+    assert set(tls) == {"certFile", "keyFile", "caFile"}  # never insecure
+    client = _tls_secrets()["tessera-kube-scheduler-client"]["stringData"]
+    assert {tls[k].rsplit("/", 1)[1] for k in tls} == set(client)
+    assert len({tls[k].rsplit("/", 1)[0] for k in tls}) == 1
+
+
 def _rules() -> list[tuple[str, str, str, frozenset[str], frozenset[str]]]:
     """(scope namespace or '*', group, resource, verbs, resourceNames)."""
     result = []
     for doc in docs("rbac.yaml"):
         if doc["kind"] not in ("ClusterRole", "Role"):
             continue
+        if doc["metadata"]["name"] != "tessera-scheduler":
+            continue  # roles for people (tessera-debug-reader), not the scheduler's
         scope = doc["metadata"].get("namespace", "*") if doc["kind"] == "Role" else "*"
         for rule in doc["rules"]:
             for group in rule["apiGroups"]:
@@ -81,6 +133,12 @@ def _verb(method: str, name: str | None, watch: bool) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
 
 
+def test_debug_reader_role_grants_the_debug_paths():
+    (reader,) = [d for d in docs("rbac.yaml") if d["metadata"]["name"] == "tessera-debug-reader"]
+    (rule,) = reader["rules"]
+    assert set(rule["nonResourceURLs"]) == {"/debug", "/debug/*"} and rule["verbs"] == ["get"]
+
+
 def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
     with FakeApiServer() as fake:
         populate(fake, ["n"], gpus=1)
@@ -95,6 +153,9 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
         ) as service:
             h = Http(service.server.port)
             assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
+            fake.tokens["t"] = {"username": "ops"}
+            fake.grants.add(("ops", "get", "/debug/*"))
+            service.authorizer.check("t", "/debug/pods")  # a /debug caller's bearer token
             created = fake.create("pods", pod("b", share(10, 10)))
             meta = created["metadata"]
             h.post(

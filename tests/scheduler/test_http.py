@@ -42,7 +42,7 @@ def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
     with running(fake, max_body=64 * 1024) as service:
         h = Http(service.server.port)
         status, data = h.post_raw("/filter", b"{not json")
-        assert status == 400 and "not JSON" in json.loads(data)["Error"]
+        assert status == 400 and "not valid JSON" in json.loads(data)["Error"]
         for body, needle in (
             ([], "JSON object"),
             ({"Pod": "x"}, "Pod is missing"),
@@ -60,17 +60,17 @@ def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
         assert status == 200 and reply["NodeNames"] == ["n"]
 
 
-def test_oversized_and_unsized_bodies_are_refused_without_reading_them(fake):
+def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake):
     with running(fake, max_body=1024) as service:
         h = Http(service.server.port)
         status, data = h.post_raw("/filter", b"x" * 4096)
         assert status == 413 and "over 1024" in json.loads(data)["Error"]
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
-        conn.putrequest("POST", "/filter")
-        conn.putheader("Transfer-Encoding", "chunked")
-        conn.endheaders()
-        conn.send(b"0\r\n\r\n")
-        assert conn.getresponse().status == 411
+        conn.request("POST", "/filter", body=iter([b"x" * 600, b"x" * 600]))  # chunked
+        assert conn.getresponse().status == 413
+        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
+        conn.request("POST", "/filter", body=iter([json.dumps(good_filter()).encode()]))
+        assert conn.getresponse().status == 200
         h = Http(service.server.port)
         assert h.post("/filter", good_filter())[0] == 200
 
@@ -180,7 +180,7 @@ def pki(tmp_path_factory):
 
 def test_https_with_required_client_certificates(fake, pki):
     tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
-    service = Service(options(), client_for(fake), KEYRING, tls=tls).start()
+    service = Service(options(open_debug=False), client_for(fake), KEYRING, tls=tls).start()
     try:
         assert service.wait_ready()
         port = service.server.port
@@ -194,11 +194,21 @@ def test_https_with_required_client_certificates(fake, pki):
         conn.request("GET", "/healthz")
         assert conn.getresponse().read() == b"ok\n"
 
+        # without a certificate: health answers, the verbs and /debug do not
         anonymous = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
-            c = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
-            c.request("GET", "/healthz")
-            c.getresponse().read()
+        c = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+        c.request("GET", "/healthz")
+        assert c.getresponse().read() == b"ok\n"
+        c.request("GET", "/debug/nodes")
+        resp = c.getresponse()
+        assert resp.status == 401 and resp.read()
+        c.request("POST", "/filter", body=json.dumps(good_filter()))
+        resp = c.getresponse()
+        assert resp.status == 403 and "client certificate" in json.loads(resp.read())["Error"]
+        # with a certificate: /debug answers
+        conn.request("GET", "/debug/nodes")
+        resp = conn.getresponse()
+        assert resp.status == 200 and json.loads(resp.read())["nodes"]
         # plain HTTP to the TLS port fails too, and the server keeps serving
         with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
             plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)

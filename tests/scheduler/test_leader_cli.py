@@ -124,11 +124,11 @@ def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
             cwd=ROOT,
         )
 
-    missing = run("--integrity-key-file", str(tmp_path / "nope"))
+    missing = run("--listen=127.0.0.1:0", "--integrity-key-file", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     key = tmp_path / "key"
     key.write_text("x" * 32)
-    half = run("--integrity-key-file", str(key), "--tls-cert-file", "c.pem")
+    half = run("--integrity-key-file", str(key), "--tls-cert-file", str(key))
     assert half.returncode == 2 and "go together" in half.stderr
     usage = run("--listen", "nope")
     assert usage.returncode == 2 and "HOST:PORT" in usage.stderr

@@ -302,6 +302,8 @@ def _start(kubeconfig: str, keyfile: Path, port: int) -> subprocess.Popen:
         kubeconfig,
         "--listen",
         f"127.0.0.1:{port}",
+        "--health-listen=127.0.0.1:0",
+        "--insecure-allow-unauthenticated",  # /debug/pods below, without a token
         "--no-leader-elect",
         "--integrity-key-file",
         str(keyfile),

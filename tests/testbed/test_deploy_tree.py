@@ -8,7 +8,11 @@ import yaml
 import tessera
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-NOT_APPLIED = {"scheduler/integrity-secret.example.yaml", "scheduler/kube-scheduler-config.yaml"}
+NOT_APPLIED = {
+    "scheduler/integrity-secret.example.yaml",
+    "scheduler/tls-secrets.example.yaml",
+    "scheduler/kube-scheduler-config.yaml",
+}
 
 
 def test_kustomization_lists_every_manifest():

@@ -1,0 +1,135 @@
+"""uvicorn's httptools protocol with the bounds uvicorn leaves to its users.
+
+uvicorn bounds idle keep-alive time and (with flow control) how much of a body it buffers
+ahead of the application. This subclass adds, per connection:
+
+- a cap on open connections per server (`MAX_CONNECTIONS`): past it, new ones are closed;
+- a deadline from a request's first byte (or the connection's start) to the end of its
+  headers (`HEADER_TIMEOUT`), so slowloris clients are dropped;
+- a cap on request line plus header bytes (`MAX_HEADER_BYTES`): the parser error makes
+  uvicorn answer 400 and close;
+- TCP_NODELAY, and each reply's status line and headers sent in the same write as its
+  body: a split reply can wait on the client's delayed ACK;
+- the verified client certificate's subject in the ASGI scope (`extensions.tls`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from scheduler_plugin import limits
+
+
+class HeadTooLargeError(Exception):
+    """Raised from a parser callback: httptools turns it into a parser error (400)."""
+
+
+class OneWrite:
+    """A transport that holds a response head until the first body write, then sends both
+    at once. Everything else goes straight to the real transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._head = b""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        data = bytes(data)
+        if not self._head and data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 1"):
+            self._head = data
+            return
+        if self._head:
+            data, self._head = self._head + data, b""
+        self._transport.write(data)
+
+    def close(self) -> None:
+        if self._head:
+            self._transport.write(self._head)
+            self._head = b""
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def client_cert_name(transport: asyncio.BaseTransport) -> str | None:
+    """The subject of the client certificate the TLS handshake verified, if any."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    parts = [f"{k}={v}" for rdn in cert.get("subject", ()) for k, v in rdn]
+    return ",".join(parts) or "(no subject)"
+
+
+class BoundedProtocol(HttpToolsProtocol):
+    max_connections: int = limits.MAX_CONNECTIONS
+    header_timeout: float = limits.HEADER_TIMEOUT
+    max_header_bytes: int = limits.MAX_HEADER_BYTES
+
+    _deadline: asyncio.TimerHandle | None = None
+    _head_bytes: int = 0
+    _cert_name: str | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            transport.abort()
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._cert_name = client_cert_name(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _too_slow(self) -> None:
+        self._deadline = None
+        self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._deadline is None:
+            self._arm()
+        tls = {"client_cert_name": self._cert_name}
+        self.scope["extensions"] = {"tls": tls}  # type: ignore[dict-item]
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count(self, n: int) -> None:
+        self._head_bytes += n
+        if self._head_bytes > self.max_header_bytes:
+            raise HeadTooLargeError
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and not isinstance(cycle.transport, OneWrite):
+            cycle.transport = OneWrite(cycle.transport)  # type: ignore[assignment]
