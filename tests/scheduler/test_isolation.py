@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fuzz import surface_reconciler
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
 from scheduler_plugin.extender import Extender
@@ -168,3 +169,9 @@ def test_copied_and_conflicting_records_fence_and_unfence_when_fixed():
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=40)))
     assert isinstance(judge(running_pod("b", "n", signed("b", "n", core=40)), KEYRING), Holds)
     assert not cache.fences and "n" not in cache.problems
+
+
+def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation():
+    tally = surface_reconciler.run(300, seed=5)
+    assert tally.inputs == 300
+    assert (tally.crashes, tally.forgeries) == (0, 0), tally.examples

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
 from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from fuzz.surface_reconciler import MemoryApi
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import InventoryHandler, NodeHandler, Reconciler
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.kube import ApiError
 from tessera import resources as rn
 from tessera.record import decode
 from tests.scheduler.helpers import KEYRING, nodedevices, pod, share
@@ -35,41 +34,6 @@ from tests.scheduler.test_isolation import POISONS
 NODES = ["n0", "n1"]
 GPUS = 2
 MEM = 81920
-
-
-class MemoryApi:
-    """The three pod calls the Binder makes, on a dict of pod objects."""
-
-    def __init__(self) -> None:
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.fail_binding = False
-
-    @staticmethod
-    def _name(path: str) -> str:
-        return path.split("/pods/", 1)[1].split("/", 1)[0]
-
-    def get(self, path: str) -> dict[str, Any]:
-        obj = self.pods.get(self._name(path))
-        if obj is None:
-            raise ApiError(404, "not found")
-        return copy.deepcopy(obj)
-
-    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        obj = self.pods[self._name(path)]
-        annotations = obj["metadata"]["annotations"]
-        for key, value in patch["metadata"]["annotations"].items():
-            if value is None:
-                annotations.pop(key, None)
-            else:
-                annotations[key] = value
-        return copy.deepcopy(obj)
-
-    def create(self, path: str, binding: Mapping[str, Any]) -> dict[str, Any]:
-        if self.fail_binding:
-            raise ApiError(409, "conflict")
-        obj = self.pods[self._name(path)]
-        obj["spec"]["nodeName"] = binding["target"]["name"]
-        return {}
 
 
 def bad_inventory(node: str, overflow: bool) -> dict[str, Any]:
