@@ -17,6 +17,7 @@ Failure handling, so that nothing stays allocated when a bind fails:
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,6 +40,19 @@ class BindRefusedError(Exception):
     """The bind cannot be done; the message goes back to kube-scheduler as `Error`."""
 
 
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+"""Pod, namespace and node names as the API server admits them (at most 253 characters);
+anything else cannot name a real object and must not reach a URL."""
+_UID = re.compile(r"[!-~]{1,128}")
+"""A UID: printable ASCII (the API server's are 36-character UUIDs)."""
+_PATTERNS = {
+    "PodName": _DNS_SUBDOMAIN,
+    "PodNamespace": _DNS_SUBDOMAIN,
+    "PodUID": _UID,
+    "Node": _DNS_SUBDOMAIN,
+}
+
+
 @dataclass(frozen=True)
 class BindArgs:
     name: str
@@ -55,6 +69,8 @@ class BindArgs:
             value = get_field(args, key)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{key} is missing or not a non-empty string")
+            if not _PATTERNS[key].fullmatch(value):
+                raise ValueError(f"{key} {value[:64]!r} is not a valid name")
             values[key] = value
         return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
 

@@ -84,6 +84,8 @@ def _nodes_of(args: Mapping[str, Any]) -> _Nodes:
     nodes = get_field(args, "Nodes")
     if nodes is None:
         return _Nodes([], None)
+    if not isinstance(nodes, Mapping):
+        raise BadArgsError("Nodes must be a NodeList object")
     items = get_field(nodes, "items")
     if items is None:
         items = []
@@ -91,7 +93,7 @@ def _nodes_of(args: Mapping[str, Any]) -> _Nodes:
         raise BadArgsError("Nodes.items must be a list")
     result = []
     for item in items:
-        name = (get_field(item, "metadata") or {}).get("name") if isinstance(item, dict) else None
+        name = get_field(get_field(item, "metadata"), "name")
         if not isinstance(name, str):
             raise BadArgsError("every node in Nodes.items needs metadata.name")
         result.append(name)
@@ -363,6 +365,8 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
     if not isinstance(source, Mapping):
         raise BadArgsError("NodeNameToMetaVictims / NodeNameToVictims must be objects")
     for node, victims in source.items():
+        if not isinstance(victims, Mapping):
+            raise BadArgsError(f"victims of {node} must be an object")
         pods = get_field(victims, "Pods") or []
         if not isinstance(pods, list):
             raise BadArgsError(f"victims of {node}: Pods must be a list")
@@ -371,9 +375,7 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
             uid = (
                 get_field(p, "UID")
                 if meta is not None
-                else (
-                    (get_field(p, "metadata") or {}).get("uid") if isinstance(p, Mapping) else None
-                )
+                else get_field(get_field(p, "metadata"), "uid")
             )
             if not isinstance(uid, str) or not uid:
                 raise BadArgsError(f"victims of {node}: every pod needs a UID")

@@ -1,0 +1,110 @@
+"""tessera-scheduler's command line: every bad flag, port, address or file is one line on
+stderr naming the flag and what is wrong, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler_plugin.cli import build_parser, main
+from tests.scheduler.helpers import ROOT
+
+
+@pytest.fixture
+def files(tmp_path: Path, pki: Path) -> dict[str, str]:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    unreadable = tmp_path / "folder"
+    unreadable.mkdir()
+    return {
+        "crt": str(pki / "server.crt"),
+        "key": str(pki / "server.key"),
+        "ca": str(pki / "ca.crt"),
+        "other_key": str(pki / "client.key"),
+        "garbage": str(garbage),
+        "folder": str(unreadable),
+        "missing": str(tmp_path / "missing.pem"),
+    }
+
+
+CASES = [
+    (["--listen", "0.0.0.0:99999"], "--listen", "not in 0..65535"),
+    (["--listen", "nope"], "--listen", "HOST:PORT"),
+    (["--listen", "example.com:8443"], "--listen", "IP address"),
+    (["--health-listen", "1.2.3.4:-1"], "--health-listen", "HOST:PORT"),
+    (
+        ["--listen", "127.0.0.1:8081", "--health-listen", "127.0.0.1:8081"],
+        "--health-listen",
+        "ports",
+    ),
+    (["--listen", "0.0.0.0:8443"], "--listen 0.0.0.0", "--insecure-allow-unauthenticated"),
+    (
+        ["--listen", "10.0.0.1:8443", "--tls-cert-file={crt}", "--tls-key-file={key}"],
+        "--tls-client-ca-file",
+        "loopback",
+    ),
+    (["--tls-cert-file={missing}", "--tls-key-file={key}"], "--tls-cert-file", "does not exist"),
+    (["--tls-cert-file={crt}", "--tls-key-file={folder}"], "--tls-key-file", "not a file"),
+    (["--tls-cert-file={crt}"], "--tls-key-file", "go together"),
+    (["--tls-client-ca-file={ca}"], "--tls-client-ca-file", "needs --tls-cert-file"),
+    (["--tls-cert-file={garbage}", "--tls-key-file={key}"], "--tls-cert-file", "not a PEM"),
+    (["--tls-cert-file={crt}", "--tls-key-file={other_key}"], "--tls-key-file", "not a PEM"),
+    (
+        ["--tls-cert-file={crt}", "--tls-key-file={key}", "--tls-client-ca-file={garbage}"],
+        "--tls-client-ca-file",
+        "not a PEM CA",
+    ),
+    (["--api-timeout", "-1"], "--api-timeout", "positive"),
+    (["--heartbeat-grace", "nan"], "--heartbeat-grace", "positive"),
+    (["--leader-elect-lease-duration", "inf"], "--leader-elect-lease-duration", "positive"),
+    (["--max-body-bytes", "12"], "--max-body-bytes", "1024"),
+    (["--policy", "nope"], "--policy", "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag", "why"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_flags_are_one_line_naming_the_flag(files, capsys, argv, flag, why):
+    argv = [a.format(**files) for a in argv]
+    if not any(a.startswith("--listen") for a in argv) and "--tls-client-ca-file" not in flag:
+        argv = ["--listen=127.0.0.1:8888", *argv]
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert flag in lines[0] and why in lines[0], lines[0]
+
+
+def test_the_binary_refuses_to_serve_open_on_a_public_address_without_a_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler_plugin.cli", "--listen=0.0.0.0:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "--insecure-allow-unauthenticated" in proc.stderr
+
+
+def test_help_explains_the_security_flags():
+    text = build_parser().format_help()
+    for flag in (
+        "--tls-client-ca-file",
+        "--insecure-allow-unauthenticated",
+        "--health-listen",
+        "--max-body-bytes",
+    ):
+        assert flag in text
+    assert "bearer token" in text and "client certificate" in text
+
+
+def test_open_and_loopback_flags_parse(files):
+    parser = build_parser()
+    args = parser.parse_args(["--listen=[::1]:8443", "--health-listen=:0"])
+    assert args.listen == ("::1", 8443) and args.health_listen == ("0.0.0.0", 0)
