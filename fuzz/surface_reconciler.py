@@ -252,9 +252,14 @@ class Target:
             record = raw.decode("utf-8", "replace")
         elif roll < 0.6:
             record = rng.choice(crafted_records(rng, list(self.original.values())))
+        elif roll < 0.7:
+            record = ""  # removed
         else:
             record = self.original[uid]  # restored
-        obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION] = record
+        annotations = obj["metadata"]["annotations"]
+        annotations[rn.ALLOCATION_ANNOTATION] = record
+        if not record:
+            del annotations[rn.ALLOCATION_ANNOTATION]
         kind = rng.choice(["ADDED", "MODIFIED"])
         self.guard(
             f"pod event {record[:60]!r}", lambda: self.reconciler.event(kind, copy.deepcopy(obj))

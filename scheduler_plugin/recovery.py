@@ -9,11 +9,13 @@ A pod holds the devices its allocation record names exactly when
 - the record decodes and its integrity proof verifies for this pod's UID and node.
 
 A pod with a record but no nodeName was interrupted between writing the record and
-binding: it holds nothing, and its next bind overwrites the record. A record that fails to
-decode or verify (forged by a user, corrupt, copied from another pod) never counts; the
-pod is reported so an operator can see it. Such a pod, bound and not finished, may still
-be using devices nobody can account for: its node is *fenced* (no new tessera pods) until
-the pod is gone or its record is fixed (`Invalid.fences`, docs/scheduler.md "Fencing").
+binding: it holds nothing, and its next bind overwrites the record. A record that fails
+to decode or verify (forged by a user, corrupt, copied from another pod) never counts;
+the pod is reported so an operator can see it. Such a pod, bound and not finished, may
+still be using devices nobody can account for: its node is *fenced* (no new tessera
+pods) until the pod is gone or its record is fixed (docs/scheduler.md "Fencing"). So is
+the node of a bound, unfinished pod that asks for tessera devices but carries no record
+(removed after binding, or the pod was bound around this scheduler).
 
 Every pod is judged on its own: whatever one pod carries (any shape, any record), judging
 it returns a verdict and never raises, so one object cannot stop a rebuild or a relist.
@@ -33,7 +35,7 @@ from tessera.allocation import PodAllocation
 from tessera.errors import RecordError, StateError
 from tessera.model import NodeInventory
 from tessera.record import Keyring, decode
-from tessera.resources import ALLOCATION_ANNOTATION
+from tessera.resources import ALLOCATION_ANNOTATION, TESSERA_RESOURCES
 from tessera.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,22 @@ def is_finished(pod: Mapping[str, Any]) -> bool:
     return section(pod, "status").get("phase") in FINISHED_PHASES
 
 
+def requests_devices(pod: Mapping[str, Any]) -> bool:
+    """Whether any container asks for a tessera resource (a non-zero quantity)."""
+    spec = section(pod, "spec")
+    for group in ("containers", "initContainers"):
+        containers = spec.get(group)
+        if not isinstance(containers, list):
+            continue
+        for container in containers:
+            resources = section(container, "resources")
+            for part in ("limits", "requests"):
+                amounts = section(resources, part)
+                if any(amounts.get(r) not in (None, 0, "0") for r in TESSERA_RESOURCES):
+                    return True
+    return False
+
+
 def apply_order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
     """The order in which pods are accounted: oldest first, then by UID."""
     created = _text(section(pod, "metadata").get("creationTimestamp"))
@@ -114,6 +132,12 @@ def judge(pod: Mapping[str, Any], keyring: Keyring | None) -> Verdict:
     """Apply the rebuild rule to one pod dict (see the module doc)."""
     text = record_text(pod)
     if text is None:
+        node = pod_node(pod)
+        if node and not is_finished(pod) and requests_devices(pod):
+            # Our binds write the record before the Binding, so a bound pod that asks for
+            # tessera devices has one unless somebody removed it (or bound the pod around
+            # this scheduler): what its containers use is unknown.
+            return Invalid("asks for tessera devices but carries no allocation record", node)
         return Nothing("no allocation record")
     if is_finished(pod):
         return Nothing("finished")

@@ -175,3 +175,21 @@ def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocatio
     tally = surface_reconciler.run(300, seed=5)
     assert tally.inputs == 300
     assert (tally.crashes, tally.forgeries) == (0, 0), tally.examples
+
+
+def test_a_running_pod_whose_record_was_removed_fences_its_node():
+    """Removing the annotation from a running pod must not free devices it still uses."""
+    cache, reconciler = cache_with(["n"])
+    reconciler.replace([running_pod("a", "n", signed("a", "n"))])
+    assert cache.state.allocation("uid-a") is not None
+    reconciler.event("MODIFIED", running_pod("a", "n", None))
+    assert "default/a" in cache.problems["n"]
+    reconciler.event("MODIFIED", running_pod("a", "n", signed("a", "n")))
+    assert not cache.problems and cache.state.allocation("uid-a") is not None
+    # pods that ask for no tessera device, or finished ones, hold nothing and fence nothing
+    plain = running_pod("plain", "n", None)
+    plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    done = running_pod("done", "n", None)
+    done["status"]["phase"] = "Succeeded"
+    reconciler.replace([running_pod("a", "n", signed("a", "n")), plain, done])
+    assert not cache.problems

@@ -8,7 +8,7 @@ were started with, whatever its record says later). After every step:
 - no device is over-committed by the truth (a fenced node takes nothing new);
 - once all pods are gone and every event is delivered, nothing is left allocated;
 - the fenced nodes are exactly the nodes with a live bound pod whose record is not its
-  original one, plus the nodes whose NodeDevices is bad.
+  original one (or is gone), plus the nodes whose NodeDevices is bad.
 """
 
 from __future__ import annotations
@@ -152,6 +152,16 @@ class Cluster(RuleBasedStateMachine):
         self.reconciler.event("MODIFIED", copy.deepcopy(self.api.pods[target]))
 
     @rule(data=st.data())
+    def remove_a_record(self, data: st.DataObject) -> None:
+        live = self._live()
+        if not live:
+            return
+        name = data.draw(st.sampled_from(live))
+        self._deliver(name)
+        self.api.pods[name]["metadata"]["annotations"].pop(rn.ALLOCATION_ANNOTATION, None)
+        self.reconciler.event("MODIFIED", copy.deepcopy(self.api.pods[name]))
+
+    @rule(data=st.data())
     def restore_a_record(self, data: st.DataObject) -> None:
         live = [n for n in self._live() if self._uid(n) in self.original]
         if not live:
@@ -247,7 +257,8 @@ class Cluster(RuleBasedStateMachine):
             if not node or obj["status"]["phase"] != "Running":
                 continue
             text = obj["metadata"]["annotations"].get(rn.ALLOCATION_ANNOTATION)
-            if text is not None and text != self.original.get(obj["metadata"]["uid"]):
+            # every pod here asks for devices: bound and running, it needs its own record
+            if text is None or text != self.original.get(obj["metadata"]["uid"]):
                 expected.add(node)
         assert self.cache.fenced_nodes() == expected
         assert set(self.cache.problems) == expected
