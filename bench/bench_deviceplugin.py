@@ -161,7 +161,8 @@ def _rss_with_inventory() -> Result:
         rss,
         "MB",
         target=60.0,
-        note="the kubernetes 37 client package alone is ~24 MB",
+        note="kubeconfig auth; the client's REST layer and config loader only "
+        "(deviceplugin/lean_kubernetes.py); in-cluster auth loads less",
     )
 
 

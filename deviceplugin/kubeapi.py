@@ -1,19 +1,31 @@
 """A small JSON-over-HTTP view of the Kubernetes API, on top of the `kubernetes` client.
 
 The client does what matters: configuration from a kubeconfig or the pod's service account
-(token refresh included), TLS, authentication headers and the connection pool. This module
-sends raw requests through its ApiClient rather than through the typed API classes because
-those are expensive to hold: with kubernetes 37 (pydantic models), CoreV1Api alone adds about
-21 MB of resident memory, a third of the agent's budget, to read one Node and patch its labels.
+(token refresh included), TLS, the bearer token and the connection pool. This module sends
+raw requests through the client's REST layer (`Configuration`, `rest.RESTClientObject`),
+not through `ApiClient` or the typed API classes, because those are expensive to hold: with
+kubernetes 37 they import pydantic and python-dateutil (about 8 MB of resident memory), and
+the typed API classes with their generated models another 20 MB or so, for a program that
+reads one Node, patches its labels and writes two small objects. For the same reason the
+client is imported through lean_kubernetes, which loads only those modules and the config
+loader in use.
 
-Both generations of the client are supported: the pydantic one (`ApiClient.param_serialize`,
-v34+) and the older swagger one (`ApiClient.call_api(resource_path, ...)`).
+Answers are parsed with tessera.boundedjson within MAX_RESPONSE_BYTES and MAX_RESPONSE_DEPTH.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
+
+from deviceplugin import lean_kubernetes
+from tessera.boundedjson import JsonLimitError, loads
+
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+"""Largest answer read: the API server stores objects of at most 1.5 MiB (etcd's default
+request limit), and what the agent reads is one Node, its Lease and its NodeDevices object;
+a longer answer is refused (KubeError) without being read to the end."""
+MAX_RESPONSE_DEPTH = 64
+"""Deepest nesting parsed in an answer; Kubernetes objects nest about 10 deep."""
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -38,10 +50,11 @@ class KubeApi(Protocol):
 
 
 class KubernetesClientApi:
-    """KubeApi through a `kubernetes.client.ApiClient`."""
+    """KubeApi through the `kubernetes` client's Configuration and REST client."""
 
-    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
-        self.api_client = api_client
+    def __init__(self, configuration: Any, rest: Any, timeout_s: float = 10.0) -> None:
+        self.configuration = configuration
+        self.rest = rest
         self.timeout_s = timeout_s
 
     @classmethod
@@ -49,81 +62,93 @@ class KubernetesClientApi:
         cls, kubeconfig: str | None = None, context: str | None = None, timeout_s: float = 10.0
     ) -> KubernetesClientApi:
         """From a kubeconfig file when given, else from the pod's service account."""
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        loader: Any
+        kube = lean_kubernetes.load()
+        configuration = kube.Configuration()
         if kubeconfig:
-            loader = config.load_kube_config
-            loader(config_file=kubeconfig, context=context, client_configuration=configuration)
+            kube.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
         else:
-            loader = config.load_incluster_config
-            loader(client_configuration=configuration)
-        return cls(client.ApiClient(configuration), timeout_s)
+            kube.load_incluster_config(client_configuration=configuration)
+        return cls(configuration, kube.RESTClientObject(configuration), timeout_s)
 
     @classmethod
     def for_host(cls, host: str, timeout_s: float = 10.0) -> KubernetesClientApi:
         """An unauthenticated client for a plain-HTTP server (tests, kubectl proxy)."""
-        from kubernetes import client
-
-        configuration = client.Configuration()
+        kube = lean_kubernetes.load()
+        configuration = kube.Configuration()
         configuration.host = host
-        return cls(client.ApiClient(configuration), timeout_s)
+        return cls(configuration, kube.RESTClientObject(configuration), timeout_s)
+
+    def _headers(self, body: Any, content_type: str) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "tessera-device-plugin"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        # auth_settings() runs the configuration's token refresh hook (in-cluster token
+        # rotation, kubeconfig exec plugins) before handing out the header
+        for auth in self.configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        return headers
 
     def request(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
     ) -> Any:
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type
-        api = self.api_client
-        if hasattr(api, "param_serialize"):
-            return self._request_v34(method, path, body, headers)
-        return self._request_legacy(method, path, body, headers)
-
-    def _request_v34(self, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
-        api = self.api_client
+        url = self.configuration.host.rstrip("/") + path
         try:
-            serialized = api.param_serialize(
-                method=method,
-                resource_path=path,
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-            )
-            response = api.call_api(*serialized, _request_timeout=self.timeout_s)
-            raw = response.read()
-        except KubeError:
-            raise
-        except Exception as exc:  # connection refused, timeout, TLS: no status at all
-            raise KubeError(0, type(exc).__name__, str(exc)) from None
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
-        if not 200 <= int(response.status) < 300:
-            raise KubeError(int(response.status), str(response.reason or ""), text)
-        return json.loads(text) if text else None
-
-    def _request_legacy(self, method: str, path: str, body: Any, headers: dict[str, str]) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return self.api_client.call_api(
-                path,
+            response = self.rest.request(
                 method,
-                header_params=headers,
+                url,
+                headers=self._headers(body, content_type),
                 body=body,
-                response_type="object",
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=True,
                 _request_timeout=self.timeout_s,
             )
-        except ApiException as exc:
-            status = int(exc.status or 0)
-            raise KubeError(status, str(exc.reason or ""), str(exc.body or "")) from None
+            status = int(response.status)
+            reason = str(response.reason or "")
+            raw = _read_bounded(response)
+        except KubeError:
+            raise
         except Exception as exc:
-            raise KubeError(0, type(exc).__name__, str(exc)) from None
+            # connection refused, timeout, TLS: no status at all; an older client raises
+            # ApiException (with a status) for non-2xx answers
+            status = int(getattr(exc, "status", 0) or 0)
+            if not status:
+                raise KubeError(0, type(exc).__name__, str(exc)) from None
+            reason = str(getattr(exc, "reason", "") or "")
+            raw = getattr(exc, "body", b"") or b""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if not 200 <= status < 300:
+            raise KubeError(status, reason, text[:1000])
+        if not text:
+            return None
+        try:
+            return loads(
+                text,
+                what=f"{method} {path}",
+                max_bytes=MAX_RESPONSE_BYTES,
+                max_depth=MAX_RESPONSE_DEPTH,
+            )
+        except JsonLimitError as exc:
+            raise KubeError(status, "unreadable answer", str(exc)) from None
 
     def close(self) -> None:
-        close = getattr(self.api_client, "close", None)
-        if callable(close):
-            close()
+        pool = getattr(self.rest, "pool_manager", None)
+        if pool is not None:
+            pool.clear()
+
+
+def _read_bounded(response: Any) -> bytes:
+    """The answer's body, at most MAX_RESPONSE_BYTES (KubeError beyond)."""
+    raw_response = getattr(response, "response", None)  # urllib3's, when not preloaded
+    if raw_response is not None and getattr(response, "data", None) is None:
+        try:
+            data: bytes = raw_response.read(MAX_RESPONSE_BYTES + 1)
+        finally:
+            raw_response.release_conn()
+    else:
+        data = response.data if isinstance(response.data, bytes) else str(response.data).encode()
+    if len(data) > MAX_RESPONSE_BYTES:
+        raise KubeError(
+            int(response.status), "answer too large", f"over {MAX_RESPONSE_BYTES} bytes"
+        )
+    return data

@@ -1,0 +1,177 @@
+"""The agent's Kubernetes client: configuration and auth from the official client, only the
+modules it needs loaded, and answers read within bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.kubeapi import MAX_RESPONSE_BYTES, MAX_RESPONSE_DEPTH, KubeError
+from deviceplugin.kubeapi import KubernetesClientApi as Api
+from tests.deviceplugin.conftest import ROOT
+
+
+class _Server(ThreadingHTTPServer):
+    answers: dict[str, tuple[int, bytes]]
+    seen: list[tuple[str, str, dict[str, str], bytes]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(
+            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+        )
+        status, payload = self.server.answers.get(self.path, (404, b'{"kind":"Status"}'))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = do_POST = do_PUT = do_PATCH = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv.answers, srv.seen = {}, []
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def _kubeconfig(tmp_path: Path, url: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": url}}],
+                "users": [{"name": "u", "user": {"token": "s3cret"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    api = Api.connect(_kubeconfig(tmp_path, url), timeout_s=5)
+    server.answers["/api/v1/nodes/n"] = (200, b'{"metadata": {"name": "n"}}')
+    assert api.request("GET", "/api/v1/nodes/n") == {"metadata": {"name": "n"}}
+    patch = {"metadata": {"labels": {"a": "b"}}}
+    server.answers["/api/v1/nodes/n2"] = (200, b"")
+    assert api.request("PATCH", "/api/v1/nodes/n2", patch, "application/merge-patch+json") is None
+    (_, _, get_headers, _), (method, _, headers, body) = server.seen
+    assert get_headers["authorization"] == "Bearer s3cret"
+    assert method == "PATCH" and headers["content-type"] == "application/merge-patch+json"
+    assert json.loads(body) == patch
+    with pytest.raises(KubeError) as missing:
+        api.request("GET", "/api/v1/nodes/gone")
+    assert missing.value.status == 404
+
+
+def test_answers_are_read_within_bounds(server: _Server) -> None:
+    api = Api.for_host(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
+    server.answers["/big"] = (200, b'"' + b"x" * MAX_RESPONSE_BYTES + b'"')
+    with pytest.raises(KubeError, match="too large"):
+        api.request("GET", "/big")
+    server.answers["/deep"] = (
+        200,
+        b"[" * (MAX_RESPONSE_DEPTH + 1) + b"]" * (MAX_RESPONSE_DEPTH + 1),
+    )
+    with pytest.raises(KubeError, match="unreadable answer"):
+        api.request("GET", "/deep")
+    server.answers["/junk"] = (200, b"{not json")
+    with pytest.raises(KubeError, match="unreadable answer"):
+        api.request("GET", "/junk")
+    server.answers["/ok"] = (200, b'{"a": 1}')
+    assert api.request("GET", "/ok") == {"a": 1}  # the connection pool survived
+
+
+def test_no_answer_is_a_kube_error_with_status_0() -> None:
+    api = Api.for_host("http://127.0.0.1:1", timeout_s=2)
+    with pytest.raises(KubeError) as down:
+        api.request("GET", "/api/v1/nodes/n")
+    assert down.value.status == 0
+
+
+_PROBE = """
+import json, sys
+from deviceplugin.kubeapi import KubernetesClientApi
+from deviceplugin import lean_kubernetes
+api = KubernetesClientApi.connect(sys.argv[1])
+lean_kubernetes._config_module("incluster_config")
+loaded = sorted(sys.modules)
+# the stand-ins still give the whole package on demand
+from kubernetes.client import ApiClient, CoreV1Api
+import kubernetes
+from kubernetes.client.api_client import ApiClient as Real
+print(json.dumps({
+    "loaded": loaded,
+    "complete": [ApiClient is Real, callable(CoreV1Api), hasattr(kubernetes.watch, "Watch"),
+                 hasattr(kubernetes.client.models, "V1Pod")],
+}))
+"""
+
+
+def test_only_the_needed_parts_of_the_client_are_imported(tmp_path: Path) -> None:
+    """Importing kubernetes.client ran the package's __init__: every API class and the
+    pydantic models (about 20 MB of the agent's memory)."""
+    kubeconfig = _kubeconfig(tmp_path, "http://127.0.0.1:1")
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, kubeconfig],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = report["loaded"]
+    heavy = [
+        m
+        for m in loaded
+        if m.startswith(("kubernetes.client.models.", "kubernetes.client.api.", "pydantic"))
+        or m in ("kubernetes.client.api_client", "dateutil", "kubernetes.watch")
+    ]
+    assert heavy == []
+    assert "kubernetes.config.kube_config" in loaded and "kubernetes.client.rest" in loaded
+    assert report["complete"] == [True, True, True, True]
+
+
+def test_in_cluster_does_not_load_the_kubeconfig_loader() -> None:
+    probe = (
+        "import sys; from deviceplugin import lean_kubernetes as k; k.load(); "
+        "k._config_module('incluster_config'); "
+        "print('kubernetes.config.kube_config' in sys.modules, 'requests' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.split() == ["False", "False"]
