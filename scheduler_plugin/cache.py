@@ -333,14 +333,16 @@ class Cache:
             pods = self.fences.setdefault(node, {})
             if pods.get(uid) == (key, problem):
                 return
+            if not pods:  # one line when the node becomes fenced; each pod's own problem
+                # is logged where it is judged (a relist repeats neither)
+                log.warning(
+                    "node %s fenced: pod %s runs with an untrusted allocation record (%s)",
+                    node,
+                    key,
+                    problem,
+                )
             pods[uid] = (key, problem)
             self._fenced_by[uid] = node
-            log.warning(
-                "node %s fenced: pod %s runs with an untrusted allocation record (%s)",
-                node,
-                key,
-                problem,
-            )
             for listener in self._fence_listeners:
                 listener(node, key, uid, problem)
             self.update_problem(node)

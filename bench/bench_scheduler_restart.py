@@ -1,0 +1,128 @@
+"""Scheduler restart with poison pods present: time until it is ready.
+
+A fake API server (another process) holds nodes with valid, signed pods on every node and
+poison pods bound to one node (records nested past the JSON parser's recursion limit,
+non-ASCII MACs, copies of other pods' records, truncated JSON, a removed record). A
+tessera-scheduler Service starts against it; the figure is the time from start until it
+answers extender calls (every informer listed, the pod rebuild done). The poisoned node
+must be the only one fenced.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from bench.bench_scheduler import KEY, _start_fake_api, lease, node_spec
+from bench.common import BenchContext, Result
+
+POISONS = [
+    "[" * 100_000,
+    json.dumps(
+        {"v": 1, "integrity": {"alg": "HMAC-SHA256", "keyId": "default", "mac": "\u00e9" * 64}}
+    ),
+    '{"v": 1, "pod": ',
+    "\x00" * 1000,
+]
+
+
+def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, set[str]]:
+    """(seconds from start to ready, fenced nodes)."""
+    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from scheduler_plugin.service import Options, Service
+    from tessera import resources as rn
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+    from tessera.record import Keyring, encode
+
+    keyring = Keyring.single(KEY)
+    proc, url = _start_fake_api()
+    try:
+        setup = KubeClient(Connection(url))
+        names = [f"node-{n:04d}" for n in range(nodes)]
+        for name in names:
+            setup.create("/api/v1/nodes", {"metadata": {"name": name}})
+            setup.create(
+                "/apis/tessera.dev/v1alpha1/nodedevices",
+                {"metadata": {"name": name}, "spec": node_spec(name)},
+            )
+            setup.create(lease_path("tessera-system"), lease(name))
+        shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
+        records: list[str] = []
+
+        def create(name: str, node: str, record: str | None) -> None:
+            obj: dict[str, Any] = {
+                "metadata": {
+                    "name": name,
+                    "namespace": "default",
+                    "uid": f"uid-{name}",
+                    "annotations": {} if record is None else {rn.ALLOCATION_ANNOTATION: record},
+                },
+                "spec": {
+                    "nodeName": node,
+                    "containers": [{"name": "main", "resources": {"limits": shape}}],
+                },
+                "status": {"phase": "Running"},
+            }
+            setup.create("/api/v1/namespaces/default/pods", obj)
+
+        for node in names:
+            for i in range(pods_per_node):
+                name = f"{node}-p{i}"
+                alloc = PodAllocation(
+                    pod_uid=f"uid-{name}",
+                    namespace="default",
+                    name=name,
+                    node=node,
+                    containers=(
+                        ContainerAllocation(
+                            "main", (GpuGrant(f"GPU-{node}-{i % 8}", i % 8, i % 8, 25, 20480),)
+                        ),
+                    ),
+                )
+                records.append(encode(alloc, keyring))
+                create(name, node, records[-1])
+        for i in range(poison):
+            kind = i % (len(POISONS) + 2)
+            record = (
+                POISONS[kind]
+                if kind < len(POISONS)
+                else (records[i % len(records)] if kind == len(POISONS) else None)
+            )
+            create(f"poison-{i}", names[0], record)
+        started = time.monotonic()
+        service = Service(
+            Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
+            KubeClient(Connection(url)),
+            keyring,
+        ).start()
+        try:
+            assert service.wait_ready(120), service.readiness()
+            ready = time.monotonic() - started
+            with service.cache.lock:
+                fenced = set(service.cache.fences)
+        finally:
+            service.stop()
+        return ready, fenced
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    nodes, per_node, poison = (50, 4, 60) if ctx.quick else (500, 8, 600)
+    ready, fenced = restart_time(nodes, per_node, poison)
+    assert fenced == {"node-0000"}, fenced
+    return [
+        Result(
+            "ready after a restart with poison pods",
+            ready,
+            "s",
+            10.0,
+            note=(
+                f"{nodes} nodes, {nodes * per_node} signed pods, {poison} poison pods on one "
+                "node (deep nesting, non-ASCII MACs, copied, truncated, removed records); "
+                "that node alone fenced"
+            ),
+        )
+    ]
