@@ -8,6 +8,7 @@ accounting as it was, and the server keeps answering honest requests.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,3 +212,39 @@ def test_hostile_id_lists_cover_the_kinds(node: Target) -> None:
     assert any(len(x) != len(set(x)) for x in lists)
     assert any(any(i not in set(known) for i in x) for x in lists)
     assert any(x and set(x) <= set(known) and len(x) == len(set(x)) for x in lists)
+
+
+def test_honest_calls_are_answered_during_a_flood_of_hostile_ones(node: Target) -> None:
+    """Eight callers keep sending the largest refused requests and undecodable bytes while
+    the kubelet's calls go on: each honest call gets its answer, each hostile one its
+    refusal, and only the honest Allocates are counted."""
+    core = node.ids(GPU_CORE)
+    flood = [
+        ("GetPreferredAllocation", _preferred([f"x{n}" for n in range(MAX_IDS_PER_LIST)], [], 9)),
+        ("Allocate", _allocate(core * 40)),
+        ("Allocate", b"\x0a\x05\x0a\x03\xff\xfe\xfd"),
+    ]
+    stop = threading.Event()
+    codes: list[grpc.StatusCode] = []
+
+    def hostile(i: int) -> None:
+        method, raw = flood[i % len(flood)]
+        while not stop.is_set():
+            codes.append(node.call(GPU_CORE, method, raw, 60).code)
+
+    allocations = node.servers[GPU_CORE].servicer.allocations
+    threads = [threading.Thread(target=hostile, args=(i,), daemon=True) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        for n in range(20):
+            answer = node.call(GPU_CORE, "Allocate", _allocate(core[n : n + 3]), 60)
+            assert answer.code == OK, answer
+            answer = node.call(GPU_CORE, "GetPreferredAllocation", _preferred(core, [], 150), 60)
+            assert answer.code == OK, answer
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert codes and set(codes) <= {INVALID, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert node.servers[GPU_CORE].servicer.allocations == allocations + 20
