@@ -146,6 +146,8 @@ def _config_module(module: str) -> ModuleType:
     with _lock:
         if name in sys.modules:
             return sys.modules[name]
+        if "kubernetes" not in sys.modules:
+            _install()
         # kubernetes.config's modules import Configuration and ApiClient by name from the
         # client package: the real Configuration stays; the deferred ApiClient is offered
         # only during this import, so everyone else still gets the real class

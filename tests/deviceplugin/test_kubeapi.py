@@ -160,18 +160,42 @@ def test_only_the_needed_parts_of_the_client_are_imported(tmp_path: Path) -> Non
     assert report["complete"] == [True, True, True, True]
 
 
-def test_in_cluster_does_not_load_the_kubeconfig_loader() -> None:
-    probe = (
-        "import sys; from deviceplugin import lean_kubernetes as k; k.load(); "
-        "k._config_module('incluster_config'); "
-        "print('kubernetes.config.kube_config' in sys.modules, 'requests' in sys.modules)"
+_IN_CLUSTER = """
+import json, sys
+from deviceplugin import lean_kubernetes
+from deviceplugin.kubeapi import KubernetesClientApi
+incluster = lean_kubernetes._config_module("incluster_config")
+incluster.SERVICE_TOKEN_FILENAME, incluster.SERVICE_CERT_FILENAME = sys.argv[1], sys.argv[2]
+api = KubernetesClientApi.connect()
+print(json.dumps({
+    "host": api.configuration.host,
+    "headers": api._headers(None, "application/json"),
+    "kubeconfig loader": "kubernetes.config.kube_config" in sys.modules,
+    "requests": "requests" in sys.modules,
+}))
+"""
+
+
+def test_in_cluster_auth_without_the_kubeconfig_loader(tmp_path: Path) -> None:
+    """The DaemonSet's path: service account token and CA, the API server from the env."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("not read until a TLS connection is made")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        KUBERNETES_SERVICE_HOST="10.0.0.1",
+        KUBERNETES_SERVICE_PORT="443",
     )
     out = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        [sys.executable, "-c", _IN_CLUSTER, str(token), str(ca)],
+        env=env,
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    assert out.stdout.split() == ["False", "False"]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["host"] == "https://10.0.0.1:443"
+    assert report["headers"]["authorization"] == "bearer sa-token"
+    assert report["kubeconfig loader"] is False and report["requests"] is False
