@@ -342,6 +342,65 @@ def filter_prioritize_rounds(service: Any, cache: Any, rounds: int) -> None:
         conn.getresponse().read()
 
 
+def hostile_rss_child() -> None:
+    """RSS growth (bytes) of a scheduler with a 5,000-node cluster while 100 clients at once
+    announce the largest allowed body and dribble it (50) or send 4x that (50)."""
+    import socket
+
+    import psutil
+
+    cache = half_full_cache(5000)
+    service = serving(cache)
+    port = service.server.port
+    max_body = service.options.max_body
+    big, drip = b" " * (max_body * 4), b" " * 32768
+    me = psutil.Process()
+    before = peak = me.memory_info().rss
+
+    def dribbler() -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(
+                    f"POST /filter HTTP/1.1\r\nContent-Length: {max_body}\r\n\r\n".encode()
+                )
+                for _ in range(40):
+                    sock.sendall(drip)
+                    time.sleep(0.05)
+        except OSError:
+            pass
+
+    def oversized() -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(
+                    f"POST /filter HTTP/1.1\r\nContent-Length: {4 * max_body}\r\n\r\n".encode()
+                )
+                sock.sendall(big)
+        except OSError:
+            pass
+
+    threads = [threading.Thread(target=dribbler) for _ in range(50)]
+    threads += [threading.Thread(target=oversized) for _ in range(50)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        peak = max(peak, me.memory_info().rss)
+        time.sleep(0.01)
+    print(peak - before)
+
+
+def hostile_rss_growth() -> float:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.bench_scheduler", "--hostile-rss-child"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1]) / 2**20
+
+
 def rss_at_5000() -> float:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
@@ -418,12 +477,24 @@ def run(ctx: BenchContext) -> list[Result]:
             note="5,000 nodes x 8 GPUs half full, after serving filter and prioritize",
         )
     )
+    results.append(
+        Result(
+            "memory growth under 100 hostile clients",
+            hostile_rss_growth(),
+            "MiB",
+            100.0,
+            note="RSS growth of a 5,000-node scheduler while 50 clients dribble the largest "
+            "allowed body and 50 send bodies over the limit, all at once",
+        )
+    )
     return results
 
 
 if __name__ == "__main__":
     if "--rss-child" in sys.argv:
         rss_child()
+    elif "--hostile-rss-child" in sys.argv:
+        hostile_rss_child()
     else:
         for r in run(BenchContext(openb=ROOT, quick="--quick" in sys.argv)):
             print(f"{r.name}: {r.measured_text()} (target {r.target_text()}) {r.note}")

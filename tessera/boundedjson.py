@@ -62,16 +62,22 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None 
 
 
 def check_depth(doc: Any, max_depth: int, what: str) -> None:
-    """Raise JsonLimitError when containers nest deeper than `max_depth` (iterative)."""
-    stack: list[tuple[Any, int]] = [(doc, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
+    """Raise JsonLimitError when containers nest deeper than `max_depth` (iterative).
+
+    Level by level; a container whose children hold no container (e.g. thousands of node
+    names) is passed over with one C-level look at their types, not a step per child."""
+    level: list[Any] = [doc] if type(doc) in _CONTAINERS else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > max_depth:
             raise JsonLimitError(what, f"nested deeper than {max_depth} levels")
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+        below: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            if not _CONTAINERS.isdisjoint(map(type, children)):
+                below.extend(c for c in children if type(c) in _CONTAINERS)
+        level = below
+
+
+_CONTAINERS = frozenset({dict, list})
