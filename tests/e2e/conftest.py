@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import binaries
+from tests.e2e.controlplane import ControlPlane, topology_for, wait_for
+
+NODES = [f"e2e-node-{i}" for i in range(4)]
+TOPOLOGY = "h100-sxm-8x"
+
+
+def _workdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TESSERA_E2E_WORKDIR")))
+
+
+def _cleanup(work: Path) -> None:
+    if os.environ.get("TESSERA_E2E_KEEP"):
+        print(f"e2e work dir kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver + kube-scheduler + two tessera-scheduler replicas + one node
+    agent per node of NODES, all real processes (see controlplane.py)."""
+    bins = binaries.require(*binaries.CONTROL_PLANE)
+    work = _workdir("tessera-e2e-cp-")
+    started = time.monotonic()
+    cp = ControlPlane(work, bins)
+    try:
+        cp.start_api()
+        cp.install()
+        for node in NODES:
+            cp.add_node(node, topology_for(node, TOPOLOGY, work))
+        cp.start_schedulers(replicas=2, extra_managed=("nvidia.com/gpu",))
+        for node in NODES:
+            wait_for(
+                lambda node=node: cp.admin.get(
+                    f"/apis/tessera.dev/v1alpha1/nodedevices/{node}"
+                ).get("spec"),
+                60,
+                f"{node}'s NodeDevices from its agent",
+            )
+        print(f"control plane up in {time.monotonic() - started:.1f}s ({work})")
+        yield cp
+    finally:
+        codes = cp.stop()
+        print(f"control plane exit codes: {codes}")
+        _cleanup(work)

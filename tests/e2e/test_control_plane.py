@@ -1,0 +1,339 @@
+"""tessera against a real control plane: etcd, kube-apiserver (RBAC, tessera's admission
+policies), kube-scheduler with the shipped extender configuration, two tessera-scheduler
+replicas electing a leader, and one node agent per node on the fake GPU backend.
+
+No kubelet runs here (tests/e2e/test_node.py has one): the test registers each Node the way
+a kubelet would, with the counts the node agent advertises, and pods stay bound without
+running. Opt-in: `make e2e` (see docs/e2e.md). Tests run in file order and share the
+cluster; each one leaves it with the pods it says.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from scheduler_plugin.kube import pod_path
+from tessera import resources as rn
+from tests.e2e import binaries
+from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
+from tests.e2e.conftest import NODES
+from tests.e2e.controlplane import ADMIN_TOKEN, ROOT, ControlPlane, keyring, wait_for
+
+pytestmark = pytest.mark.e2e
+binaries.skip_module_unless(*binaries.CONTROL_PLANE)
+
+BIND_TIMEOUT = 120.0
+"""Seconds for kube-scheduler to bind one pod through the extender on a loaded 2-core host."""
+
+CHAOS_PODS = int(os.environ.get("TESSERA_E2E_CHAOS_PODS", "500"))
+"""Pods bound while tessera-scheduler replicas are SIGKILLed (the brief of this test: >= 500)."""
+
+KINDS: dict[str, dict[str, Any]] = {
+    # name: pod builder arguments; one pod per request kind of docs/resources.md
+    "share": {"limits": {rn.GPU: "25"}},
+    "core-and-units": {"limits": {rn.GPU_CORE: "30", rn.GPU_MEMORY: "20"}},
+    "core-and-ratio": {"limits": {rn.GPU_CORE: "50", rn.GPU_MEMORY_RATIO: "50"}},
+    "memory-units-only": {"limits": {rn.GPU_MEMORY: "10"}},
+    "memory-ratio-only": {"limits": {rn.GPU_MEMORY_RATIO: "25"}},
+    "whole-2": {"limits": {rn.GPU: "200"}},
+    "whole-core-4": {"limits": {rn.GPU_CORE: "400", rn.GPU_MEMORY_RATIO: "400"}},
+    "nvidia-1": {"limits": {rn.NVIDIA_GPU: "1"}},
+    "rdma-share": {"limits": {rn.RDMA: "50"}},
+    "rdma-whole": {"limits": {rn.RDMA: "100"}},
+    "gpus-nvlink-rdma": {
+        "limits": {rn.GPU: "400", rn.RDMA: "50"},
+        "annotations": {rn.TOPOLOGY_ANNOTATION: "nvlink", rn.RDMA_AFFINITY_ANNOTATION: "pcie"},
+    },
+    "model-hint": {"limits": {rn.GPU: "50"}, "annotations": {rn.GPU_MODEL_ANNOTATION: "H100"}},
+    "spread-policy": {"limits": {rn.GPU: "10"}, "annotations": {rn.PLACEMENT_ANNOTATION: "spread"}},
+    "two-containers": {
+        "containers": [
+            P.container("a", {rn.GPU: "50"}),
+            P.container("b", {rn.GPU_CORE: "100"}),
+            P.container("plain", {}),
+        ]
+    },
+    "init-and-sidecar": {
+        "containers": [P.container("main", {rn.GPU: "100"})],
+        "init": [
+            P.container("setup", {rn.GPU: "50"}),
+            P.container("sidecar", {rn.GPU: "20"}, restartPolicy="Always"),
+        ],
+    },
+}
+
+
+def _expected_gpus(limits: dict[str, str]) -> int:
+    value = max(
+        int(limits.get(r, "0")) for r in (rn.GPU, rn.GPU_CORE, rn.GPU_MEMORY_RATIO, rn.GPU_MEMORY)
+    )
+    if rn.NVIDIA_GPU in limits:
+        return int(limits[rn.NVIDIA_GPU])
+    if rn.GPU_MEMORY in limits and rn.GPU_CORE not in limits:
+        return 1
+    return 0 if value == 0 else max(1, value // 100)
+
+
+def _wait_bound(cp: ControlPlane, name: str, timeout: float = BIND_TIMEOUT) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        cp.check_alive()
+        return P.bound(cp.admin, name)
+
+    return wait_for(check, timeout, f"pod {name} bound", every=0.5)
+
+
+def test_every_request_kind_is_placed_and_recorded(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    for name, args in KINDS.items():
+        cp.admin.create(pod_path(P.NS), P.pod(name, **args))
+    keys = keyring(cp.integrity_dir)
+    allocs = []
+    for name, args in KINDS.items():
+        obj = _wait_bound(cp, name)
+        alloc = P.record(obj, keys)
+        allocs.append(alloc)
+        got = {c.name: c for c in alloc.containers}
+        spec_containers = args.get("containers") or [P.container("main", args.get("limits", {}))]
+        for spec in [*args.get("init", []), *spec_containers]:
+            limits = spec["resources"]["limits"]
+            if not limits:
+                assert spec["name"] not in got, f"{name}/{spec['name']} asked for nothing"
+                continue
+            grant = got[spec["name"]]
+            gpus = _expected_gpus(limits)
+            assert len(grant.gpus) == gpus, (name, spec["name"], grant)
+            if rn.RDMA in limits:
+                share = int(limits[rn.RDMA])
+                assert sum(r.share for r in grant.rdma) == share, (name, grant.rdma)
+                if share < 100:
+                    assert all(len(r.vfs) == 1 for r in grant.rdma), grant.rdma
+            else:
+                assert not grant.rdma
+        if name == "init-and-sidecar":
+            assert got["setup"].reuses == "main" and got["setup"].init
+            assert not got["sidecar"].reuses
+    _, _, conflicts = P.ledger(allocs)
+    assert conflicts == []
+
+
+def test_impossible_pods_stay_pending_with_tessera_reasons(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    cases = {
+        "wrong-model": ({rn.GPU: "100"}, {rn.GPU_MODEL_ANNOTATION: "A100"}, "A100"),
+        "nine-gpus": ({rn.GPU: "900"}, {}, "tessera"),
+        "bad-rule": ({rn.GPU: "150"}, {}, "not a multiple of 100"),
+    }
+    for name, (limits, hints, _) in cases.items():
+        cp.admin.create(pod_path(P.NS), P.pod(name, limits, annotations=hints))
+    for name, (_, _, text) in cases.items():
+        message = wait_for(
+            lambda name=name, text=text: (
+                text in P.pending_reason(cp.admin, name) and P.pending_reason(cp.admin, name)
+            ),
+            BIND_TIMEOUT,
+            f"{name} Pending with a reason naming {text!r}",
+        )
+        assert "tessera" in message, message
+    events = cp.admin.list(f"/api/v1/namespaces/{P.NS}/events").get("items") or []
+    about = [
+        e.get("message") or ""
+        for e in events
+        if (e.get("involvedObject") or {}).get("name") == "wrong-model"
+    ]
+    assert any("A100" in m for m in about), about
+    for name in cases:
+        P.delete_now(cp.admin, name)
+
+
+def test_device_plugin_inventory_suite_against_the_real_api_server(
+    control_plane: ControlPlane,
+) -> None:
+    """tests/deviceplugin/test_inventory_e2e.py, pointed at this cluster."""
+    cp = control_plane
+    admin = cp.kubeconfig("observer", token=ADMIN_TOKEN)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "e2e",
+            str(ROOT / "tests/deviceplugin/test_inventory_e2e.py"),
+        ],
+        check=False,
+        cwd=ROOT,
+        env=dict(os.environ, TESSERA_E2E_KUBECONFIG=str(admin)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]
+
+
+def test_an_agent_whose_lease_expires_gets_no_new_pods(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    node = NODES[-1]
+    agent = cp.procs[f"agent-{node}"]
+    inventory = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node}")
+    uuid = inventory["spec"]["gpus"][0]["uuid"]
+    agent.kill()
+    try:
+        time.sleep(8 + 2 + 2)  # the Lease's duration, the scheduler's grace, a margin
+        cp.admin.create(
+            pod_path(P.NS),
+            P.pod("pinned-dead", {rn.GPU: "10"}, annotations={rn.GPU_UUID_ANNOTATION: uuid}),
+        )
+        wait_for(
+            lambda: P.pending_reason(cp.admin, "pinned-dead"),
+            BIND_TIMEOUT,
+            "the pod pinned to the silent node to be refused",
+        )
+        time.sleep(5)
+        assert P.bound(cp.admin, "pinned-dead") is None
+    finally:
+        agent.start()
+    obj = _wait_bound(cp, "pinned-dead", timeout=BIND_TIMEOUT * 2)
+    assert obj["spec"]["nodeName"] == node
+    P.delete_now(cp.admin, "pinned-dead")
+
+
+def _all_records(cp: ControlPlane) -> tuple[list[Any], list[str]]:
+    keys = keyring(cp.integrity_dir)
+    allocs, unbound = [], []
+    for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
+        if not obj["spec"].get("nodeName"):
+            unbound.append(obj["metadata"]["name"])
+            continue
+        if rn.ALLOCATION_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+            allocs.append(P.record(obj, keys))
+    return allocs, unbound
+
+
+def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> None:
+    """CHAOS_PODS pods created in bursts while the leading tessera-scheduler replica is
+    SIGKILLed at random moments and restarted as a standby: every pod ends bound, no GPU or
+    VF is given twice, and every device comes back once the pods are gone."""
+    cp = control_plane
+    rng = random.Random(int(os.environ.get("TESSERA_E2E_SEED", "20260101")))
+    names = [f"chaos-{i:04d}" for i in range(CHAOS_PODS)]
+    shapes = [{rn.GPU: "5"}, {rn.GPU_CORE: "5", rn.GPU_MEMORY: "2"}, {rn.GPU: "5", rn.RDMA: "5"}]
+    kills = 0
+    started = time.monotonic()
+    next_kill = started + rng.uniform(3, 10)
+    created = 0
+    while True:
+        cp.check_alive()
+        burst = rng.randint(5, 40)
+        for name in names[created : created + burst]:
+            cp.admin.create(pod_path(P.NS), P.pod(name, rng.choice(shapes)))
+        created = min(CHAOS_PODS, created + burst)
+        if time.monotonic() >= next_kill:
+            leader = cp.leader()
+            if leader is not None and leader.running():
+                leader.kill()
+                kills += 1
+                leader.start()
+            next_kill = time.monotonic() + rng.uniform(3, 12)
+        bound_now = sum(
+            1
+            for obj in cp.admin.list(pod_path(P.NS), labelSelector="").get("items") or []
+            if obj["metadata"]["name"].startswith("chaos-") and obj["spec"].get("nodeName")
+        )
+        if created == CHAOS_PODS and bound_now == CHAOS_PODS:
+            break
+        assert time.monotonic() - started < 1800, f"only {bound_now}/{CHAOS_PODS} bound"
+        time.sleep(rng.uniform(0.2, 1.5))
+    elapsed = time.monotonic() - started
+    allocs, _ = _all_records(cp)
+    chaos = [a for a in allocs if a.name.startswith("chaos-")]
+    assert len(chaos) == CHAOS_PODS
+    _, memory, conflicts = P.ledger(allocs)
+    assert conflicts == []
+    for node in NODES:
+        spec = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node}")["spec"]
+        for gpu in spec["gpus"]:
+            assert memory.get((node, gpu["uuid"]), 0) <= gpu["memoryMiB"], gpu["uuid"]
+    print(f"chaos: {CHAOS_PODS} pods bound in {elapsed:.0f}s with {kills} leader kills")
+    assert kills >= 3, "the run was too short to kill the leader several times"
+
+    for name in names:
+        P.delete_now(cp.admin, name)
+    wait_for(lambda: _published_matches_records(cp), 60, "no device held by a deleted pod", 1)
+
+
+def _published_matches_records(cp: ControlPlane) -> bool:
+    """The leader's published per-GPU usage (NodeDevices status) equals what the pods' own
+    records add up to: nothing leaked, nothing double counted."""
+    allocs, _ = _all_records(cp)
+    core, _, _ = P.ledger(allocs)
+    for node in NODES:
+        status = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node}").get("status") or {}
+        for gpu in (status.get("allocation") or {}).get("gpus") or []:
+            if gpu["core"]["used"] != core.get((node, gpu["uuid"]), 0):
+                return False
+    return True
+
+
+FILL = [f"fill-{i:02d}" for i in range(len(NODES) * 8)]
+
+
+def test_a_full_cluster_leaves_pods_pending_with_reasons(control_plane: ControlPlane) -> None:
+    """As many whole-GPU pods as the cluster has GPUs: the GPUs that hold shares cannot
+    take them, so some bind and the rest stay Pending saying why."""
+    cp = control_plane
+    for name in FILL:
+        cp.admin.create(pod_path(P.NS), P.pod(name, {rn.GPU: "100"}))
+
+    def settled() -> tuple[list[str], dict[str, str]] | None:
+        done, pending = [], {}
+        for name in FILL:
+            if P.bound(cp.admin, name):
+                done.append(name)
+            elif reason := P.pending_reason(cp.admin, name):
+                pending[name] = reason
+            else:
+                return None
+        return (done, pending) if pending else None
+
+    done, pending = wait_for(settled, BIND_TIMEOUT * 3, "every fill pod bound or refused", 1)
+    assert done, "no whole GPU was free"
+    assert all("tessera" in m or "Insufficient" in m for m in pending.values()), pending
+    allocs, _ = _all_records(cp)
+    assert P.ledger(allocs)[2] == []
+
+
+def test_preemption_through_kube_scheduler(control_plane: ControlPlane) -> None:
+    cp = control_plane
+    cp.apply(
+        [
+            {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": "tessera-e2e-high"},
+                "value": 100000,
+            }
+        ]
+    )
+    cp.admin.create(
+        pod_path(P.NS), P.pod("urgent", {rn.GPU: "100"}, priority_class="tessera-e2e-high")
+    )
+    obj = _wait_bound(cp, "urgent", timeout=BIND_TIMEOUT * 2)
+    P.record(obj, keyring(cp.integrity_dir))
+    allocs, _ = _all_records(cp)
+    assert P.ledger(allocs)[2] == []
+
+
+def test_no_component_was_refused_by_the_api_server(control_plane: ControlPlane) -> None:
+    denials = control_plane.denials()
+    assert denials == [], "\n".join(denials[:20])
