@@ -1,0 +1,360 @@
+"""A real node for the e2e suite: containerd (a given release, its own shim, runc), a
+kubelet, tessera's node agent (device plugin) and NRI hook, and an offline busybox image.
+
+The GPUs and NICs come from the fake backend; their device nodes are character devices
+made with mknod under a private device root (the hook's --device-root), so runc creates
+real device nodes in the containers and the OCI spec can be compared with the record.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.controlplane import PYTHON_ENV, ROOT, ControlPlane, Proc, free_port, wait_for
+
+IMAGE = "docker.io/library/busybox:tessera-e2e"
+SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
+PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+"""Fixed by the kubelet whatever its --root-dir: one kubelet per host at a time."""
+NVIDIA_MAJOR = 195
+UVERBS_MAJOR = 231
+
+
+def busybox_image(path: Path, busybox: Path) -> Path:
+    """An OCI image archive of a static busybox (`sleep` as entrypoint), for `ctr import`."""
+    layer_buf = io.BytesIO()
+    with tarfile.open(fileobj=layer_buf, mode="w") as tar:
+        for d in ("bin", "dev", "proc", "sys", "etc", "tmp"):
+            info = tarfile.TarInfo(d)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o755
+            tar.addfile(info)
+        data = busybox.read_bytes()
+        info = tarfile.TarInfo("bin/busybox")
+        info.size = len(data)
+        info.mode = 0o755
+        tar.addfile(info, io.BytesIO(data))
+        for applet in ("sh", "sleep", "cat", "ls", "env", "true"):
+            link = tarfile.TarInfo(f"bin/{applet}")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "busybox"
+            tar.addfile(link)
+    layer = layer_buf.getvalue()
+    gz = gzip.compress(layer, mtime=0)
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"], "Entrypoint": ["/bin/sleep"], "Cmd": ["1000000"]},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{_sha(layer)}"]},
+        }
+    ).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": _desc("application/vnd.oci.image.config.v1+json", config),
+            "layers": [_desc("application/vnd.oci.image.layer.v1.tar+gzip", gz)],
+        }
+    ).encode()
+    index = {
+        "schemaVersion": 2,
+        "manifests": [
+            _desc("application/vnd.oci.image.manifest.v1+json", manifest)
+            | {
+                "annotations": {
+                    "io.containerd.image.name": IMAGE,
+                    "org.opencontainers.image.ref.name": "tessera-e2e",
+                },
+                "platform": {"architecture": "amd64", "os": "linux"},
+            }
+        ],
+    }
+    with tarfile.open(path, "w") as tar:
+        for name, blob in [
+            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+            ("index.json", json.dumps(index).encode()),
+            *((f"blobs/sha256/{_sha(b)}", b) for b in (gz, config, manifest)),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return path
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _desc(media_type: str, data: bytes) -> dict[str, Any]:
+    return {"mediaType": media_type, "digest": f"sha256:{_sha(data)}", "size": len(data)}
+
+
+def device_root(root: Path, gpus: int, uverbs: int) -> Path:
+    """Character devices where the hook looks for the host's: NVIDIA GPUs and control
+    devices, uverbs devices and rdma_cm, with the drivers' usual majors."""
+    dev = root / "dev"
+    (dev / "infiniband").mkdir(parents=True, exist_ok=True)
+    nodes = {f"nvidia{i}": (NVIDIA_MAJOR, i) for i in range(gpus)}
+    nodes |= {
+        "nvidiactl": (NVIDIA_MAJOR, 255),
+        "nvidia-uvm": (510, 0),
+        "nvidia-uvm-tools": (510, 1),
+    }
+    nodes |= {f"infiniband/uverbs{i}": (UVERBS_MAJOR, 192 + i) for i in range(uverbs)}
+    nodes["infiniband/rdma_cm"] = (10, 58)
+    for name, (major, minor) in nodes.items():
+        path = dev / name
+        if not path.exists():
+            os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+    return root
+
+
+def containerd_config(release: Path, work: Path, nri_socket: Path, runc: Path) -> str:
+    """containerd's config for this release: CRI with the offline sandbox image and runc,
+    restrict_oom_score_adj (the host forbids lowering it), and NRI as deploy/nri-hook ships
+    it (socket moved into the work folder)."""
+    v2 = _major(release) >= 2
+    shipped = (
+        ROOT / "deploy/nri-hook" / ("containerd-2.x-nri.toml" if v2 else "containerd-1.7-nri.toml")
+    ).read_text()
+    nri = shipped.replace("/var/run/nri/nri.sock", str(nri_socket))
+    nri = nri.replace("/opt/nri/plugins", str(work / "nri-plugins"))
+    nri = nri.replace("/etc/nri/conf.d", str(work / "nri-conf"))
+    nri = "\n".join(line for line in nri.splitlines() if not line.startswith("version"))
+    common = f"""
+root = "{work / "root"}"
+state = "{work / "state"}"
+[grpc]
+  address = "{work / "containerd.sock"}"
+[ttrpc]
+  address = "{work / "containerd.sock.ttrpc"}"
+"""
+    if v2:
+        return f"""version = 3
+{common}
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "native"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{SANDBOX_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_cdi = false
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+[plugins."io.containerd.grpc.v1.cri"]
+  disable_tcp_service = true
+{nri}
+"""
+    return f"""version = 2
+{common}
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{SANDBOX_IMAGE}"
+  restrict_oom_score_adj = true
+  disable_tcp_service = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+{nri}
+"""
+
+
+def _major(release: Path) -> int:
+    out = subprocess.run(
+        [str(release / "containerd"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    version = next(w for w in out.split() if w.startswith("v") and w[1:2].isdigit())
+    return int(version[1:].split(".")[0])
+
+
+class Node:
+    """One real node joined to `cp`: containerd `release`, kubelet, agent and hook."""
+
+    def __init__(
+        self,
+        cp: ControlPlane,
+        name: str,
+        release: Path,
+        kubelet: Path,
+        runc: Path,
+        busybox: Path,
+        topology: Path,
+    ) -> None:
+        self.cp = cp
+        self.name = name
+        self.release = release
+        self.kubelet_bin = kubelet
+        self.runc = runc
+        self.busybox = busybox
+        self.topology = topology
+        self.work = cp.work / f"node-{name}"
+        self.work.mkdir()
+        self.sock = self.work / "containerd.sock"
+        self.nri_sock = self.work / "nri.sock"
+        self.procs: dict[str, Proc] = {}
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.release / "ctr"), "-a", str(self.sock), "-n", "k8s.io", *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+        )
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(self.work, name, cmd, env).start()
+        self.procs[name] = proc
+        self.cp.procs[f"{self.name}-{name}"] = proc
+        return proc
+
+    def start_containerd(self) -> None:
+        for d in ("nri-plugins", "nri-conf"):
+            (self.work / d).mkdir(exist_ok=True)
+        config = self.work / "containerd.toml"
+        config.write_text(containerd_config(self.release, self.work, self.nri_sock, self.runc))
+        path = f"{self.release}:{self.runc.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        self._spawn(
+            "containerd",
+            [str(self.release / "containerd"), f"--config={config}", "--log-level=info"],
+            {"PATH": path},
+        )
+        wait_for(lambda: self.ctr("version", check=False).returncode == 0, 60, "containerd up")
+
+    def import_image(self) -> None:
+        archive = busybox_image(self.work / "busybox.tar", self.busybox)
+        self.ctr("images", "import", "--all-platforms", str(archive))
+        self.ctr("images", "tag", "--force", IMAGE, SANDBOX_IMAGE)
+
+    def start_kubelet(self) -> None:
+        pair = self.cp.cluster_ca.issue(
+            f"kubelet-{self.name}", f"system:node:{self.name}", orgs=("system:nodes",)
+        )
+        kubeconfig = self.cp.kubeconfig(f"kubelet-{self.name}", pair=pair)
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": False},
+                "x509": {"clientCAFile": str(self.cp.cluster_ca.path)},
+            },
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs",
+            "cgroupsPerQOS": False,
+            "enforceNodeAllocatable": [],
+            "failSwapOn": False,
+            "port": free_port(),
+            "readOnlyPort": 0,
+            "healthzPort": 0,
+            "address": "127.0.0.1",
+            "staticPodPath": "",
+            "containerRuntimeEndpoint": f"unix://{self.sock}",
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "evictionHard": {},
+            "evictionPressureTransitionPeriod": "0s",
+            "serializeImagePulls": False,
+            "syncFrequency": "5s",
+            "nodeStatusUpdateFrequency": "5s",
+            "localStorageCapacityIsolation": False,
+            "resolvConf": "",
+        }
+        path = self.work / "kubelet.yaml"
+        path.write_text(yaml.safe_dump(config))
+        self._spawn(
+            "kubelet",
+            [
+                str(self.kubelet_bin),
+                f"--config={path}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={self.work / 'kubelet'}",
+                f"--hostname-override={self.name}",
+                f"--cert-dir={self.work / 'kubelet-pki'}",
+                "--v=2",
+            ],
+        )
+        wait_for(lambda: self.cp.admin.get(f"/api/v1/nodes/{self.name}"), 120, "kubelet's Node")
+        wait_for(self._untainted, 60, f"{self.name} without not-ready taints")
+
+    def _untainted(self) -> bool:
+        self.cp.untaint(self.name)
+        node = self.cp.admin.get(f"/api/v1/nodes/{self.name}")
+        return not (node.get("spec") or {}).get("taints")
+
+    def start_agent(self) -> None:
+        kubeconfig = self.cp.kubeconfig(
+            f"agent-{self.name}", token=self.cp.token("tessera-device-plugin", self.name)
+        )
+        self._spawn(
+            "agent",
+            [
+                sys.executable,
+                "-m",
+                "deviceplugin.cli",
+                "--backend=fake",
+                f"--topology={self.topology}",
+                f"--node-name={self.name}",
+                f"--kubeconfig={kubeconfig}",
+                "--heartbeat-interval=2",
+                "--lease-duration=8",
+                "--health-query-interval=0",
+                "--no-netlink",
+            ],
+            PYTHON_ENV,
+        )
+
+    def start_hook(self, devices: Path) -> None:
+        self._spawn(
+            "nri-hook",
+            [
+                sys.executable,
+                "-m",
+                "nri_hook.cli",
+                f"--socket={self.nri_sock}",
+                f"--node-name={self.name}",
+                f"--integrity-key-file={self.cp.integrity_dir}",
+                f"--device-root={devices}",
+                "--no-vf-netdevs",
+                "--log-level=info",
+            ],
+            PYTHON_ENV,
+        )
+
+    def stop(self) -> None:
+        for name in ("kubelet", "agent"):
+            if name in self.procs:
+                self.procs[name].stop()
+        # containers outlive the kubelet and containerd: kill their tasks while it answers
+        if self.procs.get("containerd") and self.procs["containerd"].running():
+            for task in self.ctr("tasks", "list", "-q", check=False).stdout.split():
+                self.ctr("tasks", "kill", "-s", "SIGKILL", task, check=False)
+            time.sleep(1)
+            for task in self.ctr("tasks", "list", "-q", check=False).stdout.split():
+                self.ctr("tasks", "delete", "-f", task, check=False)
+        for name in ("nri-hook", "containerd"):
+            if name in self.procs:
+                self.procs[name].stop()
+        (PLUGIN_DIR / "kubelet.sock").unlink(missing_ok=True)
