@@ -16,6 +16,15 @@ NODES = [f"e2e-node-{i}" for i in range(4)]
 TOPOLOGY = "h100-sxm-8x"
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Collect this folder only when the e2e marker is selected (`make e2e`): the default
+    run (`-m "not e2e"`) then does not even import it."""
+    markexpr = str(config.option.markexpr or "")
+    if "e2e" not in markexpr or "not e2e" in markexpr:
+        return collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    return None
+
+
 def _workdir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TESSERA_E2E_WORKDIR")))
 

@@ -98,24 +98,39 @@ class Proc:
     """One program of the cluster, logging to <work>/<name>.log (appended across restarts)."""
 
     def __init__(
-        self, work: Path, name: str, cmd: list[str], env: dict[str, str] | None = None
+        self,
+        work: Path,
+        name: str,
+        cmd: list[str],
+        env: dict[str, str] | None = None,
+        identity_flag: str = "",
     ) -> None:
         self.name = name
         self.cmd = cmd
+        self.identity_flag = identity_flag
+        """When set, each start passes `<flag>=<name>-<start>`: a restarted replica is a new
+        candidate, as a new pod (new host name and pid) would be."""
         self.env = dict(os.environ, **env) if env else None
         self.log = work / f"{name}.log"
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.started_identity = ""
 
     def start(self) -> Proc:
         with self.log.open("ab") as log:
             log.write(f"=== start {self.starts} at {time.time():.3f}\n".encode())
             log.flush()
-            self.popen = subprocess.Popen(
-                self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env
-            )
+            cmd = list(self.cmd)
+            if self.identity_flag:
+                cmd.append(f"{self.identity_flag}={self.identity}")
+            self.popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+        self.started_identity = self.identity
         self.starts += 1
         return self
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}-{self.starts}"
 
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -175,7 +190,8 @@ class LeaderProxy:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        port = self.ports.get(self.holder())
+        holder = self.holder()
+        port = next((p for name, p in self.ports.items() if holder.startswith(name + "-")), None)
         if port is None:
             client.close()
             return
@@ -387,7 +403,6 @@ class ControlPlane:
                     f"--integrity-key-file={self.integrity_dir}",
                     "--manage-nvidia-gpu",
                     "--leader-elect",
-                    f"--leader-elect-identity={name}",
                     "--leader-elect-lease-duration=4",
                     "--leader-elect-renew-deadline=3",
                     "--leader-elect-retry-period=0.5",
@@ -396,6 +411,7 @@ class ControlPlane:
                     "--log-level=info",
                 ],
                 PYTHON_ENV,
+                identity_flag="--leader-elect-identity",
             ).start()
         self.proxy = LeaderProxy(self.admin, "tessera-scheduler", self.replica_ports)
         wait_for(self.proxy.holder, 60, "a tessera-scheduler leader")
@@ -440,7 +456,10 @@ class ControlPlane:
     def leader(self) -> Proc | None:
         assert self.proxy is not None
         holder = self.proxy.holder()
-        return self.procs.get(holder)
+        for proc in self.tessera_replicas():
+            if proc.started_identity == holder:
+                return proc
+        return None
 
     # --- nodes and their agents ----------------------------------------------------------------
 
