@@ -232,8 +232,9 @@ def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> 
     rng = random.Random(int(os.environ.get("TESSERA_E2E_SEED", "20260101")))
     names = [f"chaos-{i:04d}" for i in range(CHAOS_PODS)]
     # a share of an RDMA NIC takes a whole VF: 128 in the cluster, so about 1 pod in 8
-    shapes = [{rn.GPU: "5"}, {rn.GPU_CORE: "5", rn.GPU_MEMORY: "2"}] * 7 + [
-        {rn.GPU: "5", rn.RDMA: "5"}
+    # 2% shares: the GPUs the earlier tests left free take 50 each
+    shapes = [{rn.GPU: "2"}, {rn.GPU_CORE: "2", rn.GPU_MEMORY: "1"}] * 7 + [
+        {rn.GPU: "2", rn.RDMA: "5"}
     ]
     kills = 0
     started = time.monotonic()
