@@ -397,6 +397,7 @@ class ControlPlane:
                     "scheduler_plugin.cli",
                     f"--kubeconfig={kubeconfig}",
                     f"--listen=127.0.0.1:{port}",
+                    f"--health-listen=127.0.0.1:{free_port()}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-key-file={serving.key}",
                     f"--tls-client-ca-file={self.tessera_ca.path}",
