@@ -182,7 +182,7 @@ class Informer:
                 code = obj.get("code")
                 log.info("watch of %s: %s (%s); relisting", self.name, obj.get("message"), code)
                 return True
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            rv = section(obj, "metadata").get("resourceVersion")
             if rv:
                 self.resource_version = str(rv)
             if kind == "BOOKMARK":

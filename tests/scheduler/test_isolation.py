@@ -193,3 +193,34 @@ def test_a_running_pod_whose_record_was_removed_fences_its_node():
     done["status"]["phase"] = "Succeeded"
     reconciler.replace([running_pod("a", "n", signed("a", "n")), plain, done])
     assert not cache.problems
+
+
+def test_a_bug_while_handling_one_object_is_contained(monkeypatch, caplog):
+    """Defence in depth: an unexpected exception for one object is logged as a bug with
+    its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
+    from scheduler_plugin import cluster
+
+    real_judge = cluster.judge
+
+    def judge_with_a_bug(pod, keyring):
+        if pod["metadata"]["name"] == "buggy":
+            raise ZeroDivisionError("a bug")
+        return real_judge(pod, keyring)
+
+    monkeypatch.setattr(cluster, "judge", judge_with_a_bug)
+    cache, reconciler = cache_with(["n", "m"])
+    good = running_pod("good", "m", signed("good", "m"))
+    reconciler.replace([running_pod("buggy", "n", signed("buggy", "n")), good])
+    assert cache.state.allocation("uid-good") is not None
+    assert set(cache.fences) == {"n"}
+    assert any("bug: handling pod default/buggy" in r.getMessage() for r in caplog.records)
+    reconciler.event("MODIFIED", running_pod("buggy", "n", signed("buggy", "n")))
+    reconciler.event("DELETED", running_pod("buggy", "n", None))
+    assert not cache.fences
+
+    def set_inventory_with_a_bug(name, spec):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(cache, "set_inventory", set_inventory_with_a_bug)
+    InventoryHandler(cache).replace([nodedevices("n"), nodedevices("m")])
+    assert {"n", "m"} <= set(cache.problems)
