@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from scheduler_plugin.cli import build_parser
+from scheduler_plugin.cli import build_parser, check_args
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer, parse_path
@@ -91,6 +91,19 @@ def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port():
         ext["urlPrefix"]
         == f"https://{service['metadata']['name']}.{rn.DEFAULT_HEARTBEAT_NAMESPACE}.svc:{port['port']}"
     )
+
+
+def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki):
+    """The shipped flags are a combination the binary accepts (authenticated, non-loopback),
+    with the Secret's files replaced by real ones."""
+    (deployment,) = docs("deployment.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    parser = build_parser()
+    args = parser.parse_args(container["args"])
+    args.tls_cert_file = str(pki / "server.crt")
+    args.tls_key_file = str(pki / "server.key")
+    args.tls_client_ca_file = str(pki / "ca.crt")
+    assert check_args(parser, args) is not None
 
 
 def test_kube_scheduler_tls_config_names_the_client_secret_files():
