@@ -1,0 +1,161 @@
+"""`kubectl-tessera`: the kubectl plugin's command line.
+
+    kubectl tessera nodes [-o json]
+    kubectl tessera pods [-n NS | -A] [-o json]
+    kubectl tessera explain POD [-n NS] [--policy P] [-o json]
+
+Exit status: 0 done, 1 the API server could not be read, 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+from kubectl_tessera import explain as explain_view
+from kubectl_tessera import nodes as nodes_view
+from kubectl_tessera import pods as pods_view
+from kubectl_tessera.kube import ApiError, Kube, connect
+from tessera.resources import (
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_POLICY,
+    INVENTORY_GROUP,
+    INVENTORY_PLURAL,
+    INVENTORY_VERSION,
+    PLACEMENT_POLICIES,
+)
+
+PROG = "kubectl tessera"
+MAX_TIMEOUT_S = 3600
+"""A request timeout beyond an hour is a typo, not a wish."""
+INVENTORY_PATH = f"/apis/{INVENTORY_GROUP}/{INVENTORY_VERSION}/{INVENTORY_PLURAL}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see `{PROG} --help`)\n")
+        raise SystemExit(2)
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False)
+    common.add_argument("--kubeconfig", help="path to the kubeconfig file")
+    common.add_argument("--context", help="the kubeconfig context to use")
+    common.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    common.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    common.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
+    common.add_argument(
+        "--heartbeat-namespace",
+        default=DEFAULT_HEARTBEAT_NAMESPACE,
+        help="where the node agents keep their heartbeat Leases",
+    )
+    return common
+
+
+def parser() -> argparse.ArgumentParser:
+    common = _common()
+    top = _Parser(prog=PROG, description="Inspect tessera's GPU and RDMA sharing.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")
+    p = sub.add_parser("pods", parents=[common], help="pods holding tessera devices")
+    p.add_argument("-A", "--all-namespaces", action="store_true")
+    e = sub.add_parser("explain", parents=[common], help="why a pending pod fits nowhere")
+    e.add_argument("pod", metavar="POD")
+    e.add_argument(
+        "--policy",
+        choices=PLACEMENT_POLICIES,
+        default=DEFAULT_POLICY,
+        help="the scheduler's --policy (only its own pods' annotation overrides it)",
+    )
+    e.add_argument(
+        "--manage-nvidia-gpu",
+        action="store_true",
+        help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
+    )
+    return top
+
+
+def _leases(kube: Kube, namespace: str) -> list[dict[str, Any]] | None:
+    """The heartbeat Leases, or None when this user may not read them (403) or the
+    namespace does not exist (404): the rest still prints."""
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
+    try:
+        return list(kube.list(path))
+    except ApiError as exc:
+        if exc.status in (403, 404):
+            return None
+        raise
+
+
+def _emit(args: argparse.Namespace, doc: Any, table: Callable[[], str]) -> None:
+    if args.output == "json":
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(table())
+
+
+def run(args: argparse.Namespace, kube: Kube, namespace: str, now: float) -> int:
+    if args.command == "nodes":
+        node_rows = nodes_view.rows(
+            kube.list(INVENTORY_PATH),
+            _leases(kube, args.heartbeat_namespace),
+            now,
+            args.heartbeat_namespace,
+        )
+        _emit(args, nodes_view.as_json(node_rows), lambda: nodes_view.render_rows(node_rows))
+        return 0
+    if args.command == "pods":
+        path = (
+            "/api/v1/pods"
+            if args.all_namespaces
+            else f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+        )
+        pod_rows = pods_view.rows(kube.list(path))
+        _emit(args, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
+        return 0
+    pod = kube.get(
+        f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(args.pod, safe='')}"
+    )
+    if not isinstance(pod, dict):
+        raise ApiError(200, "the pod answer is not an object")
+    result = explain_view.explain(
+        pod,
+        list(kube.list(INVENTORY_PATH)),
+        kube.list("/api/v1/pods"),
+        _leases(kube, args.heartbeat_namespace),
+        now,
+        policy=args.policy,
+        nvidia_gpu=args.manage_nvidia_gpu,
+        lease_namespace=args.heartbeat_namespace,
+    )
+    _emit(args, explain_view.as_json(result), lambda: explain_view.render_explanation(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+        if not 0 < args.request_timeout <= MAX_TIMEOUT_S:
+            parser().error(f"--request-timeout must be in (0, {MAX_TIMEOUT_S}] seconds")
+    except SystemExit as exc:  # usage errors (2) and --help (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        target = connect(args.kubeconfig, args.context)
+        kube = Kube(target.api_client, timeout_s=args.request_timeout)
+        return run(args, kube, args.namespace or target.namespace, time.time())
+    except ApiError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
+    except BrokenPipeError:  # `| head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""`kubectl tessera explain POD`: why a pending pod fits nowhere, node by node.
+
+The cluster state is rebuilt the way tessera-scheduler rebuilds it (NodeDevices for the
+devices; the records of bound, unfinished pods, oldest first, for what is taken) and the
+pod's request is evaluated with the scheduler's own core (`tessera.request.parse_pod`,
+`tessera.decision.Decider`). Two differences, said in the output: records are decoded
+without verifying their integrity proof, and only tessera's devices are judged (taints,
+CPU, memory and affinity are kube-scheduler's business; `kubectl describe pod` shows them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kubectl_tessera.nodes import node_row
+from kubectl_tessera.objects import (
+    holds_devices,
+    name_of,
+    namespace_of,
+    node_of,
+    section,
+    text,
+    uid_of,
+)
+from kubectl_tessera.pods import decode_unverified
+from kubectl_tessera.table import clean, render
+from tessera.decision import Decider
+from tessera.errors import RecordError, RequestError, StateError, TesseraError
+from tessera.model import NodeInventory
+from tessera.placement import NoFit
+from tessera.policies import make_policies
+from tessera.request import ContainerRequest, PodRequest, parse_pod
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
+from tessera.state import ClusterState
+
+NOTE = (
+    "estimated from the NodeDevices and allocation records read now (records not verified); "
+    "only tessera devices are judged, see `kubectl describe pod` for kube-scheduler's reasons"
+)
+
+
+@dataclass
+class NodeVerdict:
+    node: str
+    fits: bool
+    reason: str
+
+    def cells(self) -> list[str]:
+        return [self.node, "yes" if self.fits else "no", self.reason]
+
+
+@dataclass
+class Explanation:
+    pod: str
+    summary: str
+    """One line: what the pod asks for, or why there is nothing to evaluate."""
+    containers: list[str] = field(default_factory=list)
+    nodes: list[NodeVerdict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def describe(c: ContainerRequest) -> str:
+    parts = []
+    if c.gpu_count:
+        parts.append(f"{c.gpu_count} whole GPU{'s' if c.gpu_count > 1 else ''}")
+    elif c.is_share:
+        memory = f"{c.memory_ratio}% memory" if c.memory_ratio else f"{c.memory_units} memory units"
+        parts.append(f"GPU share: {c.core}% compute, {memory}")
+    if c.rdma_count:
+        parts.append(f"{c.rdma_count} whole RDMA NIC{'s' if c.rdma_count > 1 else ''}")
+    elif c.rdma_share:
+        parts.append(f"{c.rdma_share}% of an RDMA NIC")
+    kind = " (sidecar)" if c.sidecar else " (init)" if c.init else ""
+    return f"{c.name}{kind}: {', '.join(parts)}"
+
+
+def _hints(request: PodRequest) -> list[str]:
+    h = request.hints
+    out = []
+    if h.models:
+        out.append(f"GPU model one of {', '.join(sorted(h.models))}")
+    if h.uuids:
+        out.append(f"GPU UUID one of {', '.join(sorted(h.uuids))}")
+    if h.excluded_uuids:
+        out.append(f"GPU UUIDs excluded: {', '.join(sorted(h.excluded_uuids))}")
+    if h.topology is not None:
+        out.append(f"topology {h.topology.name.lower()}")
+    if h.rdma_affinity is not None:
+        out.append(f"RDMA affinity {h.rdma_affinity.name.lower()}")
+    if h.placement:
+        out.append(f"placement policy {h.placement}")
+    return out
+
+
+def _order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """The scheduler's apply order: oldest first, then by UID."""
+    created = text(section(pod, "metadata").get("creationTimestamp"))
+    return (created, uid_of(pod), namespace_of(pod), name_of(pod))
+
+
+def explain(
+    pod: Mapping[str, Any],
+    nodedevices: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    leases: Iterable[Mapping[str, Any]] | None,
+    now: float,
+    *,
+    policy: str,
+    nvidia_gpu: bool = False,
+    lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+) -> Explanation:
+    key = f"{namespace_of(pod)}/{name_of(pod)}"
+    if node_of(pod):
+        return Explanation(key, f"the pod is already bound to node {node_of(pod)}")
+    try:
+        request = parse_pod(pod, nvidia_gpu_enabled=nvidia_gpu)
+    except RequestError as exc:
+        return Explanation(
+            key,
+            f"the request breaks a rule, so it fits no node: {exc}",
+            notes=["fix the pod's resources or tessera.dev/ annotations (docs/resources.md)"],
+        )
+    if not request.wants_devices:
+        return Explanation(key, "the pod asks for no tessera devices; tessera does not hold it")
+
+    result = Explanation(
+        key,
+        f"{len(request.containers)} container(s) ask for tessera devices",
+        containers=[describe(c) for c in request.containers] + _hints(request),
+        notes=[NOTE],
+    )
+    objects = {name_of(o): o for o in nodedevices if name_of(o)}
+    state = ClusterState()
+    broken: dict[str, str] = {}
+    for name, obj in sorted(objects.items()):
+        try:
+            spec = obj.get("spec")
+            if not isinstance(spec, Mapping):
+                raise ValueError("spec is missing or not an object")
+            state.set_node(
+                NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
+            )
+        except (TesseraError, ValueError, TypeError, OverflowError) as exc:
+            broken[name] = f"device inventory does not parse: {exc}"
+
+    held = sorted((p for p in pods if holds_devices(p) and uid_of(p) != uid_of(pod)), key=_order)
+    skipped = 0
+    for other in held:
+        try:
+            state.add(decode_unverified(other))
+        except (RecordError, StateError):
+            skipped += 1
+    if skipped:
+        result.notes.append(
+            f"{skipped} bound pod(s) carry a record that does not decode or conflicts; their "
+            "devices are unknown (the scheduler fences their nodes): `kubectl tessera pods`"
+        )
+
+    by_node = {
+        name_of(lease)[len(HEARTBEAT_LEASE_PREFIX) :]: lease
+        for lease in leases or ()
+        if name_of(lease).startswith(HEARTBEAT_LEASE_PREFIX)
+    }
+    policies = make_policies()
+    if policy not in policies:
+        raise ValueError(f"unknown placement policy {policy!r} (one of {', '.join(policies)})")
+    evaluation = Decider(state, policies, policy).evaluate(request, sorted(state.nodes))
+    for name in sorted(objects):
+        if name in broken:
+            result.nodes.append(NodeVerdict(name, False, broken[name]))
+            continue
+        row = node_row(
+            objects[name], by_node.get(name), None if leases is None else now, lease_namespace
+        )
+        if row.state in ("fenced", "unusable"):
+            result.nodes.append(NodeVerdict(name, False, f"takes no tessera pods: {row.reason}"))
+            continue
+        nofit: NoFit | None = evaluation.failures.get(name)
+        if nofit is None:
+            result.nodes.append(NodeVerdict(name, True, "fits now"))
+        else:
+            hopeless = " (waiting will not help)" if nofit.unresolvable else ""
+            result.nodes.append(NodeVerdict(name, False, nofit.reason + hopeless))
+    if not objects:
+        result.notes.append("no NodeDevices objects: is the tessera node agent running?")
+    return result
+
+
+def render_explanation(e: Explanation) -> str:
+    lines = [clean(f"Pod {e.pod}: {e.summary}")]
+    lines += ["  " + clean(c) for c in e.containers]
+    lines += [clean(f"# {n}") for n in e.notes]
+    if e.nodes:
+        lines.append(render(["NODE", "FITS", "REASON"], [v.cells() for v in e.nodes]))
+    return "\n".join(lines)
+
+
+def as_json(e: Explanation) -> dict[str, Any]:
+    return asdict(e)

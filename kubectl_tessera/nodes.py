@@ -1,0 +1,206 @@
+"""`kubectl tessera nodes`: per node, its GPUs, what is allocated, whether it takes pods.
+
+Devices come from the NodeDevices `spec` (the node agent's inventory); allocation, fencing
+and the reason a node takes no pods from `status.allocation`, which tessera-scheduler
+writes; the heartbeat from the node agent's Lease.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kubectl_tessera.objects import age, integer, mib, name_of, parse_time, section, text
+from kubectl_tessera.table import render
+from tessera.errors import TesseraError
+from tessera.model import NodeInventory
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
+
+HEARTBEAT_GRACE_S = 5.0
+"""The scheduler's default `--heartbeat-grace`: a Lease older than its duration plus this
+is stale (the node takes no new tessera pods)."""
+
+
+@dataclass
+class NodeRow:
+    node: str
+    state: str
+    """ready, fenced, unusable, invalid (inventory does not parse) or unknown (no status)."""
+    gpus: str = ""
+    gpu_count: int = 0
+    healthy_gpus: int = 0
+    rdma: int = 0
+    core_used: int | None = None
+    core_free: int | None = None
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    heartbeat_age_s: float | None = None
+    heartbeat: str = "missing"
+    reason: str = ""
+    fenced_by: list[dict[str, str]] = field(default_factory=list)
+
+    def cells(self) -> list[str]:
+        def pair(used: int | None, free: int | None, unit: str) -> str:
+            if used is None or free is None:
+                return "-"
+            if unit == "%":
+                return f"{used}%/{free}%"
+            return f"{mib(used)}/{mib(free)}"
+
+        return [
+            self.node,
+            self.state,
+            self.gpus or "-",
+            f"{self.healthy_gpus}/{self.gpu_count}",
+            pair(self.core_used, self.core_free, "%"),
+            pair(self.memory_used_mib, self.memory_free_mib, "MiB"),
+            str(self.rdma),
+            self.heartbeat,
+            self.reason or "-",
+        ]
+
+
+HEADERS = [
+    "NODE",
+    "STATE",
+    "GPUS",
+    "HEALTHY",
+    "CORE USED/FREE",
+    "MEMORY USED/FREE",
+    "RDMA",
+    "HEARTBEAT",
+    "REASON",
+]
+
+
+def _models(inventory: NodeInventory) -> str:
+    counts = Counter(g.model for g in inventory.gpus)
+    return ", ".join(f"{n}x {model}" for model, n in sorted(counts.items()))
+
+
+def _allocation(row: NodeRow, status: Mapping[str, Any]) -> None:
+    """Sums of the scheduler's per-GPU figures; a malformed entry makes the sums unknown."""
+    gpus = status.get("gpus")
+    if not isinstance(gpus, list):
+        return
+    totals = [0, 0, 0, 0]
+    for gpu in gpus:
+        core, memory = section(gpu, "core"), section(gpu, "memoryMiB")
+        values = [
+            integer(core.get("used")),
+            integer(core.get("free")),
+            integer(memory.get("used")),
+            integer(memory.get("free")),
+        ]
+        if any(v is None for v in values):
+            return
+        totals = [t + (v or 0) for t, v in zip(totals, values, strict=True)]
+    row.core_used, row.core_free, row.memory_used_mib, row.memory_free_mib = totals
+
+
+def _heartbeat(row: NodeRow, lease: Mapping[str, Any] | None, now: float | None, where: str) -> str:
+    """Fills the heartbeat cells; returns a problem when the Lease is missing or stale.
+    `now` None: the Leases could not be read."""
+    if now is None:
+        row.heartbeat = "?"
+        return ""
+    if lease is None:
+        row.heartbeat = "missing"
+        return f"node agent heartbeat Lease {where} is missing"
+    spec = section(lease, "spec")
+    renewed = parse_time(spec.get("renewTime"))
+    if renewed is None:
+        row.heartbeat = "unknown"
+        return f"node agent heartbeat Lease {where} has no renewTime"
+    row.heartbeat_age_s = max(0.0, now - renewed)
+    row.heartbeat = age(row.heartbeat_age_s)
+    duration = integer(spec.get("leaseDurationSeconds")) or 0
+    if row.heartbeat_age_s > duration + HEARTBEAT_GRACE_S:
+        row.heartbeat += " (stale)"
+        return (
+            f"node agent is silent: heartbeat Lease {where} not renewed for "
+            f"{row.heartbeat_age_s:.0f}s (lease duration {duration}s)"
+        )
+    return ""
+
+
+def node_row(
+    obj: Mapping[str, Any],
+    lease: Mapping[str, Any] | None,
+    now: float | None,
+    lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+) -> NodeRow:
+    """One node's row; `now` None when the Leases could not be read."""
+    name = name_of(obj)
+    where = f"{lease_namespace}/{HEARTBEAT_LEASE_PREFIX}{name}"
+    row = NodeRow(node=name, state="unknown")
+    try:
+        spec = obj.get("spec")
+        if not isinstance(spec, Mapping):
+            raise ValueError("spec is missing or not an object")
+        inventory = NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
+    except (TesseraError, ValueError, TypeError) as exc:
+        row.state = "invalid"
+        row.reason = f"inventory does not parse: {exc}"
+        _heartbeat(row, lease, now, where)
+        return row
+    row.gpus = _models(inventory)
+    row.gpu_count = len(inventory.gpus)
+    row.healthy_gpus = sum(1 for g in inventory.gpus if g.healthy)
+    row.rdma = len(inventory.nics)
+    silent = _heartbeat(row, lease, now, where)
+
+    status = section(section(obj, "status"), "allocation")
+    fenced = status.get("fenced")
+    row.fenced_by = [
+        {"pod": text(f.get("pod")), "uid": text(f.get("uid")), "problem": text(f.get("problem"))}
+        for f in (fenced if isinstance(fenced, list) else [])
+        if isinstance(f, Mapping)
+    ]
+    problem = text(status.get("problem"))
+    if not status:
+        row.reason = "no allocation status yet (is tessera-scheduler running?)"
+    elif row.fenced_by or problem.startswith("node is fenced"):
+        row.state = "fenced"
+    elif status.get("usable") is False:
+        row.state = "unusable"
+    elif status.get("usable") is True:
+        row.state = "ready"
+    if status:
+        _allocation(row, status)
+        row.reason = problem
+    if silent and row.state in ("ready", "unknown"):
+        # the scheduler writes status only on changes: a stale Lease may be newer news
+        row.state = "unusable"
+        row.reason = silent
+    row.reason = row.reason or silent
+    return row
+
+
+def rows(
+    nodedevices: Iterable[Mapping[str, Any]],
+    leases: Iterable[Mapping[str, Any]] | None,
+    now: float,
+    lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+) -> list[NodeRow]:
+    """One row per NodeDevices object, by node name. `leases` None: they could not be read."""
+    by_node = {
+        name_of(lease)[len(HEARTBEAT_LEASE_PREFIX) :]: lease
+        for lease in leases or ()
+        if name_of(lease).startswith(HEARTBEAT_LEASE_PREFIX)
+    }
+    clock = None if leases is None else now
+    result = [
+        node_row(obj, by_node.get(name_of(obj)), clock, lease_namespace) for obj in nodedevices
+    ]
+    return sorted(result, key=lambda r: r.node)
+
+
+def render_rows(items: list[NodeRow]) -> str:
+    return render(HEADERS, [r.cells() for r in items])
+
+
+def as_json(items: list[NodeRow]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in items]

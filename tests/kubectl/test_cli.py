@@ -1,0 +1,237 @@
+"""`kubectl tessera` against the simulated API server and the real tessera-scheduler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubectl_tessera.cli import main
+from tessera import resources as rn
+from tests.kubectl.conftest import add_node
+from tests.scheduler.helpers import Http, pod, running, schedule, share, wait_for
+
+WHOLE = {rn.GPU: 400}
+"""Four whole GPUs."""
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv: str) -> Any:
+    code, out, err = run(capsys, *argv, "-o", "json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def bound(fake, name: str, node: str, record: str, namespace: str = "default") -> None:
+    """A running pod bound to `node` carrying `record` (as a user could create one)."""
+    obj = pod(
+        name, share(10, 10), namespace=namespace, annotations={rn.ALLOCATION_ANNOTATION: record}
+    )
+    obj["spec"]["nodeName"] = node
+    fake.create("pods", obj)
+    fake.patch("pods", name, {"status": {"phase": "Running"}}, namespace=namespace, sub="status")
+
+
+def status_written(fake, node: str, check) -> None:
+    wait_for(lambda: check(fake.get("nodedevices", node).get("status", {}).get("allocation")))
+
+
+@pytest.fixture
+def cluster(fake):
+    """h100 (8x H100, 4 NICs) and t4 (4x T4), both alive; a silent a100 node."""
+    add_node(fake, "h100", "h100-sxm-8x")
+    add_node(fake, "t4", "t4-4x")
+    add_node(fake, "a100", "a100-pcie-8x", lease_age=3600)
+    return fake
+
+
+def test_nodes_shows_devices_allocation_fencing_and_heartbeat(cluster, kubeconfig, capsys):
+    fake = cluster
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
+        assert schedule(h, fake, pod("b", WHOLE), ["h100"]) == "h100"
+        # a record altered after the bind: the scheduler fences the node
+        bound(fake, "forged", "h100", "{not a record")
+        status_written(fake, "h100", lambda s: s and s["fenced"])
+        status_written(fake, "t4", lambda s: s and s["gpus"][0]["core"]["used"] == 40)
+        rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+
+    assert set(rows) == {"h100", "t4", "a100"}
+    t4, h100, a100 = rows["t4"], rows["h100"], rows["a100"]
+    assert t4["state"] == "ready" and t4["gpus"] == "4x Tesla T4"
+    assert (t4["gpu_count"], t4["healthy_gpus"], t4["rdma"]) == (4, 4, 0)
+    assert (t4["core_used"], t4["core_free"]) == (40, 360)
+    t4_mib = 15360  # the topology's T4 memory
+    assert t4["memory_used_mib"] == t4_mib // 2
+    assert t4["memory_used_mib"] + t4["memory_free_mib"] == 4 * t4_mib
+    assert t4["heartbeat_age_s"] < 60 and "stale" not in t4["heartbeat"]
+
+    assert h100["state"] == "fenced" and h100["core_used"] == 400 and h100["rdma"] == 4
+    assert h100["fenced_by"][0]["pod"] == "default/forged"
+    assert "node is fenced" in h100["reason"] and "default/forged" in h100["reason"]
+
+    assert a100["state"] == "unusable" and "stale" in a100["heartbeat"]
+    assert (
+        "node agent is silent: heartbeat Lease tessera-system/tessera-node-a100" in a100["reason"]
+    )
+
+    code, out, _ = run(capsys, "nodes", "--kubeconfig", kubeconfig)
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["NODE", "STATE", "GPUS"]
+    assert [line.split()[0] for line in lines[1:]] == ["a100", "h100", "t4"]
+    assert "40%/360%" in out and "fenced" in lines[2]
+
+
+def test_nodes_without_scheduler_status_or_readable_leases(fake, kubeconfig, capsys):
+    add_node(fake, "t4", "t4-4x")
+    fake.fail("/leases", status=403, times=10)
+    (row,) = run_json(capsys, "nodes", "--kubeconfig", kubeconfig)
+    assert row["state"] == "unknown" and row["heartbeat"] == "?"
+    assert "tessera-scheduler" in row["reason"] and row["core_used"] is None
+
+
+def test_nodes_survive_hostile_objects(fake, kubeconfig, capsys):
+    add_node(fake, "good", "t4-4x")
+    fake.create("nodedevices", {"metadata": {"name": "bad"}, "spec": {"gpus": "many"}})
+    fake.create(
+        "nodedevices",
+        {
+            "metadata": {"name": "odd"},
+            "spec": fake.get("nodedevices", "good")["spec"] | {"nodeName": "odd"},
+            "status": {
+                "allocation": {
+                    "usable": "yes",
+                    "gpus": [{"core": {"used": "x"}}],
+                    "fenced": [1, {"pod": 5}],
+                    "problem": ["\x1b[31m"],
+                }
+            },
+        },
+    )
+    rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+    assert rows["bad"]["state"] == "invalid" and "gpus" in rows["bad"]["reason"]
+    assert rows["odd"]["core_used"] is None and rows["good"]["gpu_count"] == 4
+    code, out, _ = run(capsys, "nodes", "--kubeconfig", kubeconfig)
+    assert code == 0 and "\x1b" not in out
+
+
+def test_pods_lists_grants_per_container_and_invalid_records(cluster, kubeconfig, capsys):
+    fake = cluster
+    with running(fake) as service:
+        h = Http(service.server.port)
+        assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
+        nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
+        assert schedule(h, fake, nic_pod, ["h100"]) == "h100"
+        wait_for(lambda: not service.cache.state.assumed)
+    record_a = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+    bound(fake, "copied", "t4", record_a)  # another pod's record: wrong UID and name
+    fake.create("pods", pod("plain", share(10, 10)))  # no record: not listed
+
+    doc = run_json(capsys, "pods", "--kubeconfig", kubeconfig, "-A")
+    assert "NOT verified" in doc["note"]
+    rows = {(r["namespace"], r["name"]): r for r in doc["pods"]}
+    assert set(rows) == {("default", "a"), ("default", "copied"), ("train", "b")}
+    a = rows["default", "a"]
+    assert a["node"] == "t4" and a["container"] == "main"
+    assert a["gpus"][0]["core"] == 40 and a["gpus"][0]["uuid"].startswith("GPU-")
+    b = rows["train", "b"]
+    assert len(b["gpus"]) == 4 and len(b["rdma"]) == 1 and b["rdma"][0]["share"] == 100
+    assert rows["default", "copied"]["invalid"].startswith("record is for")
+
+    code, out, _ = run(capsys, "pods", "--kubeconfig", kubeconfig)  # the context's namespace
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("# ") and "NOT verified" in lines[0]
+    assert "train" not in out and "invalid: record is for" in out
+    assert "40%" in out and a["gpus"][0]["uuid"][:12] in out
+    code, out, _ = run(capsys, "pods", "--kubeconfig", kubeconfig, "-n", "train")
+    assert "mlx5_" in out and "default" not in out
+
+
+def test_explain_agrees_with_the_scheduler_node_by_node(cluster, kubeconfig, capsys):
+    fake = cluster
+    with running(fake) as service:
+        h = Http(service.server.port)
+        for i in range(3):  # 6 of the H100s taken, 2 left
+            assert schedule(h, fake, pod(f"w{i}", {rn.GPU: 200}), ["h100"]) == "h100"
+        assert schedule(h, fake, pod("s", share(80, 90)), ["t4"]) == "t4"
+        wait_for(lambda: not service.cache.state.assumed)
+        nodes = ["h100", "t4", "a100"]
+        cases = {
+            "big": pod("big", WHOLE),
+            "pinned": pod(
+                "pinned", share(50, 50), annotations={rn.GPU_MODEL_ANNOTATION: "NVIDIA A100"}
+            ),
+            "small": pod("small", share(10, 10)),
+        }
+        for name, obj in cases.items():
+            created = fake.create("pods", obj)
+            _, reply = h.post("/filter", {"Pod": created, "NodeNames": nodes})
+            doc = run_json(
+                capsys, "explain", name, "--kubeconfig", kubeconfig, "--policy", "binpack"
+            )
+            verdicts = {v["node"]: v for v in doc["nodes"]}
+            assert set(verdicts) == set(nodes)
+            assert {n for n, v in verdicts.items() if v["fits"]} == set(reply["NodeNames"])
+            failed = reply["FailedNodes"] | reply["FailedAndUnresolvableNodes"]
+            for node, reason in failed.items():
+                # the same words; a silent agent's age may differ by the second
+                core = reason.removeprefix("tessera: ").split(" (")[0].split(" for ")[0]
+                assert core in verdicts[node]["reason"], (name, node)
+
+    assert "fits now" not in {v["reason"] for v in doc["nodes"] if v["node"] == "a100"}
+    code, out, _ = run(capsys, "explain", "big", "--kubeconfig", kubeconfig)
+    assert code == 0 and out.startswith("Pod default/big: 1 container(s)")
+    assert "main: 4 whole GPUs" in out and "not verified" in out
+    table = out[out.index("NODE") :].splitlines()
+    assert [line.split()[:2] for line in table[1:]] == [
+        ["a100", "no"],
+        ["h100", "no"],
+        ["t4", "no"],
+    ]
+
+
+def test_explain_prints_the_broken_rule_and_unrelated_pods(fake, kubeconfig, capsys):
+    add_node(fake, "t4", "t4-4x")
+    fake.create("pods", pod("bad", {rn.GPU_CORE: 150}))
+    fake.create("pods", pod("cpu-only"))
+    doc = run_json(capsys, "explain", "bad", "--kubeconfig", kubeconfig)
+    assert doc["summary"].startswith("the request breaks a rule") and doc["nodes"] == []
+    assert rn.GPU_CORE in doc["summary"]
+    doc = run_json(capsys, "explain", "cpu-only", "--kubeconfig", kubeconfig)
+    assert "no tessera devices" in doc["summary"]
+
+
+def test_errors_are_one_line(fake, kubeconfig, tmp_path, capsys):
+    code, out, err = run(capsys, "explain", "missing", "--kubeconfig", kubeconfig)
+    assert code == 1 and out == "" and err.count("\n") == 1 and "404" in err
+    code, _, err = run(capsys, "frobnicate")
+    assert code == 2 and err.count("\n") == 1
+    code, _, err = run(capsys, "nodes", "-o", "yaml", "--kubeconfig", kubeconfig)
+    assert code == 2 and err.count("\n") == 1
+    fake.stop()
+    code, _, err = run(capsys, "nodes", "--kubeconfig", kubeconfig, "--request-timeout", "2")
+    assert code == 1 and err.count("\n") == 1 and "cannot reach" in err
+    code, _, err = run(capsys, "nodes", "--kubeconfig", str(tmp_path / "nope"))
+    assert code == 1 and err.count("\n") == 1 and "configuration" in err
+
+
+def test_namespace_and_context_come_from_the_kubeconfig(fake, tmp_path, capsys):
+    doc = json.loads(Path(fake.kubeconfig(str(tmp_path / "base"))).read_text())
+    doc["contexts"].append(
+        {"name": "ml", "context": {"cluster": "fake", "user": "fake", "namespace": "ml"}}
+    )
+    path = tmp_path / "kc"
+    path.write_text(json.dumps(doc))
+    fake.create("pods", pod("p", share(10, 10), namespace="ml"))
+    code, _, err = run(capsys, "explain", "p", "--kubeconfig", str(path))
+    assert code == 1 and "404" in err  # the current context's namespace is "default"
+    code, out, _ = run(capsys, "explain", "p", "--kubeconfig", str(path), "--context", "ml")
+    assert code == 0 and out.startswith("Pod ml/p:")
