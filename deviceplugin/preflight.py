@@ -1,0 +1,434 @@
+"""`tessera-node-check`: does this node have what a tessera GPU node needs?
+
+Each check answers ok, warn or fail with a one-line reason and, when not ok, what to do.
+The command exits 0 when nothing failed and 1 otherwise, so it can gate a node (or run as
+an init container of the node agent). Paths are read under `--root` (the host's `/` when
+run from a pod with the host mounted, or a scratch tree in tests); NVML is loaded from
+the library path of the process itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from deviceplugin.flags import OneLineParser
+from deviceplugin.server import DEFAULT_PLUGIN_DIR
+from tessera.errors import TesseraError
+from tessera.topology_file import load_topology
+
+OK: Final = "ok"
+WARN: Final = "warn"
+FAIL: Final = "fail"
+
+DEFAULT_NRI_SOCKET: Final = "/var/run/nri/nri.sock"
+DEFAULT_MPS_PIPE_DIR: Final = "/tmp/nvidia-mps"
+"""nvidia-cuda-mps-control's default pipe directory (CUDA_MPS_PIPE_DIRECTORY)."""
+DEFAULT_HAMI_CORE_LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
+"""Where HAMi's device plugin installs HAMi-core on the host."""
+CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
+TOOLKIT_BINARIES: Final = ("/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-ctk")
+MAX_VERSION_CHARS: Final = 200
+"""Of /proc/driver/nvidia/version's first line, kept for the report."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    reason: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Options:
+    root: Path = Path("/")
+    backend: str = "nvml"
+    topology: str = ""
+    device_plugin_dir: str = DEFAULT_PLUGIN_DIR
+    nri_socket: str = DEFAULT_NRI_SOCKET
+    rdma: str = "auto"
+    """auto: check RDMA when the node has RDMA NICs; required: fail without; off."""
+    fractional: bool = True
+    """Fractional GPU resources are advertised (so pods share GPUs and need isolation)."""
+    isolation: str = "auto"
+    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
+    hami_core_library: str = DEFAULT_HAMI_CORE_LIBRARY
+
+
+class Node:
+    """The node's files, under a root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, absolute: str) -> Path:
+        return self.root / absolute.lstrip("/")
+
+    def exists(self, absolute: str) -> bool:
+        return self.path(absolute).exists()
+
+    def glob(self, absolute_dir: str, pattern: str) -> list[Path]:
+        base = self.path(absolute_dir)
+        try:
+            return sorted(base.glob(pattern))
+        except OSError:
+            return []
+
+
+# --- the checks --------------------------------------------------------------------------
+
+
+def check_driver(node: Node, opts: Options) -> list[Check]:
+    if opts.backend == "fake":
+        return [Check("nvidia-driver", OK, "not needed with --backend fake")]
+    result = []
+    version = node.path("/proc/driver/nvidia/version")
+    try:
+        first = version.read_text(errors="replace").splitlines()[:1]
+    except OSError:
+        result.append(
+            Check(
+                "nvidia-driver",
+                FAIL,
+                "the NVIDIA kernel driver is not loaded (no /proc/driver/nvidia/version)",
+                "install the NVIDIA driver for this kernel and load it (modprobe nvidia)",
+            )
+        )
+    else:
+        line = " ".join((first[0] if first else "").split())[:MAX_VERSION_CHARS]
+        result.append(Check("nvidia-driver", OK, line or "loaded"))
+    for dev, fix in (
+        ("/dev/nvidiactl", "load the nvidia module; device nodes appear with it"),
+        ("/dev/nvidia-uvm", "load nvidia-uvm (modprobe nvidia-uvm; nvidia-modprobe -u -c=0)"),
+    ):
+        p = node.path(dev)
+        if not p.exists():
+            result.append(Check(dev, FAIL, f"{dev} is missing", fix))
+        elif not _is_char_device(p):
+            result.append(Check(dev, WARN, f"{dev} exists but is not a character device", fix))
+        else:
+            result.append(Check(dev, OK, "present"))
+    return result
+
+
+def _is_char_device(p: Path) -> bool:
+    try:
+        return stat.S_ISCHR(p.stat().st_mode)
+    except OSError:
+        return False
+
+
+def check_nvml(opts: Options, nvml: Callable[[], Any] | None = None) -> Check:
+    """NVML loads and sees GPUs (real pynvml), or the topology file parses (fake backend)."""
+    if opts.backend == "fake":
+        if not opts.topology:
+            return Check(
+                "nvml",
+                FAIL,
+                "--backend fake needs --topology",
+                "pass the topology file or a built-in name",
+            )
+        try:
+            inventory = load_topology(opts.topology)
+        except TesseraError as exc:
+            return Check(
+                "nvml",
+                FAIL,
+                f"topology does not parse: {exc}",
+                "fix the field named in the message",
+            )
+        if not inventory.gpus:
+            return Check("nvml", FAIL, "the topology lists no GPUs", "add the node's GPUs")
+        models = sorted({g.model for g in inventory.gpus})
+        return Check("nvml", OK, f"topology: {len(inventory.gpus)} GPU(s), {', '.join(models)}")
+    try:
+        module = nvml() if nvml is not None else _import_pynvml()
+        module.nvmlInit()
+        try:
+            count = int(module.nvmlDeviceGetCount())
+            version = module.nvmlSystemGetDriverVersion()
+        finally:
+            module.nvmlShutdown()
+    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+        return Check(
+            "nvml",
+            FAIL,
+            f"NVML cannot be used: {type(exc).__name__}: {_line(exc)}",
+            "make libnvidia-ml.so.1 visible to this process (the NVIDIA container "
+            "toolkit mounts it, or mount the host's driver libraries)",
+        )
+    if isinstance(version, bytes):
+        version = version.decode("utf-8", "replace")
+    if count == 0:
+        return Check(
+            "nvml",
+            FAIL,
+            "NVML loads but reports no GPUs",
+            "check `nvidia-smi` on the node; a GPU may have fallen off the bus",
+        )
+    return Check("nvml", OK, f"{count} GPU(s), driver {_line(version)}")
+
+
+def _import_pynvml() -> Any:
+    import importlib
+
+    return importlib.import_module("pynvml")
+
+
+def _line(value: object) -> str:
+    return " ".join(str(value).split())[:MAX_VERSION_CHARS]
+
+
+def check_plugin_dir(node: Node, opts: Options) -> Check:
+    d = node.path(opts.device_plugin_dir)
+    name = "device-plugin-dir"
+    if not d.is_dir():
+        return Check(
+            name,
+            FAIL,
+            f"{opts.device_plugin_dir} does not exist",
+            "is the kubelet running? mount the kubelet's device-plugins directory",
+        )
+    try:
+        with tempfile.NamedTemporaryFile(dir=d, prefix=".tessera-check-"):
+            pass
+    except OSError as exc:
+        return Check(
+            name,
+            FAIL,
+            f"{opts.device_plugin_dir} is not writable: {exc.strerror}",
+            "run the node agent as root with the directory mounted read-write",
+        )
+    kubelet = d / "kubelet.sock"
+    if not _is_socket(kubelet):
+        return Check(
+            name,
+            WARN,
+            f"writable, but {opts.device_plugin_dir}/kubelet.sock is not there",
+            "is the kubelet running with device plugins enabled?",
+        )
+    return Check(name, OK, "writable, kubelet.sock present")
+
+
+def _is_socket(p: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(p.stat().st_mode)
+    except OSError:
+        return False
+
+
+def check_nri(node: Node, opts: Options) -> Check:
+    p = node.path(opts.nri_socket)
+    if _is_socket(p):
+        return Check("nri", OK, f"{opts.nri_socket} present")
+    what = "is not a socket" if p.exists() else "is missing"
+    return Check(
+        "nri",
+        FAIL,
+        f"containerd's NRI socket {opts.nri_socket} {what}",
+        'enable NRI in containerd (1.7: [plugins."io.containerd.nri.v1.nri"] disable = '
+        "false; on by default in 2.x) and restart containerd",
+    )
+
+
+def check_rdma(node: Node, opts: Options) -> Check:
+    if opts.rdma == "off":
+        return Check("rdma", OK, "not checked (--rdma off)")
+    nics = [p.name for p in node.glob("/sys/class/infiniband", "*")]
+    if opts.backend == "fake" and opts.topology and not nics:
+        try:
+            listed = len(load_topology(opts.topology).nics)
+        except TesseraError:
+            listed = 0
+        if listed:
+            return Check("rdma", OK, f"topology lists {listed} RDMA NIC(s)")
+    if not nics:
+        if opts.rdma == "required":
+            return Check(
+                "rdma",
+                FAIL,
+                "no RDMA devices in /sys/class/infiniband",
+                "load the NIC's RDMA driver (e.g. mlx5_ib) and ib_core",
+            )
+        return Check("rdma", OK, "no RDMA NICs on this node (tessera.dev/rdma not advertised)")
+    verbs = [p.name for p in node.glob("/dev/infiniband", "uverbs*")]
+    if not verbs:
+        return Check(
+            "rdma",
+            FAIL,
+            f"{len(nics)} RDMA device(s) but no /dev/infiniband/uverbs*",
+            "load ib_uverbs (modprobe ib_uverbs)",
+        )
+    return Check(
+        "rdma",
+        OK,
+        f"{len(nics)} RDMA device(s) ({', '.join(nics[:4])}"
+        f"{', ...' if len(nics) > 4 else ''}), {len(verbs)} uverbs device(s)",
+    )
+
+
+def check_isolation(node: Node, opts: Options) -> Check:
+    name = "isolation"
+    if not opts.fractional:
+        return Check(name, OK, "not needed: only whole GPUs are advertised")
+    hami = node.path(opts.hami_core_library).is_file()
+    mps = node.path(opts.mps_pipe_dir).is_dir()
+    found = [what for what, present in (("hami-core", hami), ("mps", mps)) if present]
+    if opts.isolation == "hami-core" and not hami:
+        return Check(
+            name,
+            FAIL,
+            f"HAMi-core library {opts.hami_core_library} is missing",
+            "install HAMi-core there or pass --hami-core-library",
+        )
+    if opts.isolation == "mps" and not mps:
+        return Check(
+            name,
+            FAIL,
+            f"MPS pipe directory {opts.mps_pipe_dir} is missing",
+            "start nvidia-cuda-mps-control -d on the node, or pass --mps-pipe-dir",
+        )
+    if opts.isolation in ("hami-core", "mps"):
+        return Check(name, OK, f"{opts.isolation} present")
+    if found:
+        return Check(
+            name, OK, f"found {' and '.join(found)}; give the same to the NRI hook's --isolation"
+        )
+    return Check(
+        name,
+        WARN,
+        "NO GPU ISOLATION: fractional GPUs are advertised but neither HAMi-core "
+        f"({opts.hami_core_library}) nor an MPS pipe directory ({opts.mps_pipe_dir}) is "
+        "present, so pods sharing a GPU are not limited in memory or compute",
+        "install HAMi-core or run the MPS control daemon and set the NRI hook's "
+        "--isolation, or advertise whole GPUs only",
+    )
+
+
+def check_toolkit(node: Node) -> Check:
+    """Information only: tessera's NRI hook adds device nodes itself."""
+    specs = [p.name for d in CDI_DIRS for p in node.glob(d, "*") if "nvidia" in p.name.lower()]
+    tools = [b.rsplit("/", 1)[1] for b in TOOLKIT_BINARIES if node.exists(b)]
+    parts = []
+    if tools:
+        parts.append(f"toolkit: {', '.join(tools)}")
+    if specs:
+        parts.append(f"CDI specs: {', '.join(specs[:3])}")
+    if not parts:
+        return Check(
+            "container-toolkit",
+            OK,
+            "NVIDIA container toolkit and CDI specs not "
+            "found (not needed: the NRI hook adds the devices)",
+        )
+    return Check("container-toolkit", OK, "; ".join(parts))
+
+
+def run_checks(opts: Options, nvml: Callable[[], Any] | None = None) -> list[Check]:
+    node = Node(opts.root)
+    return [
+        *check_driver(node, opts),
+        check_nvml(opts, nvml),
+        check_plugin_dir(node, opts),
+        check_nri(node, opts),
+        check_rdma(node, opts),
+        check_isolation(node, opts),
+        check_toolkit(node),
+    ]
+
+
+# --- the command -------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="tessera-node-check", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--root",
+        default="/",
+        metavar="DIR",
+        help="where the node's / is visible (default: %(default)s)",
+    )
+    p.add_argument("--backend", choices=("nvml", "fake"), default="nvml")
+    p.add_argument(
+        "--topology",
+        default="",
+        metavar="FILE|NAME",
+        help="with --backend fake: the topology file or built-in name",
+    )
+    p.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR, metavar="DIR")
+    p.add_argument("--nri-socket", default=DEFAULT_NRI_SOCKET, metavar="PATH")
+    p.add_argument(
+        "--rdma",
+        choices=("auto", "required", "off"),
+        default="auto",
+        help="auto: check RDMA when the node has RDMA devices (default)",
+    )
+    p.add_argument(
+        "--whole-gpus-only",
+        action="store_true",
+        help="no fractional resources are advertised: no isolation layer needed",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=("auto", "hami-core", "mps", "none"),
+        default="auto",
+        help="the NRI hook's sharing layer; auto looks for either (default)",
+    )
+    p.add_argument("--mps-pipe-dir", default=DEFAULT_MPS_PIPE_DIR, metavar="DIR")
+    p.add_argument("--hami-core-library", default=DEFAULT_HAMI_CORE_LIBRARY, metavar="PATH")
+    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    return p
+
+
+def render(checks: Sequence[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for c in checks:
+        lines.append(f"{c.status.upper():<4}  {c.name:<{width}}  {c.reason}")
+        if c.fix and c.status != OK:
+            lines.append(f"{'':<4}  {'':<{width}}  -> {c.fix}")
+    failed = sum(c.status == FAIL for c in checks)
+    warned = sum(c.status == WARN for c in checks)
+    lines.append(f"{failed} failed, {warned} warning(s)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, nvml: Callable[[], Any] | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    root = Path(args.root)
+    if not root.is_dir():
+        sys.stderr.write(f"tessera-node-check: error: --root: {args.root} is not a directory\n")
+        return 2
+    opts = Options(
+        root=root,
+        backend=args.backend,
+        topology=args.topology,
+        device_plugin_dir=args.device_plugin_dir,
+        nri_socket=args.nri_socket,
+        rdma=args.rdma,
+        fractional=not args.whole_gpus_only,
+        isolation=args.isolation,
+        mps_pipe_dir=args.mps_pipe_dir,
+        hami_core_library=args.hami_core_library,
+    )
+    checks = run_checks(opts, nvml)
+    if args.output == "json":
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        print(render(checks))
+    return 1 if any(c.status == FAIL for c in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""tessera-node-check against scratch /proc, /dev and /sys trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.preflight import main
+
+
+class FakeNvml:
+    def __init__(self, count: int = 8, fail: Exception | None = None) -> None:
+        self.count, self.fail, self.shutdown = count, fail, False
+
+    def nvmlInit(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"550.54.15"
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown = True
+
+
+def touch(root: Path, path: str, text: str = "") -> Path:
+    p = root / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def char_device(root: Path, path: str) -> None:
+    """A character device without mknod: a link to /dev/null."""
+    p = root / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.symlink_to("/dev/null")
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    held: list[socket.socket] = []
+    yield held
+    for s in held:
+        s.close()
+
+
+def listen(root: Path, path: str, held: list[socket.socket]) -> None:
+    p = root / path.lstrip("/")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(p))
+    held.append(s)
+
+
+@pytest.fixture
+def good_node(sockets) -> Iterator[Path]:
+    """A GPU node with everything tessera needs, RDMA and HAMi-core included (under a short
+    /tmp path: unix socket paths hold at most 107 bytes)."""
+    root = Path(tempfile.mkdtemp(prefix="tnc-", dir="/tmp"))
+    try:
+        yield _populate(root, sockets)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _populate(root: Path, sockets: list[socket.socket]) -> Path:
+    touch(
+        root,
+        "/proc/driver/nvidia/version",
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 2024\nGCC\n",
+    )
+    char_device(root, "/dev/nvidiactl")
+    char_device(root, "/dev/nvidia-uvm")
+    listen(root, "/var/lib/kubelet/device-plugins/kubelet.sock", sockets)
+    listen(root, "/var/run/nri/nri.sock", sockets)
+    (root / "sys/class/infiniband/mlx5_0").mkdir(parents=True)
+    char_device(root, "/dev/infiniband/uverbs0")
+    touch(root, "/usr/local/vgpu/libvgpu.so")
+    return root
+
+
+def check(capsys, *argv: str, nvml: FakeNvml | None = None) -> tuple[int, dict[str, dict]]:
+    code = main([*argv, "-o", "json"], nvml=(lambda: nvml) if nvml else None)
+    out = capsys.readouterr().out
+    return code, {c["name"]: c for c in json.loads(out)}
+
+
+def test_a_good_node_passes(good_node, capsys):
+    nvml = FakeNvml()
+    code, checks = check(capsys, "--root", str(good_node), nvml=nvml)
+    assert code == 0, checks
+    assert {c["status"] for c in checks.values()} == {"ok"}
+    assert "550.54.15" in checks["nvidia-driver"]["reason"]
+    assert checks["nvml"]["reason"] == "8 GPU(s), driver 550.54.15" and nvml.shutdown
+    assert "1 RDMA device(s) (mlx5_0), 1 uverbs" in checks["rdma"]["reason"]
+    assert "hami-core" in checks["isolation"]["reason"]
+    code = main(["--root", str(good_node)], nvml=lambda: nvml)
+    out = capsys.readouterr().out
+    assert code == 0 and out.splitlines()[-1] == "0 failed, 0 warning(s)"
+
+
+def test_no_driver_fails_with_what_to_do(good_node, capsys):
+    (good_node / "proc/driver/nvidia/version").unlink()
+    (good_node / "dev/nvidia-uvm").unlink()
+    code, checks = check(
+        capsys,
+        "--root",
+        str(good_node),
+        nvml=FakeNvml(fail=OSError("NVML Shared Library Not Found")),
+    )
+    assert code == 1
+    assert (
+        checks["nvidia-driver"]["status"] == "fail" and "modprobe" in checks["nvidia-driver"]["fix"]
+    )
+    assert checks["/dev/nvidia-uvm"]["status"] == "fail"
+    assert checks["/dev/nvidiactl"]["status"] == "ok"
+    assert checks["nvml"]["status"] == "fail" and "Not Found" in checks["nvml"]["reason"]
+    code = main(["--root", str(good_node)], nvml=lambda: FakeNvml(fail=OSError("x")))
+    out = capsys.readouterr().out
+    assert "FAIL  nvidia-driver" in out and "-> install the NVIDIA driver" in out
+
+
+def test_a_regular_file_is_not_a_device(good_node, capsys):
+    (good_node / "dev/nvidiactl").unlink()
+    touch(good_node, "/dev/nvidiactl")
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 0 and checks["/dev/nvidiactl"]["status"] == "warn"
+
+
+def test_nvml_with_no_gpus_fails(good_node, capsys):
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml(count=0))
+    assert code == 1 and "no GPUs" in checks["nvml"]["reason"]
+
+
+def test_fake_backend_checks_the_topology_instead(tmp_path, good_node, capsys):
+    (good_node / "proc/driver/nvidia/version").unlink()
+    code, checks = check(
+        capsys, "--root", str(good_node), "--backend", "fake", "--topology", "h100-sxm-8x"
+    )
+    assert code == 0 and checks["nvml"]["reason"].startswith("topology: 8 GPU(s)")
+    assert "nvidiactl" not in " ".join(checks)
+    broken = touch(tmp_path, "topo.yaml", "gpus:\n- index: x\n")
+    code, checks = check(
+        capsys, "--root", str(good_node), "--backend", "fake", "--topology", str(broken)
+    )
+    assert code == 1 and "topo.yaml" in checks["nvml"]["reason"]
+
+
+def test_plugin_dir_and_nri_socket(good_node, capsys):
+    (good_node / "var/run/nri/nri.sock").unlink()
+    os.chmod(good_node / "var/lib/kubelet/device-plugins", 0o500)
+    try:
+        code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    finally:
+        os.chmod(good_node / "var/lib/kubelet/device-plugins", 0o700)
+    assert code == 1
+    assert checks["nri"]["status"] == "fail" and "containerd" in checks["nri"]["fix"]
+    if os.geteuid() != 0:  # root writes anywhere
+        assert checks["device-plugin-dir"]["status"] == "fail"
+    code, checks = check(
+        capsys,
+        "--root",
+        str(good_node),
+        "--nri-socket",
+        "/run/nri.sock",
+        "--device-plugin-dir",
+        "/nowhere",
+        nvml=FakeNvml(),
+    )
+    assert "/run/nri.sock" in checks["nri"]["reason"]
+    assert checks["device-plugin-dir"]["status"] == "fail"
+    assert "does not exist" in checks["device-plugin-dir"]["reason"]
+
+
+def test_rdma_devices_without_verbs_fail_and_required_rdma(good_node, capsys):
+    (good_node / "dev/infiniband/uverbs0").unlink()
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 1 and "ib_uverbs" in checks["rdma"]["fix"]
+    (good_node / "sys/class/infiniband/mlx5_0").rmdir()
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 0 and "no RDMA NICs" in checks["rdma"]["reason"]
+    code, checks = check(capsys, "--root", str(good_node), "--rdma", "required", nvml=FakeNvml())
+    assert code == 1 and checks["rdma"]["status"] == "fail"
+
+
+def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(good_node, capsys):
+    (good_node / "usr/local/vgpu/libvgpu.so").unlink()
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 0 and checks["isolation"]["status"] == "warn"
+    assert "NO GPU ISOLATION" in checks["isolation"]["reason"]
+    code, checks = check(capsys, "--root", str(good_node), "--whole-gpus-only", nvml=FakeNvml())
+    assert checks["isolation"]["status"] == "ok"
+    code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
+    assert code == 1 and "MPS pipe directory" in checks["isolation"]["reason"]
+    (good_node / "tmp/nvidia-mps").mkdir(parents=True)
+    code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
+    assert code == 0 and checks["isolation"]["status"] == "ok"
+
+
+def test_toolkit_and_cdi_are_information(good_node, capsys):
+    _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert "not needed" in checks["container-toolkit"]["reason"]
+    touch(good_node, "/etc/cdi/nvidia.yaml")
+    touch(good_node, "/usr/bin/nvidia-ctk")
+    _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    reason = checks["container-toolkit"]["reason"]
+    assert checks["container-toolkit"]["status"] == "ok"
+    assert "nvidia-ctk" in reason and "nvidia.yaml" in reason
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys):
+    assert main(["--root", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["--backend", "magic"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
