@@ -24,7 +24,7 @@ from pathlib import Path
 
 from deviceplugin.backend import GpuBackend, NicSource, XidEvent
 from deviceplugin.health import HealthTracker, XidPolicy
-from deviceplugin.inventory import InventoryPublisher, node_labels
+from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.kubeapi import KubeError
 from deviceplugin.rdma import port_health
 from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
@@ -295,7 +295,7 @@ class Agent:
                 inventory = self._inventory
                 try:
                     publisher.publish(inventory, force_check=resync)
-                    wanted = node_labels(inventory)
+                    wanted = publisher.labels(inventory)
                     if wanted != labels or resync:
                         publisher.update_labels(inventory)
                         labels = wanted

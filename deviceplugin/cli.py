@@ -42,6 +42,7 @@ from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
 from deviceplugin.inventory import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
     DEFAULT_LEASE_DURATION_S,
+    DriverVersions,
     cr_spec,
 )
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
@@ -253,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
         "older than this as dead; must be longer than --heartbeat-interval. Default: %(default)s.",
     )
     i.add_argument(
+        "--gfd-labels",
+        action="store_true",
+        help="also label the Node as NVIDIA GPU Feature Discovery does (nvidia.com/gpu.product, "
+        ".memory, .count, .present, cuda.driver.*, cuda.runtime.*) so existing nodeSelectors "
+        "work; only where GFD does not run (it owns those labels). Default: off.",
+    )
+    i.add_argument(
         "--resync-interval",
         type=seconds(0),
         default=300.0,
@@ -289,6 +297,12 @@ def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | No
     return SysfsRdma(
         Sysfs(args.sysfs_root), link_source_factory=None if args.no_netlink else Pyroute2Links
     )
+
+
+def _driver_versions(backend: object) -> DriverVersions:
+    """The driver and CUDA versions for the GFD labels, from backends that know them."""
+    versions = getattr(backend, "versions", None)
+    return versions() if callable(versions) else DriverVersions()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -412,6 +426,7 @@ def _run(args: argparse.Namespace) -> int:
                 heartbeat_namespace=args.heartbeat_namespace,
                 lease_duration_s=args.lease_duration,
                 heartbeat_interval_s=args.heartbeat_interval,
+                gfd_labels=_driver_versions(backend) if args.gfd_labels else None,
             ),
         )
     return _serve(agent)

@@ -93,18 +93,72 @@ def sanitize_label_value(text: str) -> str:
     return value.strip("-_.")
 
 
-def node_labels(inventory: NodeInventory) -> dict[str, str | None]:
-    """The labels this agent owns; None removes a label (a node without GPUs).
+def node_labels(
+    inventory: NodeInventory, gfd: DriverVersions | None = None
+) -> dict[str, str | None]:
+    """The labels this agent owns; None removes a label (a node without GPUs). With `gfd`
+    (--gfd-labels) GPU Feature Discovery's labels too.
 
     The memory label is the smallest GPU's memory in MiB, so `gt` node affinity is safe on
     a node whose GPUs differ; the model label says `mixed` then.
     """
+    extra = gfd_labels(inventory, gfd) if gfd is not None else {}
     if not inventory.gpus:
-        return {GPU_MODEL_LABEL: None, GPU_COUNT_LABEL: None, GPU_MEMORY_LABEL: None}
+        return {GPU_MODEL_LABEL: None, GPU_COUNT_LABEL: None, GPU_MEMORY_LABEL: None} | extra
     return {
         GPU_MODEL_LABEL: sanitize_label_value(gpu_model(inventory)),
         GPU_COUNT_LABEL: str(len(inventory.gpus)),
         GPU_MEMORY_LABEL: str(min(g.memory_mib for g in inventory.gpus)),
+    } | extra
+
+
+GFD_PRESENT = "nvidia.com/gpu.present"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_COUNT = "nvidia.com/gpu.count"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+GFD_DRIVER = (
+    "nvidia.com/cuda.driver.major",
+    "nvidia.com/cuda.driver.minor",
+    "nvidia.com/cuda.driver.rev",
+)
+GFD_RUNTIME = ("nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor")
+GFD_LABELS = (GFD_PRESENT, GFD_PRODUCT, GFD_COUNT, GFD_MEMORY, *GFD_DRIVER, *GFD_RUNTIME)
+"""The NVIDIA GPU Feature Discovery labels written with --gfd-labels (and only these: the
+admission policy lets the node agent change exactly these nvidia.com/ keys)."""
+_VERSION_PART = re.compile(r"[0-9]{1,9}")
+
+
+@dataclass(frozen=True)
+class DriverVersions:
+    """What NVML reports, for the GFD labels; empty when unknown (the fake backend)."""
+
+    driver: str = ""
+    """The kernel driver's version, e.g. "550.54.15"."""
+    cuda: str = ""
+    """The CUDA version the driver supports, e.g. "12.4"."""
+
+
+def _version_labels(keys: tuple[str, ...], version: str) -> dict[str, str | None]:
+    """GFD's split of a dotted version, one label per part ("" for a missing last part, as
+    GFD writes `rev`); all removed when the version is unknown or not plain digits."""
+    parts = version.strip().split(".") if version else []
+    if not 2 <= len(parts) <= len(keys) or not all(_VERSION_PART.fullmatch(x) for x in parts):
+        return dict.fromkeys(keys)
+    parts += [""] * (len(keys) - len(parts))
+    return dict(zip(keys, parts, strict=True))
+
+
+def gfd_labels(inventory: NodeInventory, versions: DriverVersions) -> dict[str, str | None]:
+    """GPU Feature Discovery's labels in its value formats; None removes a label."""
+    if not inventory.gpus:
+        return dict.fromkeys(GFD_LABELS)
+    return {
+        GFD_PRESENT: "true",
+        GFD_PRODUCT: sanitize_label_value(gpu_model(inventory).replace(" ", "-")),
+        GFD_COUNT: str(len(inventory.gpus)),
+        GFD_MEMORY: str(min(g.memory_mib for g in inventory.gpus)),
+        **_version_labels(GFD_DRIVER, versions.driver),
+        **_version_labels(GFD_RUNTIME, versions.cuda),
     }
 
 
@@ -120,6 +174,8 @@ class InventoryConfig:
     lease_duration_s: int = DEFAULT_LEASE_DURATION_S
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     conflict_retries: int = 5
+    gfd_labels: DriverVersions | None = None
+    """Also write GPU Feature Discovery's labels (--gfd-labels), with these versions."""
 
     @property
     def lease_name(self) -> str:
@@ -154,9 +210,12 @@ class InventoryPublisher:
             self._node()
         return self._node_uid
 
+    def labels(self, inventory: NodeInventory) -> dict[str, str | None]:
+        return node_labels(inventory, self.config.gfd_labels)
+
     def update_labels(self, inventory: NodeInventory) -> bool:
         """Patch the node's labels if they differ; returns True when it patched."""
-        wanted = node_labels(inventory)
+        wanted = self.labels(inventory)
         node = self._node()
         current = node.get("metadata", {}).get("labels") or {}
         diff = {k: v for k, v in wanted.items() if current.get(k) != v}

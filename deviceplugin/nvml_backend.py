@@ -17,12 +17,14 @@ pynvml's return types and exceptions, including older releases that return bytes
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
+from deviceplugin.inventory import DriverVersions
 from deviceplugin.sysfs import PciLocation, Sysfs
 from tessera.errors import InventoryError
 from tessera.model import Gpu, normalize_bus_id
@@ -253,6 +255,19 @@ class NvmlBackend:
                 return None
             return f"NVML query failed: {exc}"
         return None
+
+    def versions(self) -> DriverVersions:
+        """Driver and supported CUDA versions (for the GFD labels); "" where NVML fails."""
+        nvml = self._nvml
+        driver = cuda = ""
+        with contextlib.suppress(self._error, AttributeError):
+            driver = _text(nvml.nvmlSystemGetDriverVersion())
+        try:
+            number = int(nvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 for 12.4
+            cuda = f"{number // 1000}.{number % 1000 // 10}" if number > 0 else ""
+        except (self._error, AttributeError, TypeError, ValueError):
+            pass
+        return DriverVersions(driver, cuda)
 
     def close(self) -> None:
         if self._closed:

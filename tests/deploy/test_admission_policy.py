@@ -18,6 +18,7 @@ from celpy.adapter import json_to_cel
 from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 
+from deviceplugin.inventory import GFD_LABELS
 from tessera.resources import (
     ALLOCATION_ANNOTATION,
     DOMAIN,
@@ -161,7 +162,7 @@ def test_own_node_beyond_tessera_labels_is_refused(change: str) -> None:
     new = copy.deepcopy(old)
     labels, spec = new["metadata"]["labels"], new["spec"]
     if change == "add-foreign-label":
-        labels["nvidia.com/gpu.present"] = "true"
+        labels["nvidia.com/mig.capable"] = "true"
     elif change == "change-foreign-label":
         labels["team"] = "other"
     elif change == "drop-foreign-label":
@@ -171,6 +172,30 @@ def test_own_node_beyond_tessera_labels_is_refused(change: str) -> None:
     else:
         spec["taints"] = [{"key": "k", "effect": "NoSchedule"}]
     assert "only the tessera.dev/ labels" in str(admit("nodes", new, old))
+
+
+def test_exactly_the_gfd_labels_are_admitted_beside_tessera_ones() -> None:
+    old = _node("node-a", {"team": "ml"})
+    for key in GFD_LABELS:
+        new = _node("node-a", {"team": "ml", key: "1"})
+        assert admit("nodes", new, old) is None, key
+        assert admit("nodes", old, new) is None, key  # and removed again
+    (listed,) = [v for v in POLICY["spec"]["variables"] if v["name"] == "gfdLabels"]
+    assert [str(k) for k in _program(listed["expression"]).evaluate({})] == list(GFD_LABELS)
+    for key in (
+        "nvidia.com/gpu",
+        "nvidia.com/gpu.present2",
+        "nvidia.com/gpu.memoryx",
+        "nvidia.com/gpu.replicas",
+        "nvidia.com/mig.strategy",
+        "Nvidia.com/gpu.count",
+    ):
+        new = _node("node-a", {"team": "ml", key: "1"})
+        assert "only the tessera.dev/ labels" in str(admit("nodes", new, old)), key
+    # on another node even the GFD labels are refused
+    assert "only its own Node" in str(
+        admit("nodes", _node("node-b", {GFD_LABELS[0]: "true"}), _node("node-b"))
+    )
 
 
 def test_a_token_without_a_node_claim_is_refused() -> None:

@@ -164,6 +164,19 @@ class FakeNvml:
     def nvmlShutdown(self) -> None:
         self.initialized = False
 
+    driver_version = "550.54.15"
+    cuda_version = 12040
+
+    def nvmlSystemGetDriverVersion(self) -> Any:
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self._text(self.driver_version)
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        if not self.initialized:
+            raise NVMLError(NVML_ERROR_UNINITIALIZED)
+        return self.cuda_version
+
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
 
