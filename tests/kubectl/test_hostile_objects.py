@@ -1,0 +1,117 @@
+"""Whatever the API server hands back, the views print something and never raise."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubectl_tessera import explain, nodes, pods
+from tessera import resources as rn
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.record import Keyring, encode
+from tests.kubectl.conftest import nodedevices
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+GOOD_NODE = nodedevices("n", "t4-4x")
+RECORD = encode(
+    PodAllocation(
+        "uid-1",
+        "default",
+        "p",
+        "n",
+        (
+            ContainerAllocation(
+                "main", (GpuGrant(GOOD_NODE["spec"]["gpus"][0]["uuid"], 0, 0, 50, 1024),)
+            ),
+        ),
+    ),
+    Keyring.single(b"k" * 32),
+)
+GOOD_POD: dict[str, Any] = {
+    "metadata": {
+        "name": "p",
+        "namespace": "default",
+        "uid": "uid-1",
+        "annotations": {rn.ALLOCATION_ANNOTATION: RECORD},
+    },
+    "spec": {"nodeName": "n", "containers": [{"name": "main"}]},
+    "status": {"phase": "Running"},
+}
+PENDING: dict[str, Any] = {
+    "metadata": {"name": "q", "namespace": "default", "uid": "uid-2"},
+    "spec": {"containers": [{"name": "main", "resources": {"limits": {rn.GPU: "50"}}}]},
+}
+PATHS = [
+    ("spec",),
+    ("status",),
+    ("metadata",),
+    ("status", "allocation"),
+    ("status", "allocation", "gpus"),
+    ("spec", "gpus"),
+    ("metadata", "name"),
+]
+POD_PATHS = [
+    ("metadata",),
+    ("metadata", "annotations"),
+    ("spec",),
+    ("spec", "nodeName"),
+    ("status",),
+    ("metadata", "annotations", rn.ALLOCATION_ANNOTATION),
+    ("metadata", "creationTimestamp"),
+]
+
+
+def _replace(obj: Any, path: tuple[str, ...], value: Any) -> Any:
+    result = copy.deepcopy(obj)
+    target = result
+    for key in path[:-1]:
+        if not isinstance(target, dict):
+            return result
+        target = target.setdefault(key, {})
+    if isinstance(target, dict):
+        target[path[-1]] = value
+    return result
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(PATHS), JSON, st.sampled_from(POD_PATHS), JSON, JSON)
+def test_views_survive_any_field_of_any_type(path, value, pod_path, pod_value, lease_spec):
+    node = _replace(GOOD_NODE, path, value)
+    pod = _replace(GOOD_POD, pod_path, pod_value)
+    lease = {"metadata": {"name": "tessera-node-n"}, "spec": lease_spec}
+    for row in nodes.rows([node, GOOD_NODE], [lease], 1.7e9):
+        row.cells()
+    nodes.render_rows(nodes.rows([node], None, 1.7e9))
+    pods.render_rows(pods.rows([pod, GOOD_POD]))
+    result = explain.explain(
+        PENDING, [node, GOOD_NODE], [pod, GOOD_POD], [lease], 1.7e9, policy=rn.DEFAULT_POLICY
+    )
+    explain.render_explanation(result)
+
+
+def test_a_valid_record_counts_and_a_bound_pod_is_not_explained():
+    result = explain.explain(
+        PENDING
+        | {"spec": {"containers": [{"name": "main", "resources": {"limits": {rn.GPU: "100"}}}]}},
+        [GOOD_NODE],
+        [GOOD_POD],
+        [],
+        1.7e9,
+        policy=rn.DEFAULT_POLICY,
+    )
+    (verdict,) = result.nodes
+    assert verdict.fits is False  # lease missing
+    assert "Lease tessera-system/tessera-node-n is missing" in verdict.reason
+    assert (
+        "already bound"
+        in explain.explain(GOOD_POD, [GOOD_NODE], [], None, 0.0, policy=rn.DEFAULT_POLICY).summary
+    )
