@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from scheduler_plugin.service import Service
 
 log = logging.getLogger(__name__)
+# uvicorn warns once per malformed request: any client could flood the log with them
+logging.getLogger("uvicorn.error").setLevel(logging.ERROR)
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 DEFAULT_MAX_BODY = limits.MAX_BODY_BYTES
