@@ -59,7 +59,7 @@ from nri_hook.ttrpc import (
 from protos.nri import api_pb2 as api
 from protos.ttrpc import ttrpc_pb2
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.record import Keyring, encode
+from tessera.record import Keyring, decode, encode
 from tessera.resources import ALLOCATION_ANNOTATION
 
 VECTORS = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "nri-wire"
@@ -281,8 +281,8 @@ class Attack:
     kind: str
     wire: bytes
     """Bytes written on the trunk as they are."""
-    signed: dict[int, tuple[str, str, str, str, str]] = field(default_factory=dict)
-    """Stream ID -> (record text, pod uid, namespace, name, container) of signed requests."""
+    signed: dict[int, tuple[api.CreateContainerRequest, bytes]] = field(default_factory=dict)
+    """Stream ID -> (the request as signed, the bytes sent) of requests given a record."""
 
 
 def mux_attack(rng: random.Random) -> Attack:
@@ -341,19 +341,26 @@ def nri_attack(rng: random.Random) -> Attack:
     attack = Attack("nri", b"")
     stream_id = 1
     parts: list[bytes] = []
+    creates = [r for r in captured().requests if r[0] == "CreateContainer"]
     for _ in range(rng.randrange(1, 4)):
-        method, payload = rng.choice(captured().requests)
-        signed: tuple[str, str, str, str, str] | None = None
+        method, payload = rng.choice(creates if rng.random() < 0.5 else captured().requests)
+        original: api.CreateContainerRequest | None = None
         if method == "CreateContainer" and rng.random() < 0.7:
-            request = api.CreateContainerRequest.FromString(payload)
-            text = signed_pod(request.pod, request.container.name)
-            payload = request.SerializeToString()
-            pod = request.pod
-            signed = (text, pod.uid, pod.namespace, pod.name, request.container.name)
-        for _ in range(rng.randrange(1, 4)):
+            original = api.CreateContainerRequest.FromString(payload)
+            signed_pod(original.pod, original.container.name)
+            if rng.random() < 0.2:  # the record copied to another pod or container
+                if rng.random() < 0.5:
+                    original.pod.name += "-copy"
+                else:
+                    original.container.name += "-copy"
+                if rng.random() < 0.5:
+                    original.pod.uid = "0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c99"
+                    original.pod.name = original.pod.name.removesuffix("-copy")
+            payload = original.SerializeToString()
+        for _ in range(rng.randrange(0, 3)):
             payload = mutate(payload, rng, max_len=1 << 20)
-        if signed is not None:
-            attack.signed[stream_id] = signed
+        if original is not None:
+            attack.signed[stream_id] = (original, payload)
         if rng.random() < 0.1:
             method = rng.choice(["StateChange", "Synchronize", "RunPodSandbox", "NoSuchMethod"])
         parts.append(encode_frames(1, ttrpc_request(stream_id, method, payload)))
@@ -385,10 +392,32 @@ def _forged(attack: Attack, stream_id: int, response: api.CreateContainerRespons
     """Why a device grant was not deserved, or ''."""
     if not response.adjust.linux.devices:
         return ""
-    expected = attack.signed.get(stream_id)
-    if expected is None:
+    entry = attack.signed.get(stream_id)
+    if entry is None:
         return "devices granted to a request that carried no signed record"
-    return ""  # the record verified: the plugin checked node, pod and container itself
+    _, sent = entry
+    try:
+        request = api.CreateContainerRequest.FromString(sent)
+    except Exception:
+        return "devices granted to bytes that are not a CreateContainerRequest"
+    pod = request.pod
+    try:
+        alloc = decode(
+            pod.annotations.get(ALLOCATION_ANNOTATION, ""),
+            Keyring.single(KEY),
+            require_integrity=True,
+            pod_uid=pod.uid,
+            node=NODE,
+            namespace=pod.namespace,
+            name=pod.name,
+        )
+    except Exception as exc:
+        return f"devices granted to pod {pod.namespace}/{pod.name} whose record fails: {exc}"
+    if request.container.name not in [c.name for c in alloc.containers]:
+        return (
+            f"devices granted to container {request.container.name}, which its record does not name"
+        )
+    return ""
 
 
 def completion(wire: bytes) -> tuple[str, bytes]:

@@ -360,7 +360,13 @@ class Enforcer(Handler):
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> Sequence[api.ContainerUpdate]:
         """Rebuild what a restarted plugin needs to clean up later: which sandboxes hold
-        moved VF netdevs. Nothing is changed on the node."""
+        moved VF netdevs. Nothing is changed on the node. What is remembered of pods and
+        containers the runtime no longer has is dropped, so this state never outgrows
+        what runs on the node."""
+        pod_ids = {pod.id for pod in pods}
+        container_ids = {c.id for c in containers}
+        self.pod_netdevs = {k: v for k, v in self.pod_netdevs.items() if k in pod_ids}
+        self.injected = {k: v for k, v in self.injected.items() if k in container_ids}
         tracked = 0
         for pod in pods:
             if pod.id in self.pod_netdevs or self.mover is None:

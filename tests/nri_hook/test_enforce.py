@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nri_hook import enforce as enforce_module
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, OnInvalid
@@ -534,3 +535,21 @@ def test_poison_records_refuse_creation_and_sandbox_start_saying_why(
         await h.close()
 
     _run(body)
+
+
+def test_synchronize_forgets_pods_and_containers_the_runtime_no_longer_has(
+    device_root: Path, key_file: Path
+) -> None:
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE), KeyringSource(key_file), HostDevices(device_root)
+    )
+    kept, gone = make_pod("kept", uid=UID), make_pod("gone", uid=UID.replace("11", "12"))
+    enforcer.injected = {"c-kept": (kept.id, "-"), "c-gone": (gone.id, "-")}
+    enforcer.pod_netdevs = {
+        kept.id: enforce_module._PodNetdevs("x/kept", "/ns", ()),
+        gone.id: enforce_module._PodNetdevs("x/gone", "/ns", ()),
+    }
+    kept_container = make_container(kept, "main", container_id="c-kept")
+    asyncio.run(enforcer.synchronize([kept], [kept_container]))
+    assert list(enforcer.injected) == ["c-kept"]
+    assert list(enforcer.pod_netdevs) == [kept.id]

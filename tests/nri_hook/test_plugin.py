@@ -416,3 +416,35 @@ def test_an_oversized_synchronize_is_refused_and_forgotten(
         assert handler.synced == [(["p0"], [])]
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("chunk", [0, 50], ids=["one-message", "chunked"])
+def test_a_busy_node_synchronize_fits_every_limit(sock_dir: Path, chunk: int) -> None:
+    """500 pods with 1,000 containers, carrying as much annotation text as fits one 4 MiB
+    message (or twice that and more, split in chunks as containerd splits it)."""
+
+    async def body() -> None:
+        per_pod = 4500 if chunk == 0 else 20000
+        pods = [
+            make_pod(
+                f"p{i}",
+                uid=f"00000000-0000-4000-8000-{i:012d}",
+                annotations={"example.com/config": "x" * per_pod},
+            )
+            for i in range(500)
+        ]
+        containers = [make_container(p, name) for p in pods for name in ("main", "sidecar")]
+        size = api.SynchronizeRequest(pods=pods, containers=containers).ByteSize()
+        if chunk == 0:
+            assert 3 << 20 < size < 4 << 20
+        else:
+            assert size > 8 << 20
+        handler = Recorder(ALL_OURS)
+        sim, _, task, stop = await _connected(
+            sock_dir, handler, sync_pods=pods, sync_containers=containers, sync_chunk=chunk
+        )
+        assert sim.dropped == []
+        assert [len(names) for names in handler.synced[0]] == [500, 1000]
+        await _finish(sim, task, stop)
+
+    _run(body)
