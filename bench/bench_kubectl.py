@@ -1,0 +1,134 @@
+"""`kubectl tessera` on a big cluster: wall time of each command, end to end.
+
+A fake API server (another process) holds nodes with NodeDevices and heartbeat Leases and
+signed pods on every node; each command runs in this process through the real client
+configuration (a kubeconfig), lists page by page, and renders its table. `explain` rebuilds
+the whole cluster's state from the records and evaluates a pending pod on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.bench_scheduler import KEY, _start_fake_api, lease, node_spec
+from bench.common import BenchContext, Result
+
+TARGET_S = 10.0
+"""An operator waits for this command at a terminal: ten seconds on a 500-node cluster."""
+
+
+def _kubeconfig(url: str, directory: str) -> str:
+    path = Path(directory) / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "b", "cluster": {"server": url}}],
+                "users": [{"name": "b", "user": {"token": "t"}}],
+                "contexts": [{"name": "b", "context": {"cluster": "b", "user": "b"}}],
+                "current-context": "b",
+            }
+        )
+    )
+    return str(path)
+
+
+def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
+    from kubectl_tessera.cli import main
+    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from tessera import resources as rn
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+    from tessera.record import Keyring, encode
+
+    keyring = Keyring.single(KEY)
+    proc, url = _start_fake_api()
+    try:
+        setup = KubeClient(Connection(url))
+        names = [f"node-{n:04d}" for n in range(nodes)]
+        for name in names:
+            setup.create("/api/v1/nodes", {"metadata": {"name": name}})
+            setup.create(
+                "/apis/tessera.dev/v1alpha1/nodedevices",
+                {"metadata": {"name": name}, "spec": node_spec(name)},
+            )
+            setup.create(lease_path("tessera-system"), lease(name))
+        shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
+        for node in names:
+            for i in range(pods_per_node):
+                name = f"{node}-p{i}"
+                alloc = PodAllocation(
+                    f"uid-{name}",
+                    "default",
+                    name,
+                    node,
+                    (
+                        ContainerAllocation(
+                            "main", (GpuGrant(f"GPU-{node}-{i % 8}", i % 8, i % 8, 25, 20480),)
+                        ),
+                    ),
+                )
+                obj: dict[str, Any] = {
+                    "metadata": {
+                        "name": name,
+                        "namespace": "default",
+                        "uid": f"uid-{name}",
+                        "annotations": {rn.ALLOCATION_ANNOTATION: encode(alloc, keyring)},
+                    },
+                    "spec": {
+                        "nodeName": node,
+                        "containers": [{"name": "main", "resources": {"limits": shape}}],
+                    },
+                    "status": {"phase": "Running"},
+                }
+                setup.create("/api/v1/namespaces/default/pods", obj)
+        setup.create(
+            "/api/v1/namespaces/default/pods",
+            {
+                "metadata": {"name": "wants-9", "namespace": "default", "uid": "uid-wants-9"},
+                "spec": {
+                    "containers": [{"name": "main", "resources": {"limits": {rn.GPU: "900"}}}]
+                },
+            },
+        )
+        result = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            config = _kubeconfig(url, tmp)
+            for label, argv in (
+                ("nodes", ["nodes"]),
+                ("explain", ["explain", "wants-9"]),
+                ("pods -A", ["pods", "-A"]),
+            ):
+                out = io.StringIO()
+                started = time.perf_counter()
+                with contextlib.redirect_stdout(out):
+                    code = main([*argv, "--kubeconfig", config])
+                result[label] = time.perf_counter() - started
+                assert code == 0, (label, out.getvalue()[-500:])
+        return result
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    nodes, per_node = (50, 4) if ctx.quick else (500, 8)
+    measured = timings(nodes, per_node)
+    return [
+        Result(
+            f"kubectl tessera {label} ({nodes} nodes, {nodes * per_node} pods)",
+            seconds,
+            "s",
+            TARGET_S,
+            note=""
+            if label != "explain"
+            else "rebuilds the state from every record and evaluates the pod on every node",
+        )
+        for label, seconds in measured.items()
+    ]
