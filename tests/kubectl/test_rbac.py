@@ -1,0 +1,41 @@
+"""The shipped viewer ClusterRole grants exactly what `kubectl tessera` calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from kubectl_tessera.cli import main
+from tessera_testbed.apiserver import parse_path
+from tests.kubectl.conftest import add_node
+from tests.scheduler.helpers import pod, share
+
+ROLE = Path(__file__).resolve().parents[2] / "deploy" / "kubectl-tessera" / "viewer-rbac.yaml"
+
+
+def _granted() -> set[tuple[str, str, str]]:
+    role = yaml.safe_load(ROLE.read_text())
+    assert role["kind"] == "ClusterRole"
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_the_viewer_role_grants_exactly_what_the_commands_call(fake, kubeconfig, capsys):
+    add_node(fake, "t4", "t4-4x")
+    fake.create("pods", pod("p", share(10, 10)))
+    for argv in (["nodes"], ["pods"], ["pods", "-A"], ["explain", "p"]):
+        assert main([*argv, "--kubeconfig", kubeconfig]) == 0
+    capsys.readouterr()
+    needed = set()
+    for method, path in fake.requests:
+        assert method == "GET"  # it only reads
+        target = parse_path(path)
+        verb = "get" if target.name is not None else "list"
+        needed.add((target.group, target.resource, verb))
+    assert needed == _granted()
