@@ -6,6 +6,7 @@ bearer token allowed by RBAC."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import socket
@@ -346,3 +347,35 @@ def test_hostile_extender_bodies_get_a_well_formed_answer_over_mutual_tls(
     data = resp.read()
     conn.close()
     assert resp.status < 500 and well_formed(verb, resp.status, data), (resp.status, data[:300])
+
+
+def test_body_budget_makes_bodies_wait_for_room_and_gives_up_at_the_deadline():
+    from scheduler_plugin.http import ByteBudget
+
+    async def scenario() -> list[str]:
+        budget = ByteBudget(10)
+        seen: list[str] = []
+        await budget.acquire(6, 1.0)
+
+        async def second() -> None:
+            await budget.acquire(6, 5.0)
+            seen.append("second in")
+
+        task = asyncio.create_task(second())
+        await asyncio.sleep(0.05)
+        seen.append(f"waiting, free {budget.free}")
+        budget.release(6)
+        await task
+        with pytest.raises(TimeoutError):
+            await budget.acquire(6, 0.05)
+        seen.append(f"timed out, free {budget.free}")
+        budget.release(6)
+        seen.append(f"free {budget.free}")
+        return seen
+
+    assert asyncio.run(scenario()) == [
+        "waiting, free 4",
+        "second in",
+        "timed out, free 4",
+        "free 10",
+    ]
