@@ -11,7 +11,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kubectl_tessera.objects import holds_devices, name_of, namespace_of, node_of, record_of
+from kubectl_tessera.objects import (
+    FINISHED_PHASES,
+    holds_devices,
+    name_of,
+    namespace_of,
+    node_of,
+    phase_of,
+    record_of,
+    requests_devices,
+)
 from kubectl_tessera.objects import uid_of as pod_uid
 from kubectl_tessera.table import render
 from tessera.allocation import ContainerAllocation, PodAllocation
@@ -94,14 +103,28 @@ def decode_unverified(pod: Mapping[str, Any]) -> PodAllocation:
     )
 
 
+MISSING_RECORD = "asks for tessera devices but carries no allocation record"
+
+
+def running_unaccounted(pod: Mapping[str, Any]) -> bool:
+    """Bound, unfinished, asking for tessera devices: with no record, what its containers
+    use is unknown (the scheduler fences its node)."""
+    return bool(node_of(pod)) and phase_of(pod) not in FINISHED_PHASES and requests_devices(pod)
+
+
 def rows(pods: Iterable[Mapping[str, Any]]) -> list[PodRow]:
     """One row per container holding devices (bound, unfinished pods with a record); a
-    record that does not decode is one `invalid` row for its pod."""
+    record that does not decode, or a missing one on a pod that asks for devices, is one
+    `invalid` row for its pod."""
     result = []
     for pod in pods:
+        base = PodRow(namespace_of(pod), name_of(pod), node_of(pod))
+        if record_of(pod) is None and running_unaccounted(pod):
+            base.invalid = MISSING_RECORD
+            result.append(base)
+            continue
         if not holds_devices(pod):
             continue
-        base = PodRow(namespace_of(pod), name_of(pod), node_of(pod))
         try:
             alloc = decode_unverified(pod)
         except RecordError as exc:

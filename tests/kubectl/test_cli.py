@@ -133,12 +133,27 @@ def test_pods_lists_grants_per_container_and_invalid_records(cluster, kubeconfig
         wait_for(lambda: not service.cache.state.assumed)
     record_a = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
     bound(fake, "copied", "t4", record_a)  # another pod's record: wrong UID and name
-    fake.create("pods", pod("plain", share(10, 10)))  # no record: not listed
+    fake.create("pods", pod("plain", share(10, 10)))  # no record, not bound: not listed
+    stripped = pod("stripped", share(10, 10))  # bound and running, record removed
+    stripped["spec"]["nodeName"] = "t4"
+    stripped["status"]["phase"] = "Running"
+    fake.create("pods", stripped)
+    cpu_only = pod("cpu-only")  # bound, no tessera resources: not listed
+    cpu_only["spec"]["nodeName"] = "t4"
+    fake.create("pods", cpu_only)
 
     doc = run_json(capsys, "pods", "--kubeconfig", kubeconfig, "-A")
     assert "NOT verified" in doc["note"]
     rows = {(r["namespace"], r["name"]): r for r in doc["pods"]}
-    assert set(rows) == {("default", "a"), ("default", "copied"), ("train", "b")}
+    assert set(rows) == {
+        ("default", "a"),
+        ("default", "copied"),
+        ("default", "stripped"),
+        ("train", "b"),
+    }
+    assert rows["default", "stripped"]["invalid"] == (
+        "asks for tessera devices but carries no allocation record"
+    )
     a = rows["default", "a"]
     assert a["node"] == "t4" and a["container"] == "main"
     assert a["gpus"][0]["core"] == 40 and a["gpus"][0]["uuid"].startswith("GPU-")
