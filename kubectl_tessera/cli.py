@@ -94,6 +94,17 @@ def _leases(kube: Kube, namespace: str) -> list[dict[str, Any]] | None:
         raise
 
 
+def _nodes(kube: Kube) -> list[dict[str, Any]]:
+    """The Node objects, or none when this user may not list them: the table then has only
+    the nodes that published NodeDevices."""
+    try:
+        return list(kube.list("/api/v1/nodes"))
+    except ApiError as exc:
+        if exc.status in (403, 404):
+            return []
+        raise
+
+
 def _emit(args: argparse.Namespace, doc: Any, table: Callable[[], str]) -> None:
     if args.output == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
@@ -108,6 +119,7 @@ def run(args: argparse.Namespace, kube: Kube, namespace: str, now: float) -> int
             _leases(kube, args.heartbeat_namespace),
             now,
             args.heartbeat_namespace,
+            _nodes(kube),
         )
         _emit(args, nodes_view.as_json(node_rows), lambda: nodes_view.render_rows(node_rows))
         return 0

@@ -27,7 +27,8 @@ is stale (the node takes no new tessera pods)."""
 class NodeRow:
     node: str
     state: str
-    """ready, fenced, unusable, invalid (inventory does not parse) or unknown (no status)."""
+    """ready, fenced, unusable, invalid (inventory does not parse), unknown (no status) or
+    missing (a Node labeled for the node agent without NodeDevices)."""
     gpus: str = ""
     gpu_count: int = 0
     healthy_gpus: int = 0
@@ -179,13 +180,19 @@ def node_row(
     return row
 
 
+NODE_AGENT_LABEL = "tessera.dev/node-agent"
+"""The label the shipped node agent DaemonSet selects (deploy/deviceplugin/daemonset.yaml)."""
+
+
 def rows(
     nodedevices: Iterable[Mapping[str, Any]],
     leases: Iterable[Mapping[str, Any]] | None,
     now: float,
     lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+    node_objects: Iterable[Mapping[str, Any]] = (),
 ) -> list[NodeRow]:
-    """One row per NodeDevices object, by node name. `leases` None: they could not be read."""
+    """One row per NodeDevices object, by node name, plus one per Node labeled for the node
+    agent that has none. `leases` None: they could not be read."""
     by_node = {
         name_of(lease)[len(HEARTBEAT_LEASE_PREFIX) :]: lease
         for lease in leases or ()
@@ -195,6 +202,20 @@ def rows(
     result = [
         node_row(obj, by_node.get(name_of(obj)), clock, lease_namespace) for obj in nodedevices
     ]
+    published = {r.node for r in result}
+    for node in node_objects:
+        name = name_of(node)
+        labels = section(section(node, "metadata"), "labels")
+        if name and name not in published and labels.get(NODE_AGENT_LABEL) == "true":
+            row = NodeRow(node=name, state="missing")
+            row.reason = (
+                f"labeled {NODE_AGENT_LABEL}=true but has no NodeDevices: is the node agent "
+                "running there?"
+            )
+            _heartbeat(
+                row, by_node.get(name), clock, f"{lease_namespace}/{HEARTBEAT_LEASE_PREFIX}{name}"
+            )
+            result.append(row)
     return sorted(result, key=lambda r: r.node)
 
 

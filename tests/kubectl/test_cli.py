@@ -90,6 +90,21 @@ def test_nodes_shows_devices_allocation_fencing_and_heartbeat(cluster, kubeconfi
     assert "40%/360%" in out and "fenced" in lines[2]
 
 
+def test_nodes_labeled_for_the_agent_without_nodedevices_are_listed(fake, kubeconfig, capsys):
+    add_node(fake, "t4", "t4-4x")
+    fake.create(
+        "nodes", {"metadata": {"name": "lost", "labels": {"tessera.dev/node-agent": "true"}}}
+    )
+    fake.create("nodes", {"metadata": {"name": "cpu", "labels": {"role": "cpu"}}})
+    rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+    assert set(rows) == {"t4", "lost"}
+    assert rows["lost"]["state"] == "missing" and rows["lost"]["heartbeat"] == "missing"
+    assert "node agent running" in rows["lost"]["reason"]
+    fake.fail("/api/v1/nodes", status=403, times=10)
+    rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+    assert set(rows) == {"t4"}
+
+
 def test_nodes_without_scheduler_status_or_readable_leases(fake, kubeconfig, capsys):
     add_node(fake, "t4", "t4-4x")
     fake.fail("/leases", status=403, times=10)

@@ -88,7 +88,12 @@ def test_views_survive_any_field_of_any_type(path, value, pod_path, pod_value, l
     node = _replace(GOOD_NODE, path, value)
     pod = _replace(GOOD_POD, pod_path, pod_value)
     lease = {"metadata": {"name": "tessera-node-n"}, "spec": lease_spec}
-    for row in nodes.rows([node, GOOD_NODE], [lease], 1.7e9):
+    labeled = _replace(
+        {"metadata": {"name": "m", "labels": {"tessera.dev/node-agent": "true"}}},
+        ("metadata", "labels"),
+        pod_value,
+    )
+    for row in nodes.rows([node, GOOD_NODE], [lease], 1.7e9, node_objects=[labeled, node, pod]):
         row.cells()
     nodes.render_rows(nodes.rows([node], None, 1.7e9))
     pods.render_rows(pods.rows([pod, GOOD_POD]))
