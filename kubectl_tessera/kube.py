@@ -8,9 +8,11 @@ plain JSON (the same shape every tessera component reads), parsed within bounds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlencode
 
@@ -27,6 +29,10 @@ PAGE_SIZE: Final = 500
 MAX_PAGES: Final = 10_000
 """Pages per list (5 million objects): a server that never ends its `continue` chain
 cannot keep the command running forever."""
+
+
+SERVICE_ACCOUNT_NAMESPACE: Final = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""In a pod, the namespace kubectl would use by default."""
 
 
 class ApiError(Exception):
@@ -70,6 +76,8 @@ def connect(kubeconfig: str | None, context: str | None) -> Target:
         )
         if in_cluster:
             config.load_incluster_config(client_configuration=configuration)
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                namespace = Path(SERVICE_ACCOUNT_NAMESPACE).read_text().strip() or namespace
         else:
             config.load_kube_config(
                 config_file=kubeconfig, context=context, client_configuration=configuration
