@@ -44,6 +44,7 @@ from google.protobuf.message import DecodeError, Message
 from nri_hook.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from nri_hook.ttrpc import CallContext, Client, Code, RpcError, Server
 from nri_hook.ttrpc import Handler as TtrpcHandler
+from nri_hook.ttrpc.budget import MAX_DECODED_ITEMS, within_budget
 from protos.nri import api_pb2 as api
 
 log = logging.getLogger(__name__)
@@ -336,6 +337,12 @@ def _typed(method: str, request_type: type[Message], handler: MessageHandler) ->
     Bytes that are not a `request_type` are the caller's fault: INVALID_ARGUMENT."""
 
     async def call(payload: bytes, ctx: CallContext) -> bytes:
+        if not within_budget(payload, request_type.DESCRIPTOR):
+            raise RpcError(
+                Code.RESOURCE_EXHAUSTED,
+                f"{method}: {request_type.__name__} would decode into over "
+                f"{MAX_DECODED_ITEMS} nested messages and list elements",
+            )
         try:
             request = request_type.FromString(payload)
         except (DecodeError, RecursionError) as exc:

@@ -28,6 +28,7 @@ from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
+from nri_hook.ttrpc.budget import MAX_DECODED_ITEMS, within_budget
 from nri_hook.ttrpc.frame import (
     FrameDecoder,
     FrameTooLargeError,
@@ -92,6 +93,8 @@ def unary(
     """Wrap a handler that works on protobuf messages into a byte-level Handler."""
 
     async def call(payload: bytes, ctx: CallContext) -> bytes:
+        if not within_budget(payload, request_type.DESCRIPTOR):
+            raise RpcError(Code.RESOURCE_EXHAUSTED, _over_budget(request_type.__name__))
         try:
             request = request_type.FromString(payload)
         except (DecodeError, RecursionError) as exc:
@@ -119,6 +122,10 @@ class Server:
     async def serve(self, stream: ByteStream) -> None:
         """Answer calls until the peer closes the stream (or the task is cancelled)."""
         await _Connection(self._services, stream, self.limits).run()
+
+
+def _over_budget(what: str) -> str:
+    return f"{what} would decode into over {MAX_DECODED_ITEMS} nested messages and list elements"
 
 
 def _clip(name: str) -> str:
@@ -180,6 +187,9 @@ class _Connection:
             )
             return
         self._last_stream_id = stream_id
+        if not within_budget(data, ttrpc_pb2.Request.DESCRIPTOR):
+            self._send_status(stream_id, Code.RESOURCE_EXHAUSTED, _over_budget("Request"))
+            return
         try:
             request = ttrpc_pb2.Request.FromString(data)
         except DecodeError as exc:

@@ -448,3 +448,23 @@ def test_a_busy_node_synchronize_fits_every_limit(sock_dir: Path, chunk: int) ->
         await _finish(sim, task, stop)
 
     _run(body)
+
+
+def test_a_synchronize_of_millions_of_empty_pods_is_refused_before_decoding(
+    sock_dir: Path,
+) -> None:
+    """4 MiB of empty PodSandbox entries would decode into some 300 MiB."""
+
+    async def body() -> None:
+        sim, conn, task, stop = await _connected(sock_dir, Recorder(ALL_OURS))
+        with pytest.raises(RpcError) as refused:
+            await conn.client.call(
+                PLUGIN_SERVICE, "Synchronize", b"\x0a\x00" * ((2 << 20) - 64), timeout=10
+            )
+        assert refused.value.code == Code.RESOURCE_EXHAUSTED
+        assert "would decode into over" in refused.value.message
+        pod = make_pod("after")
+        assert (await conn.create_container(pod, make_container(pod, "c"))).adjust.env
+        await _finish(sim, task, stop)
+
+    _run(body)

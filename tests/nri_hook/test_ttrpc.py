@@ -32,6 +32,7 @@ from nri_hook.ttrpc import (
     encode_frame,
     unary,
 )
+from nri_hook.ttrpc.budget import within_budget
 from protos.nri import api_pb2
 from protos.ttrpc import ttrpc_pb2
 from tests.nri_hook.vectors import Session
@@ -525,6 +526,44 @@ def test_crafted_headers_get_answers_or_are_skipped_and_the_server_lives(
         for frame in frames:
             peer.write(frame)
         await peer.drain()
+        peer.close()
+        await asyncio.wait_for(task, 5)
+
+    _run(body)
+
+
+# --- decode budget ------------------------------------------------------------------------------
+
+
+def test_the_decode_budget_counts_nested_messages_and_list_elements() -> None:
+    desc = api_pb2.SynchronizeRequest.DESCRIPTOR
+    empty_pods = b"\x0a\x00" * 100  # 100 empty PodSandbox messages
+    assert within_budget(empty_pods, desc, budget=100)
+    assert not within_budget(empty_pods, desc, budget=99)
+    # singular strings cost nothing extra: one pod with a long id is one item
+    one = api_pb2.SynchronizeRequest(pods=[api_pb2.PodSandbox(id="x" * 1000)]).SerializeToString()
+    assert within_budget(one, desc, budget=1)
+    # malformed bytes are left to the decoder
+    assert within_budget(b"\x0a\xff\xff\xff\xff\x0f" + bytes(400), desc, budget=1)
+
+
+def test_a_message_that_would_decode_into_too_much_is_refused_before_decoding() -> None:
+    async def body() -> None:
+        server_side, peer = await _socket_streams()
+        task = asyncio.create_task(_echo_server().serve(server_side))
+        decoder = FrameDecoder()
+        # an envelope of 300,000 empty metadata entries (600 KB on the wire)
+        envelope = b"\x2a\x00" * 300_000
+        peer.write(encode_frame(1, MessageType.REQUEST, 0, envelope))
+        frames: list[Frame | OversizedFrame] = []
+        while not frames:
+            frames = decoder.feed(await peer.read())
+        assert isinstance(frames[0], Frame)
+        status = ttrpc_pb2.Response.FromString(frames[0].data).status
+        assert status.code == Code.RESOURCE_EXHAUSTED
+        assert "would decode into over" in status.message
+        peer.write(_call_frame(3, "x"))
+        assert await _responses(peer, decoder, 1) == {3: Code.OK}
         peer.close()
         await asyncio.wait_for(task, 5)
 
