@@ -44,6 +44,7 @@ COLLECTIONS = {
     "Namespace": "/api/v1/namespaces",
     "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
     "Secret": "/api/v1/namespaces/{ns}/secrets",
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
     "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
@@ -356,6 +357,9 @@ class ControlPlane:
         """The deploy/ manifests, the default ServiceAccount and the integrity key."""
         self.apply_files(MANIFESTS)
         self.apply([{"kind": "ServiceAccount", "metadata": {"name": "default"}}])
+        # what kube-controller-manager publishes in every namespace (pods mount it)
+        ca = {"ca.crt": self.cluster_ca.path.read_text()}
+        self.apply([{"kind": "ConfigMap", "metadata": {"name": "kube-root-ca.crt"}, "data": ca}])
         crd = COLLECTIONS["CustomResourceDefinition"] + (
             f"/{rn.INVENTORY_PLURAL}.{rn.INVENTORY_GROUP}"
         )

@@ -8,11 +8,13 @@ real device nodes in the containers and the OCI spec can be compared with the re
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -151,7 +153,6 @@ state = "{work / "state"}"
     sandbox = "{SANDBOX_IMAGE}"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
-  enable_cdi = false
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -343,6 +344,23 @@ class Node:
             PYTHON_ENV,
         )
 
+    def _kill_own_shims(self) -> None:
+        """Shims re-parent to init and outlive containerd; ours name our socket."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                args
+                and args[0].endswith(b"containerd-shim-runc-v2")
+                and str(self.sock).encode() in args
+            ):
+                with contextlib.suppress(OSError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
     def stop(self) -> None:
         for name in ("kubelet", "agent"):
             if name in self.procs:
@@ -357,4 +375,13 @@ class Node:
         for name in ("nri-hook", "containerd"):
             if name in self.procs:
                 self.procs[name].stop()
+        self._kill_own_shims()
         (PLUGIN_DIR / "kubelet.sock").unlink(missing_ok=True)
+        # the kubelet's volume mounts (service account tokens) outlive it
+        mounts = [
+            line.split()[1]
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(str(self.work) + "/")
+        ]
+        for mount in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
