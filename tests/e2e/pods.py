@@ -81,6 +81,11 @@ def pending_reason(client: KubeClient, name: str) -> str:
     """The PodScheduled=False message of an unbound pod ('' while there is none)."""
     obj = client.get(pod_path(NS, name))
     assert not obj["spec"].get("nodeName"), f"{name} was bound to {obj['spec']['nodeName']}"
+    return unschedulable_message(obj)
+
+
+def unschedulable_message(obj: Mapping[str, Any]) -> str:
+    """The PodScheduled=False message ('' while there is none)."""
     for cond in obj.get("status", {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return str(cond.get("message") or "")

@@ -306,9 +306,10 @@ def test_a_full_cluster_leaves_pods_pending_with_reasons(control_plane: ControlP
     def settled() -> tuple[list[str], dict[str, str]] | None:
         done, pending = [], {}
         for name in FILL:
-            if P.bound(cp.admin, name):
+            obj = cp.admin.get(pod_path(P.NS, name))
+            if obj["spec"].get("nodeName"):
                 done.append(name)
-            elif reason := P.pending_reason(cp.admin, name):
+            elif reason := P.unschedulable_message(obj):
                 pending[name] = reason
             else:
                 return None

@@ -70,6 +70,9 @@ def node(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterato
         topology_for(name, "h100-sxm-8x", cp.work),
     )
     devices = device_root(n.work / "host", gpus=8, uverbs=36)
+    # pods the control-plane tests left Pending would land on this fresh node
+    for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
+        P.delete_now(cp.admin, obj["metadata"]["name"])
     try:
         n.start_containerd()
         n.import_image()
