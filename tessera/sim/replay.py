@@ -105,7 +105,11 @@ class Replayer:
         measure_workload: Workload,
         memory_mode: str = "share",
         ties: str = "order",
+        host: bool = True,
     ) -> None:
+        """`host=False`: nodes' host CPU and memory are not tracked (a cluster whose
+        scheduler leaves them to kube-scheduler), so only GPUs decide fit and score."""
+        self.host = host
         if ties not in TIE_RULES:
             raise ValueError(f"ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
         self.ties = ties
@@ -136,7 +140,10 @@ class Replayer:
         start = time.perf_counter()
         state = ClusterState()
         for node in self.nodes:
-            state.set_node(node.inventory(), node.cpu_milli, node.memory_mib)
+            if self.host:
+                state.set_node(node.inventory(), node.cpu_milli, node.memory_mib)
+            else:
+                state.set_node(node.inventory())
         decider = Decider(state, {policy.name: policy}, policy.name)
         index = decider.index
         measure = FragmentMeasure(self.measure_workload, count_host_classes=True)
