@@ -319,20 +319,30 @@ class FragmentationPolicy(Policy):
         rho_m = (GPUs / mean demand) * sum over c with m in S_c of w_c d_c / GPUs(S_c).
         min(1, rho_m) is then how likely a GPU of model m is one such a pod will need,
         the expected cost, in GPUs, of giving it to a pod that could have run elsewhere.
-        Recomputed when the workload is replaced or nodes come or go (not when a GPU's
-        health flips: the capacity moves little then)."""
+        The demand counts every class seen, not only the published ones (pods limited to
+        models spread over many small classes). Recomputed when the workload is replaced
+        or nodes come or go (not when a GPU's health flips: the capacity moves little
+        then); a change makes cached scores stale (`generation`)."""
         key = (self.generation, id(index), len(index.row_of), len(index.models))
         if key == self._prot_key:
             return self._prot
-        self._prot_key = key
-        self._prot = None
+        before = self._prot_by_name
+        prot = self._compute_protection(index)
+        if self._prot_by_name != before:
+            # cached scores of unchanged nodes used the old values
+            self.generation += 1
+        self._prot = prot
+        self._prot_key = (self.generation, id(index), len(index.row_of), len(index.models))
+        return prot
+
+    def _compute_protection(self, index: ClusterIndex) -> FloatArray | None:
         self._prot_by_name = {}
-        workload = self.workload
-        limited = [
-            (c, w)
-            for c, w in zip(workload.classes, workload.weights, strict=True)
-            if c.wants_gpu and c.models
-        ]
+        by_models = (
+            self.online.demand_by_models()
+            if self.online is not None
+            else self.workload.demand_by_models()
+        )
+        limited = [(m, d) for m, d in by_models.items() if m]
         if not limited or not self.scarcity:
             return None
         rows = index.all_rows()
@@ -340,27 +350,21 @@ class FragmentationPolicy(Policy):
         cap = np.bincount(index.model[rows][present], minlength=len(index.models)).astype(
             np.float64
         )
-        demand = sum(
-            w * c.gpu_percent / _FULL
-            for c, w in zip(workload.classes, workload.weights, strict=True)
-            if c.wants_gpu
-        )
+        demand = sum(by_models.values()) / _FULL
         if cap.sum() <= 0 or demand <= 0:
             return None
         load = np.zeros(len(index.models), dtype=np.float64)
-        for c, w in limited:
-            allowed = np.asarray(
-                [_allowed_model(m, c.models) for m in index.models], dtype=np.bool_
-            )
+        for models, d in limited:
+            allowed = np.asarray([_allowed_model(m, models) for m in index.models], dtype=np.bool_)
             total = cap[allowed].sum()
             if total > 0:
-                load[allowed] += w * c.gpu_percent / _FULL / total
+                load[allowed] += d / _FULL / total
         prot = np.minimum(1.0, cap.sum() / demand * load)
-        self._prot = np.append(prot, 0.0)  # model id -1 (no GPU) reads the last entry
         self._prot_by_name = {
             m: float(v) for m, v, n in zip(index.models, prot, cap, strict=True) if n > 0
         }
-        return self._prot
+        out: FloatArray = np.append(prot, 0.0)  # model id -1 (no GPU) reads the last entry
+        return out
 
     def _base(self, index: ClusterIndex, prot: FloatArray, models: tuple[str, ...]) -> float:
         """The least protection among the models the pod may use: what it costs anyway."""

@@ -128,6 +128,10 @@ class Workload:
         counts = Counter(PodClass.of(r, host_memory) for r in requests)
         return cls.from_counts(counts, coverage)
 
+    def demand_by_models(self) -> dict[tuple[str, ...], float]:
+        """Expected GPU demand (percent of a GPU per pod) by allowed models (empty: any)."""
+        return _demand_by_models(zip(self.classes, self.weights, strict=True))
+
     def weight_of(self, pod_class: PodClass) -> float:
         for c, w in zip(self.classes, self.weights, strict=True):
             if c == pod_class:
@@ -140,6 +144,18 @@ class Workload:
         theirs = dict(zip(other.classes, other.weights, strict=True))
         keys = set(mine) | set(theirs)
         return 0.5 * sum(abs(mine.get(k, 0.0) - theirs.get(k, 0.0)) for k in keys)
+
+
+def _demand_by_models(
+    weighted: Iterable[tuple[PodClass, float]],
+) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    total = 0.0
+    for c, w in weighted:
+        if c.wants_gpu:
+            out[c.models] = out.get(c.models, 0.0) + w * c.gpu_percent
+            total += w
+    return {m: d / total for m, d in out.items()} if total > 0 else {}
 
 
 def _tie_key(c: PodClass) -> tuple[int, int, int, str]:
@@ -205,6 +221,14 @@ class OnlineWorkload:
         for c, n in self._counts.items():
             counts[c] = counts.get(c, 0.0) + n
         return Workload.from_counts(counts, self.coverage, self.max_classes)
+
+    def demand_by_models(self) -> dict[tuple[str, ...], float]:
+        """Expected GPU demand per GPU pod by allowed models, over every class seen (not
+        only the published ones: pods limited to models spread over many small classes)."""
+        counts = dict(self._prior)
+        for c, n in self._counts.items():
+            counts[c] = counts.get(c, 0.0) + n
+        return _demand_by_models(counts.items())
 
     def observe(self, request: PodRequest) -> bool:
         """Count one pod; True when the published workload changed."""

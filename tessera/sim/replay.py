@@ -136,7 +136,9 @@ class Replayer:
         seed: int,
         time_decisions: bool = False,
         progress: Callable[[int, int], None] | None = None,
+        inspect: Callable[[ClusterState], None] | None = None,
     ) -> RunResult:
+        """Replay `pods` in order; `inspect` is handed the cluster after the last one."""
         start = time.perf_counter()
         state = ClusterState()
         for node in self.nodes:
@@ -211,6 +213,8 @@ class Replayer:
             idle_rec[i] = idle_sum * 10
             if progress is not None and (i + 1) % 1000 == 0:
                 progress(i + 1, count)
+        if inspect is not None:
+            inspect(state)
         return RunResult(
             policy=policy.name,
             seed=seed,
