@@ -86,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also replay each pod list with PCT percent of its GPU pods limited to GPU "
         "models, as the paper's gpuspec variants (repeatable; 0 = as given)",
     )
+    parser.add_argument(
+        "--cpu",
+        type=int,
+        action="append",
+        default=[],
+        metavar="PCT",
+        help="also replay each pod list with its CPU-only pods' CPU request at PCT percent "
+        "(CPU-only pods drawn again from the trace; repeatable; 0 = as given)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     return parser
 
@@ -140,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     specs = args.gpuspec or [0]
     if any(not 0 <= g <= 100 for g in specs):
         parser.error("--gpuspec: a percentage within 0..100")
+    cpus = args.cpu or [0]
+    if any(c < 0 for c in cpus):
+        parser.error("--cpu: a percentage >= 0")
     jobs = [
-        Job(str(args.nodes), str(pods), policy, seed, args.gpu_memory, args.ties, spec)
+        Job(str(args.nodes), str(pods), policy, seed, args.gpu_memory, args.ties, spec, cpu)
         for pods in args.pods
+        for cpu in cpus
         for spec in specs
         for policy in policies
         for seed in seeds

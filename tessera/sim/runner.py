@@ -25,7 +25,7 @@ from tessera.sim.reference import (
 )
 from tessera.sim.replay import Replayer, RunResult, arrival_order
 from tessera.sim.trace import TraceNode, TracePod, load_nodes, load_pods
-from tessera.sim.variants import constrain_models, variant_name
+from tessera.sim.variants import constrain_models, cpu_heavy, cpu_variant_name, variant_name
 
 DEFAULT_SEEDS = tuple(range(42, 52))
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -159,22 +159,33 @@ class Job:
     ties: str = "order"
     gpuspec: int = 0
     """Percent of GPU pods given a GPU model allow-list (`tessera.sim.variants`); 0: none."""
+    cpu: int = 0
+    """CPU-only pods' CPU request in percent of the trace's (`variants.cpu_heavy`); 0: as is."""
 
     @property
     def trace(self) -> str:
         name = trace_name(self.pods_path)
+        if self.cpu:
+            name = cpu_variant_name(name, self.cpu / 100)
         return variant_name(name, self.gpuspec / 100) if self.gpuspec else name
 
 
-_TRACES: dict[tuple[str, str, int], Trace] = {}
+_TRACES: dict[tuple[str, str, int, int], Trace] = {}
 
 
-def load_trace(nodes_path: str, pods_path: str, gpuspec: int = 0) -> Trace:
-    """A trace, with `gpuspec` percent of its GPU pods limited to GPU models (cached)."""
-    key = (nodes_path, pods_path, gpuspec)
+def load_trace(nodes_path: str, pods_path: str, gpuspec: int = 0, cpu: int = 0) -> Trace:
+    """A trace, with `cpu` percent of its CPU-only pods' CPU request and `gpuspec` percent
+    of its GPU pods limited to GPU models (cached)."""
+    key = (nodes_path, pods_path, gpuspec, cpu)
     trace = _TRACES.get(key)
     if trace is None:
         trace = Trace.load(nodes_path, pods_path)
+        if cpu:
+            trace = Trace(
+                cpu_variant_name(trace.name, cpu / 100),
+                trace.nodes,
+                tuple(cpu_heavy(trace.pods, cpu / 100)),
+            )
         if gpuspec:
             trace = Trace(
                 variant_name(trace.name, gpuspec / 100),
@@ -186,7 +197,7 @@ def load_trace(nodes_path: str, pods_path: str, gpuspec: int = 0) -> Trace:
 
 
 def _run_job(job: Job) -> tuple[Job, RunResult]:
-    trace = load_trace(job.nodes_path, job.pods_path, job.gpuspec)
+    trace = load_trace(job.nodes_path, job.pods_path, job.gpuspec, job.cpu)
     return job, run_one(trace, job.policy, job.seed, job.memory_mode, job.ties)
 
 

@@ -89,3 +89,35 @@ def constrain_models(
 def variant_name(trace: str, share: float) -> str:
     """`default` with 33% -> `default-gpuspec33`."""
     return f"{trace}-gpuspec{round(100 * share):02d}"
+
+
+def cpu_heavy(pods: Sequence[TracePod], factor: float, seed: int = VARIANT_SEED) -> list[TracePod]:
+    """The pods with the CPU-only pods' total CPU request scaled by `factor`: CPU-only pods
+    drawn at random (with replacement) from the trace's own until their CPU request
+    reaches `factor` times what the trace has (factor < 1: a random subset). With factor
+    2 or more the cluster's host CPU, not its GPUs, runs out first on many nodes."""
+    if factor < 0:
+        raise ValueError(f"factor must not be negative, got {factor}")
+    rng = random.Random(seed)
+    gpu = [p for p in pods if p.num_gpu > 0]
+    host = sorted((p for p in pods if p.num_gpu <= 0), key=lambda p: p.name)
+    if not host:
+        return list(pods)
+    target = factor * sum(p.cpu_milli for p in host)
+    out: list[TracePod] = []
+    total = 0
+    pool = list(host)
+    rng.shuffle(pool)
+    drawn = 0
+    while total < target:
+        pod = pool[drawn] if drawn < len(pool) else rng.choice(host)
+        name = pod.name if drawn < len(pool) else f"{pod.name}-cpu-{drawn}"
+        out.append(replace(pod, name=name))
+        total += pod.cpu_milli
+        drawn += 1
+    return gpu + out
+
+
+def cpu_variant_name(trace: str, factor: float) -> str:
+    """`default` with 2.5 -> `default-cpu250`."""
+    return f"{trace}-cpu{round(100 * factor):03d}"
