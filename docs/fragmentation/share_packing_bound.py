@@ -8,7 +8,12 @@ GPUs those shares occupy minus the shares themselves is idle capacity, so it bou
 unallocated GPU at 100% from below for any policy that does not leave share pods
 unplaced. Needs scipy (not a tessera dependency):
 
-    python3 docs/fragmentation/share_packing_bound.py ../shared/data/openb > bound.json
+    python3 docs/fragmentation/share_packing_bound.py OPENB_DIR > bound.json
+
+With `--failing [TRACE]` it computes instead the bound for any policy, shares allowed to
+fail (`lp_failed`, `failing_bound`), on one trace (default: the default trace):
+
+    python3 docs/fragmentation/share_packing_bound.py OPENB_DIR --failing default
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ from typing import Any
 from tessera import resources as rn
 from tessera.policies import make_policy
 from tessera.sim.replay import Replayer, arrival_order
-from tessera.sim.runner import measure_workload
+from tessera.sim.runner import Trace, measure_workload
 from tessera.sim.synthetic import synthetic_trace
+from tessera.sim.variants import constrain_models
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, heartbeat, running, schedule
 
@@ -22,9 +23,12 @@ PODS = 60
 
 
 def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer) -> None:
-    trace = synthetic_trace(nodes=8, seed=3)
+    base = synthetic_trace(nodes=8, seed=3)
+    # a third of the GPU pods limited to GPU models, so the scarce-model term takes part
+    trace = Trace(base.name, base.nodes, tuple(constrain_models(base.pods, base.nodes, 0.33)))
     replayer = Replayer(trace.nodes, measure_workload(trace), ties="name", host=False)
     order = arrival_order(trace.pods, 11, replayer.capacity_milli)[:PODS]
+    assert sum(bool(p.gpu_spec) for p in order) >= 10
     simulated = replayer.run(make_policy(rn.DEFAULT_POLICY), order, 11).placements
 
     names = sorted(n.name for n in trace.nodes)
