@@ -27,6 +27,7 @@ import psutil
 from bench.common import BenchContext, Result, mean, percentile
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.keys import public_pem
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_testbed.containerd import (
@@ -44,7 +45,7 @@ CAPTURED = (
     / "025-r2p-nri.pkg.api.v1alpha1.Plugin.CreateContainer-request.nri.bin"
 )
 NODE = "bench-node"
-KEY = b"benchmark-integrity-key-0123456789"
+KEY = Keyring.generate("bench")
 DEVICES = {
     "dev/nvidiactl": (195, 255),
     "dev/nvidia-uvm": (508, 0),
@@ -74,7 +75,7 @@ def _requests(count: int) -> tuple[list[tuple[api.PodSandbox, api.Container]], s
     template: api.CreateContainerRequest | None = None
     if CAPTURED.is_file():
         template = api.CreateContainerRequest.FromString(CAPTURED.read_bytes())
-    keyring = Keyring.single(KEY)
+    keyring = KEY
     out = []
     for i in range(count):
         uid = f"6a1f0c2e-0000-4000-8000-{i:012d}"
@@ -149,8 +150,10 @@ async def _bench(ctx: BenchContext) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="nri-bench-", dir="/tmp") as scratch:
         base = Path(scratch)
         root = _device_root(base)
-        key = base / "key"
-        key.write_bytes(KEY)
+        key = base / "record-keys.pem"
+        public = KEY.public_key("bench")
+        assert public is not None
+        key.write_bytes(public_pem(public))
         sock = str(base / "nri.sock")
         sim = RuntimeSimulator(sock, version=CONTAINERD_2_3)
         await sim.start()

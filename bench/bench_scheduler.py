@@ -26,7 +26,6 @@ from bench.common import BenchContext, Result, percentile
 ROOT = Path(__file__).resolve().parent.parent
 GPUS_PER_NODE = 8
 MEM = 81920
-KEY = b"bench-integrity-key-0123456789abcdef"
 
 
 def node_spec(name: str) -> dict[str, Any]:
@@ -113,7 +112,7 @@ def serving(cache: Any) -> Any:
     service = Service(
         Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
         client,
-        Keyring.single(KEY),
+        Keyring.generate("bench"),
     )
     service.cache = cache
     service.metrics.attach(cache)
@@ -225,7 +224,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
         service = Service(
             Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
             KubeClient(Connection(url), pool_size=workers * 2),
-            Keyring.single(KEY),
+            Keyring.generate("bench"),
         ).start()
         assert service.wait_ready(60)
         # warm the request cache as filter does before each bind

@@ -19,7 +19,7 @@ from typing import Final, NoReturn
 
 from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
 from nri_hook.devices import HostDevices
-from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, Metrics
+from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics
 from nri_hook.netdev import IFNAMSIZ, NetdevMover
 from nri_hook.plugin import (
     DEFAULT_REGISTRATION_TIMEOUT,
@@ -30,7 +30,7 @@ from nri_hook.plugin import (
     NriPlugin,
     check_identity,
 )
-from tessera.keys import KeyFileError
+from tessera.keys import KeyFileError, KeyringSource
 from tessera.logs import add_log_flags, setup_logging
 from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
 
@@ -145,9 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--integrity-key-file",
         default=DEFAULT_INTEGRITY_KEY_FILE,
         metavar="PATH",
-        help="file, or directory of files, holding the key(s) that sign allocation records "
-        "(the Secret shared with the scheduler); re-read every 10 s so rotation needs no "
-        "restart (default: %(default)s)",
+        help="PEM public key file, or directory of them (the Secret tessera-record-verify), "
+        "that verify the scheduler's Ed25519 record signatures; private keys are refused. "
+        "Re-read when the files change (checked every 10 s), so rotation needs no restart "
+        "(default: %(default)s)",
     )
     rec.add_argument(
         "--no-integrity",

@@ -22,7 +22,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Final, Literal
 
 from nri_hook.adjust import (
@@ -39,52 +38,16 @@ from nri_hook.plugin import Handler
 from nri_hook.ttrpc import RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import PodAllocation
-from tessera.keys import KeyFileError, load_keyring
-from tessera.record import Keyring
+from tessera.keys import KeyringSource
 from tessera.resources import ALLOCATION_ANNOTATION
 
 log = logging.getLogger(__name__)
 
 OnInvalid = Literal["fail", "warn"]
-KEY_RELOAD_INTERVAL: Final = 10.0
 MAX_REMEMBERED_WARNINGS: Final = 4096
 """Bad pods (pod, reason) whose warning was already logged, so that a pod skipped at every
 Synchronize and event is logged once. A node runs a few hundred pods, so every one is
 remembered; the bound only keeps a flood of distinct pods from growing memory."""
-
-
-class KeyringSource:
-    """The integrity keyring, re-read from its file or directory every few seconds so that
-    a rotated Secret takes effect without a restart. A failed re-read keeps the last good
-    keyring (and says so in the log)."""
-
-    def __init__(self, path: str | Path | None, interval: float = KEY_RELOAD_INTERVAL) -> None:
-        self.path = Path(path) if path else None
-        self.interval = interval
-        self._keyring: Keyring | None = None
-        self._loaded_at = float("-inf")
-        self._last_error = ""
-        if self.path is not None:
-            self._keyring = load_keyring(self.path)  # fail fast at start-up
-            self._loaded_at = time.monotonic()
-
-    @classmethod
-    def fixed(cls, keyring: Keyring | None) -> KeyringSource:
-        source = cls(None)
-        source._keyring = keyring
-        return source
-
-    def get(self) -> Keyring | None:
-        if self.path is not None and time.monotonic() - self._loaded_at >= self.interval:
-            self._loaded_at = time.monotonic()
-            try:
-                self._keyring = load_keyring(self.path)
-                self._last_error = ""
-            except KeyFileError as exc:
-                if str(exc) != self._last_error:
-                    log.error("cannot reload the integrity key, keeping the previous one: %s", exc)
-                    self._last_error = str(exc)
-        return self._keyring
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from scheduler_plugin.kube import ApiError, KubeClient, pod_path
 from scheduler_plugin.metrics import Metrics
 from tessera.errors import RequestError, StateError
 from tessera.placement import NoFit
-from tessera.record import Keyring, encode
+from tessera.record import KeySource, encode
 from tessera.request import PodRequest
 from tessera.resources import ALLOCATION_ANNOTATION
 
@@ -81,7 +81,7 @@ class Binder:
         cache: Cache,
         extender: Extender,
         client: KubeClient,
-        keyring: Keyring,
+        keyring: KeySource,
         metrics: Metrics | None = None,
     ) -> None:
         self.cache = cache

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scheduler_plugin import limits
-from tessera.keys import KeyFileError, load_keyring
+from tessera.keys import KeyFileError, KeyringSource, load_legacy_hmac_keys
 from tessera.logs import add_log_flags, setup_logging
 from tessera.policies import POLICIES
 from tessera.resources import (
@@ -208,8 +208,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--integrity-key-file",
         default=DEFAULT_INTEGRITY_KEY_FILE,
-        help="file or directory (mounted Secret) with the key(s) that sign allocation "
-        "records; the node agents verify with the same Secret",
+        help="PEM private key file, or directory of PEM keys (the Secret "
+        "tessera-record-signing), that sign allocation records with Ed25519; nodes verify "
+        "with the public keys. Re-read when the files change, so rotation needs no restart "
+        "(default: %(default)s)",
+    )
+    g.add_argument(
+        "--legacy-hmac-key-file",
+        default=None,
+        metavar="PATH",
+        help="upgrade from a release with HMAC records: the old integrity key file or "
+        "directory. Its keys only verify old records while the state is rebuilt; each "
+        "running pod's valid old record is then re-signed with Ed25519 once",
     )
     g.add_argument(
         "--manage-nvidia-gpu",
@@ -310,7 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tls = check_args(parser, args)
     setup_logging(args.log_format, args.log_level)
     try:
-        keyring = load_keyring(args.integrity_key_file)
+        legacy = (
+            load_legacy_hmac_keys(args.legacy_hmac_key_file) if args.legacy_hmac_key_file else {}
+        )
+        keyring = KeyringSource(args.integrity_key_file, "sign", legacy_hmac=legacy)
     except KeyFileError as exc:
         log.error("%s", exc)
         return 2

@@ -48,7 +48,7 @@ from scheduler_plugin.recovery import (
 )
 from tessera.allocation import PodAllocation
 from tessera.errors import StateError
-from tessera.record import Keyring
+from tessera.record import KeySource
 from tessera.resources import (
     ALLOCATION_ANNOTATION,
     HEARTBEAT_LEASE_PREFIX,
@@ -310,7 +310,7 @@ class Reconciler(Handler):
     def __init__(
         self,
         cache: Cache,
-        keyring: Keyring | None,
+        keyring: KeySource | None,
         *,
         assume_ttl: float = 30.0,
         on_invalid: Callable[[str, str], None] | None = None,
@@ -389,7 +389,7 @@ class Reconciler(Handler):
 
     def _judge(self, uid: str, pod: Mapping[str, Any]) -> Verdict:
         """judge(), remembered per pod while what it reads is unchanged: running pods get
-        many status updates, and each would otherwise verify the record's HMAC again.
+        many status updates, and each would otherwise verify the record's signature again.
         (str hashes are keyed per process, so nobody can make two records collide.)"""
         text = record_text(pod)
         if text is None:

@@ -34,7 +34,7 @@ from typing import Any
 from tessera.allocation import PodAllocation
 from tessera.errors import RecordError, StateError
 from tessera.model import NodeInventory
-from tessera.record import Keyring, decode
+from tessera.record import KeySource, decode
 from tessera.resources import ALLOCATION_ANNOTATION, TESSERA_RESOURCES
 from tessera.state import ClusterState
 
@@ -128,7 +128,7 @@ def apply_order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
     return (created, *pod_identity(pod))
 
 
-def judge(pod: Mapping[str, Any], keyring: Keyring | None) -> Verdict:
+def judge(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
     """Apply the rebuild rule to one pod dict (see the module doc)."""
     text = record_text(pod)
     if text is None:
@@ -175,7 +175,7 @@ class Rebuilt:
 def rebuild(
     inventories: Iterable[NodeInventory],
     pods: Iterable[Mapping[str, Any]],
-    keyring: Keyring | None,
+    keyring: KeySource | None,
 ) -> Rebuilt:
     """State from the cluster's objects alone. Pods are applied in (creation, uid) order so
     that two rebuilds from the same objects agree even on which of two conflicting records

@@ -1,58 +1,336 @@
-"""Loading the integrity keys that sign and verify allocation records.
+"""Record key files: load them, watch them for rotation, make new ones.
 
-The key material comes from a Kubernetes Secret mounted as files, shared by the scheduler
-(which signs) and the node agents (which verify):
-- a file: one key, id "default";
-- a directory: one key per file, id = file name; the key named in a file called
-  `signing-key-id` signs (else the first by name); all verify, which allows rotation.
-Hidden files (Secret volumes contain `..data` links) are skipped. Surrounding whitespace
-is stripped, so a key written with `echo` works.
+Only tessera-scheduler holds private keys; node agents hold public keys (docs/record.md):
+- a file: one PEM key, private (PKCS#8) or public (SubjectPublicKeyInfo); its key ID is the
+  file name without a trailing `.pem`;
+- a directory (a mounted Kubernetes Secret): one PEM key per file, key ID as above. Hidden
+  entries (`..data` and the timestamped directories of a Secret volume) are skipped. A
+  private key also verifies. With several private keys a file `signing-key-id` names the one
+  that signs; every public key verifies, which is how keys rotate.
+Every problem is a one-line KeyFileError naming the file.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
-from tessera.record import MIN_KEY_BYTES, Keyring
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-SIGNING_ID_FILE = "signing-key-id"
+from tessera.errors import TesseraError
+from tessera.record import MIN_LEGACY_KEY_BYTES, Keyring
+
+log = logging.getLogger(__name__)
+
+SIGNING_ID_FILE: Final = "signing-key-id"
+KEY_RELOAD_INTERVAL: Final = 10.0
+"""Seconds between checks of the key files for a rotation. The kubelet itself takes about a
+minute to project a changed Secret, so checking more often buys nothing."""
+MAX_KEY_FILE_BYTES: Final = 16 * 1024
+"""A PEM Ed25519 key is about 120 bytes; a larger file is not a key."""
+MAX_KEY_FILES: Final = 64
+"""Keys in one directory: rotation needs two or three at a time."""
+PLACEHOLDER_FINGERPRINTS: Final = frozenset({"SHA256:sNeoALxZGu+8MbHWsm0bv+eNqc65dLfFMaYgSiaBoXY"})
+"""The example key pair shipped in deploy/ (its private half is public knowledge): refused
+wherever it is found, so an install cannot run on it by mistake."""
+_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+"""Secret keys are [-._a-zA-Z0-9]{1,253}; a leading dot would be a hidden file."""
+
+Role = Literal["sign", "verify"]
 
 
-class KeyFileError(ValueError):
-    pass
+class KeyFileError(TesseraError, ValueError):
+    """A key file or directory cannot be used; the message names the file and the fix."""
 
 
-def _read_key(path: Path) -> bytes:
+def fingerprint(key: Ed25519PublicKey) -> str:
+    """SHA256:<base64 of SHA-256 over the raw public key>, as ssh-keygen shows keys."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
+
+
+def key_id_of(path: Path) -> str:
+    return path.name.removesuffix(".pem")
+
+
+def _read(path: Path) -> bytes:
     try:
-        key = path.read_bytes().strip()
+        with path.open("rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
     except OSError as exc:
-        raise KeyFileError(f"{path}: cannot read integrity key: {exc.strerror}") from None
-    if len(key) < MIN_KEY_BYTES:
+        raise KeyFileError(f"{path}: cannot read key file: {exc.strerror}") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyFileError(f"{path}: larger than {MAX_KEY_FILE_BYTES} bytes; not a key file")
+    return data
+
+
+def _parse_pem(path: Path, data: bytes) -> Ed25519PrivateKey | Ed25519PublicKey:
+    text = data.strip()
+    if not text.startswith(b"-----BEGIN "):
         raise KeyFileError(
-            f"{path}: integrity key is {len(key)} bytes; use at least {MIN_KEY_BYTES}"
+            f"{path}: not a PEM key (an HMAC key from an older release? it goes to the "
+            "scheduler's --legacy-hmac-key-file; make record keys with tessera-keys generate)"
+        )
+    try:
+        if b"PRIVATE KEY-----" in text.split(b"\n", 1)[0]:
+            key: object = serialization.load_pem_private_key(text, password=None)
+        else:
+            key = serialization.load_pem_public_key(text)
+    except TypeError:
+        raise KeyFileError(f"{path}: the private key is encrypted; store it unencrypted") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else "cannot be parsed"
+        raise KeyFileError(f"{path}: malformed PEM key: {reason}") from None
+    if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+        kind = type(key).__name__.removeprefix("_").replace("PrivateKey", " private key")
+        kind = kind.replace("PublicKey", " public key")
+        raise KeyFileError(f"{path}: is a {kind}; tessera record keys are Ed25519")
+    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+    if fingerprint(public) in PLACEHOLDER_FINGERPRINTS:
+        raise KeyFileError(
+            f"{path}: is the example key shipped with tessera, which anyone can sign with; "
+            "make your own with tessera-keys generate (see deploy/README.md)"
         )
     return key
 
 
-def load_keyring(path: str | Path) -> Keyring:
-    """Read a key file or key directory (see module doc). Raises KeyFileError."""
-    p = Path(path)
-    if p.is_dir():
-        files = sorted(
-            f
-            for f in p.iterdir()
-            if not f.name.startswith(".") and f.name != SIGNING_ID_FILE and f.is_file()
+def _key_files(directory: Path) -> list[Path]:
+    try:
+        entries = sorted(
+            p
+            for p in directory.iterdir()
+            if not p.name.startswith(".") and p.name != SIGNING_ID_FILE and p.is_file()
         )
-        if not files:
-            raise KeyFileError(f"{p}: the integrity key directory holds no key files")
-        keys = {f.name: _read_key(f) for f in files}
-        marker = p / SIGNING_ID_FILE
-        if marker.is_file():
-            signing = marker.read_text().strip()
-            if signing not in keys:
-                raise KeyFileError(f"{marker}: names key {signing!r}, which is not in {p}")
-            keys = {signing: keys[signing]} | {k: v for k, v in keys.items() if k != signing}
-        return Keyring(keys)
+    except OSError as exc:
+        raise KeyFileError(f"{directory}: cannot list the key directory: {exc.strerror}") from None
+    if not entries:
+        raise KeyFileError(f"{directory}: the key directory holds no key files")
+    if len(entries) > MAX_KEY_FILES:
+        raise KeyFileError(f"{directory}: more than {MAX_KEY_FILES} key files")
+    return entries
+
+
+def load_keyring(path: str | Path, role: Role = "verify") -> Keyring:
+    """Read a key file or directory (module doc). `role` "sign" needs a private key to sign
+    with (the scheduler); "verify" refuses private keys (a node must hold none)."""
+    p = Path(path)
     if not p.exists():
-        raise KeyFileError(f"{p}: integrity key file does not exist")
-    return Keyring.single(_read_key(p))
+        raise KeyFileError(f"{p}: key file or directory does not exist")
+    files = _key_files(p) if p.is_dir() else [p]
+    private: dict[str, Ed25519PrivateKey] = {}
+    public: dict[str, Ed25519PublicKey] = {}
+    for f in files:
+        key_id = key_id_of(f)
+        if not _KEY_ID.match(key_id):
+            raise KeyFileError(f"{f}: {key_id!r} is not a usable key ID ([A-Za-z0-9._-])")
+        if key_id in public:
+            raise KeyFileError(f"{f}: a second file for key ID {key_id!r}")
+        key = _parse_pem(f, _read(f))
+        if isinstance(key, Ed25519PrivateKey):
+            if role == "verify":
+                raise KeyFileError(
+                    f"{f}: is a private key; nodes get only public keys "
+                    "(tessera-keys public turns a private key file into its public key)"
+                )
+            private[key_id] = key
+            public[key_id] = key.public_key()
+        else:
+            public[key_id] = key
+    signing = _signing_id(p, private, public) if role == "sign" else None
+    return Keyring(public, (signing, private[signing]) if signing else None)
+
+
+def _signing_id(
+    directory: Path, private: Mapping[str, object], public: Mapping[str, object]
+) -> str:
+    marker = directory / SIGNING_ID_FILE
+    if directory.is_dir() and marker.is_file():
+        named = _read(marker).decode(errors="replace").strip()
+        if named in private:
+            return named
+        if named in public:
+            raise KeyFileError(
+                f"{marker}: names key {named!r}, but {directory} holds only its public key"
+            )
+        raise KeyFileError(f"{marker}: names key {named!r}, which is not in {directory}")
+    if not private:
+        raise KeyFileError(f"{directory}: holds no private key to sign records with")
+    if len(private) > 1:
+        raise KeyFileError(
+            f"{directory}: holds {len(private)} private keys; a file {SIGNING_ID_FILE} must "
+            "name the one that signs"
+        )
+    return next(iter(private))
+
+
+def load_legacy_hmac_keys(path: str | Path) -> dict[str, bytes]:
+    """HMAC keys of releases before Ed25519 (a file: key ID "default"; a directory: one per
+    file, ID = file name). Only tessera-scheduler reads them, to trust old records once."""
+    p = Path(path)
+    if not p.exists():
+        raise KeyFileError(f"{p}: legacy HMAC key file does not exist")
+    files = _key_files(p) if p.is_dir() else [p]
+    keys: dict[str, bytes] = {}
+    for f in files:
+        key = _read(f).strip()
+        if len(key) < MIN_LEGACY_KEY_BYTES:
+            raise KeyFileError(
+                f"{f}: legacy HMAC key is {len(key)} bytes; they were at least "
+                f"{MIN_LEGACY_KEY_BYTES}"
+            )
+        keys[f.name if p.is_dir() else "default"] = key
+    return keys
+
+
+# --- rotation --------------------------------------------------------------------------------
+
+
+def _stamp(path: Path) -> tuple[object, ...]:
+    """What changes when the key files change: Kubernetes swaps a Secret volume's `..data`
+    link atomically, which changes the inode each visible entry resolves to."""
+    entries = [path] if not path.is_dir() else [path / n for n in sorted(os.listdir(path))]
+    stamp: list[object] = []
+    for e in entries:
+        try:
+            st = e.stat()
+        except OSError:
+            stamp.append((e.name, None))
+            continue
+        stamp.append((e.name, st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(stamp)
+
+
+@dataclass
+class _Loaded:
+    keyring: Keyring | None
+    stamp: tuple[object, ...] = ()
+
+
+class KeyringSource:
+    """The current keyring, re-read when its files change (checked at most every `interval`
+    seconds), so a rotated Secret takes effect without a restart. A failed re-read keeps the
+    last good keys and logs the problem once. Used by the scheduler (role "sign") and the NRI
+    hook (role "verify"). Concurrent get() calls may both re-read; each then installs a whole
+    keyring, so the race is harmless."""
+
+    def __init__(
+        self,
+        path: str | Path | None,
+        role: Role = "verify",
+        interval: float = KEY_RELOAD_INTERVAL,
+        legacy_hmac: dict[str, bytes] | None = None,
+    ) -> None:
+        self.path = Path(path) if path else None
+        self.role: Role = role
+        self.interval = interval
+        self.legacy_hmac = legacy_hmac or {}
+        self._checked_at = float("-inf")
+        self._last_error = ""
+        self._loaded = _Loaded(None)
+        if self.path is not None:
+            self._loaded = self._load()  # fail fast at start-up
+            self._checked_at = time.monotonic()
+
+    @classmethod
+    def fixed(cls, keyring: Keyring | None) -> KeyringSource:
+        source = cls(None)
+        source._loaded = _Loaded(keyring)
+        return source
+
+    def _load(self) -> _Loaded:
+        assert self.path is not None
+        try:
+            stamp = _stamp(self.path)
+        except OSError as exc:
+            raise KeyFileError(f"{self.path}: cannot read: {exc.strerror}") from None
+        ring = load_keyring(self.path, self.role)
+        if self.legacy_hmac:
+            ring = ring.with_legacy_hmac(self.legacy_hmac)
+        return _Loaded(ring, stamp)
+
+    def get(self) -> Keyring | None:
+        if self.path is None or time.monotonic() - self._checked_at < self.interval:
+            return self._loaded.keyring
+        self._checked_at = time.monotonic()
+        try:
+            if _stamp(self.path) == self._loaded.stamp:
+                return self._loaded.keyring
+            self._loaded = self._load()
+            if self._last_error:
+                log.info("record keys in %s are usable again", self.path)
+            self._last_error = ""
+            log.info("record keys reloaded from %s: %s", self.path, describe(self._loaded))
+        except (KeyFileError, OSError) as exc:
+            if str(exc) != self._last_error:
+                log.error("cannot reload the record keys, keeping the previous ones: %s", exc)
+                self._last_error = str(exc)
+        return self._loaded.keyring
+
+
+def describe(loaded: _Loaded) -> str:
+    ring = loaded.keyring
+    if ring is None:
+        return "none"
+    signs = f"signs with {ring.signing_id}, " if ring.signing_id else ""
+    return f"{signs}verifies {', '.join(ring.key_ids)}"
+
+
+# --- making keys ---------------------------------------------------------------------------
+
+
+def private_pem(key: Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def public_pem(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def generate_key_files(out: str | Path, key_id: str) -> tuple[Path, Path]:
+    """Write out/private/<id>.pem (mode 0600) and out/public/<id>.pem; never overwrite.
+    The first private key in out/private is also named in out/private/signing-key-id."""
+    if not _KEY_ID.match(key_id):
+        raise KeyFileError(f"{key_id!r} is not a usable key ID (letters, digits, '.', '_', '-')")
+    root = Path(out)
+    private_dir, public_dir = root / "private", root / "public"
+    private_file, public_file = private_dir / f"{key_id}.pem", public_dir / f"{key_id}.pem"
+    for f in (private_file, public_file):
+        if f.exists():
+            raise KeyFileError(f"{f}: already exists; choose another --key-id")
+    key = Ed25519PrivateKey.generate()
+    try:
+        private_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        public_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(private_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out_file:
+            out_file.write(private_pem(key))
+        public_file.write_bytes(public_pem(key.public_key()))
+        marker = private_dir / SIGNING_ID_FILE
+        if not marker.exists():
+            marker.write_text(key_id + "\n")
+    except OSError as exc:
+        raise KeyFileError(f"{root}: cannot write keys: {exc.strerror}") from None
+    return private_file, public_file
+
+
+def public_key_of(path: str | Path) -> Ed25519PublicKey:
+    """The public key of a private key file (or of a public key file, unchanged)."""
+    p = Path(path)
+    key = _parse_pem(p, _read(p))
+    return key.public_key() if isinstance(key, Ed25519PrivateKey) else key

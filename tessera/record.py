@@ -2,19 +2,25 @@
 
 The scheduler writes it before binding; the NRI plugin applies it; the scheduler rebuilds
 its state from it. Its JSON is canonical (sorted keys, no spaces) so the same allocation
-always encodes to the same string, and the integrity proof (HMAC-SHA256 with a key shared
-by the scheduler and the node agents) covers every field, the pod UID and node included:
-a pod's author cannot obtain devices by writing the annotation. Schema: docs/record.md.
+always encodes to the same string, and an Ed25519 signature covers every field, the pod UID
+and node included. Only the scheduler holds the private key; nodes hold public keys, so
+neither a pod's author nor a node can mint a record another node accepts. Schema, keys,
+rotation and the upgrade from HMAC records: docs/record.md.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.boundedjson import JsonLimitError, loads
@@ -30,31 +36,97 @@ MAX_RECORD_DEPTH: Final = 8
 anything deeper is not a record (and must not reach a recursive parser)."""
 MAX_HOST_AMOUNT: Final = 2**63 - 1
 """cpuMilli and memoryMiB: the scheduler keeps them in int64 columns."""
-MAC_ALGORITHM = "HMAC-SHA256"
-MIN_KEY_BYTES = 16
+MAX_KEY_ID_CHARS: Final = 253
+"""A key ID is the name of a file in a Secret, and Secret keys stop at 253 characters."""
+SIGNATURE_ALGORITHM: Final = "Ed25519"
+LEGACY_MAC_ALGORITHM: Final = "HMAC-SHA256"
+"""What releases before Ed25519 signed with; read only when the scheduler is given the old
+keys (see docs/record.md, upgrade)."""
+MIN_LEGACY_KEY_BYTES: Final = 16
+_SIGNATURE_BYTES: Final = 64
 
 
 class Keyring:
-    """Integrity keys by id. The first key signs; every key verifies (for rotation)."""
+    """Record keys: an optional signing key, public keys by key ID (for verification and
+    rotation), and optionally old HMAC keys that only verify (upgrade from HMAC records)."""
 
-    def __init__(self, keys: Mapping[str, bytes]) -> None:
-        if not keys:
+    def __init__(
+        self,
+        public: Mapping[str, Ed25519PublicKey] | None = None,
+        signing: tuple[str, Ed25519PrivateKey] | None = None,
+        legacy_hmac: Mapping[str, bytes] | None = None,
+    ) -> None:
+        self._public = dict(public or {})
+        self._signing = signing
+        self._legacy = dict(legacy_hmac or {})
+        for key_id, key in self._legacy.items():
+            if len(key) < MIN_LEGACY_KEY_BYTES:
+                raise ValueError(
+                    f"HMAC key {key_id!r} is shorter than {MIN_LEGACY_KEY_BYTES} bytes"
+                )
+        if signing is not None:
+            key_id, private = signing
+            mine = private.public_key()
+            known = self._public.setdefault(key_id, mine)
+            if _raw(known) != _raw(mine):
+                raise ValueError(f"public key {key_id!r} does not belong to the signing key")
+        if not self._public and not self._legacy:
             raise ValueError("a keyring needs at least one key")
-        for key_id, key in keys.items():
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(f"integrity key {key_id!r} is shorter than {MIN_KEY_BYTES} bytes")
-        self._keys = dict(keys)
-        self.signing_id = next(iter(self._keys))
 
     @classmethod
-    def single(cls, key: bytes, key_id: str = "default") -> Keyring:
-        return cls({key_id: key})
+    def generate(cls, key_id: str = "default") -> Keyring:
+        """A keyring with a fresh signing key (tests, the demo)."""
+        return cls(signing=(key_id, Ed25519PrivateKey.generate()))
 
-    def key(self, key_id: str) -> bytes | None:
-        return self._keys.get(key_id)
+    @property
+    def signing_id(self) -> str | None:
+        return self._signing[0] if self._signing else None
+
+    @property
+    def key_ids(self) -> tuple[str, ...]:
+        """IDs of the public (verification) keys, sorted."""
+        return tuple(sorted(self._public))
+
+    @property
+    def signing_key(self) -> Ed25519PrivateKey | None:
+        return self._signing[1] if self._signing else None
+
+    def public_key(self, key_id: str) -> Ed25519PublicKey | None:
+        return self._public.get(key_id)
+
+    @property
+    def legacy_key_ids(self) -> tuple[str, ...]:
+        return tuple(sorted(self._legacy))
+
+    def legacy_key(self, key_id: str) -> bytes | None:
+        return self._legacy.get(key_id)
+
+    def verifier(self) -> Keyring:
+        """The same keyring without its private key: what a node holds."""
+        return Keyring(self._public, None, self._legacy)
+
+    def with_legacy_hmac(self, keys: Mapping[str, bytes]) -> Keyring:
+        return Keyring(self._public, self._signing, keys)
+
+    def get(self) -> Keyring:
+        """A keyring is its own KeySource (a fixed one)."""
+        return self
 
     def sign(self, body: bytes) -> str:
-        return _mac(self._keys[self.signing_id], body)
+        if self._signing is None:
+            raise IntegrityError("no record signing key is configured (only public keys)")
+        return base64.b64encode(self._signing[1].sign(body)).decode("ascii")
+
+
+class KeySource(Protocol):
+    """Anything that yields the current keyring: a Keyring, or tessera.keys.KeyringSource
+    (which re-reads rotated key files)."""
+
+    def get(self) -> Keyring | None: ...
+
+
+def _raw(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
 def _mac(key: bytes, body: bytes) -> str:
@@ -127,14 +199,18 @@ def _rdma_doc(r: RdmaGrant) -> dict[str, Any]:
     return doc
 
 
-def encode(alloc: PodAllocation, keyring: Keyring | None = None) -> str:
-    """The annotation value. With a keyring the record carries its integrity proof."""
+def encode(alloc: PodAllocation, keyring: KeySource | None = None) -> str:
+    """The annotation value. With a keyring the record carries its signature
+    (IntegrityError when the keyring holds no signing key)."""
     doc = to_document(alloc)
     if keyring is not None:
+        ring = keyring.get()
+        if ring is None or ring.signing_id is None:
+            raise IntegrityError("no record signing key is configured")
         doc["integrity"] = {
-            "alg": MAC_ALGORITHM,
-            "keyId": keyring.signing_id,
-            "mac": keyring.sign(_canonical(doc)),
+            "alg": SIGNATURE_ALGORITHM,
+            "keyId": ring.signing_id,
+            "sig": ring.sign(_canonical(doc)),
         }
     return _canonical(doc).decode()
 
@@ -144,7 +220,7 @@ def encode(alloc: PodAllocation, keyring: Keyring | None = None) -> str:
 
 def decode(
     text: str | bytes,
-    keyring: Keyring | None = None,
+    keyring: KeySource | None = None,
     *,
     require_integrity: bool | None = None,
     pod_uid: str | None = None,
@@ -176,7 +252,7 @@ def decode(
     integrity = doc.pop("integrity", None)
     must_verify = keyring is not None if require_integrity is None else require_integrity
     if must_verify:
-        _verify(doc, integrity, keyring)
+        _verify(doc, integrity, None if keyring is None else keyring.get())
 
     alloc = _parse(doc)
     if pod_uid is not None and alloc.pod_uid != pod_uid:
@@ -198,18 +274,69 @@ def _verify(doc: dict[str, Any], integrity: Any, keyring: Keyring | None) -> Non
         raise IntegrityError("record integrity is required but no integrity key is configured")
     if integrity is None:
         raise IntegrityError("record carries no integrity proof")
-    if not isinstance(integrity, dict) or set(integrity) != {"alg", "keyId", "mac"}:
-        raise IntegrityError("record.integrity: must be {alg, keyId, mac}")
-    if not all(isinstance(v, str) for v in integrity.values()):
-        raise IntegrityError("record.integrity: alg, keyId and mac must be strings")
-    if integrity["alg"] != MAC_ALGORITHM:
-        raise IntegrityError(f"record.integrity.alg: unsupported {_short(integrity['alg'])}")
-    key = keyring.key(integrity["keyId"])
+    if not isinstance(integrity, dict) or not all(isinstance(v, str) for v in integrity.values()):
+        raise IntegrityError("record.integrity: must be an object of strings {alg, keyId, sig}")
+    alg = integrity.get("alg")
+    if alg == LEGACY_MAC_ALGORITHM:
+        _verify_legacy(doc, integrity, keyring)
+        return
+    if alg != SIGNATURE_ALGORITHM:
+        raise IntegrityError(f"record.integrity.alg: unsupported {_short(alg)}")
+    if set(integrity) != {"alg", "keyId", "sig"}:
+        raise IntegrityError("record.integrity: must be {alg, keyId, sig}")
+    key_id, sig = integrity["keyId"], integrity["sig"]
+    key = keyring.public_key(key_id) if len(key_id) <= MAX_KEY_ID_CHARS else None
     if key is None:
-        raise IntegrityError(f"record.integrity.keyId: unknown key id {_short(integrity['keyId'])}")
+        raise IntegrityError(f"record.integrity.keyId: unknown key id {_short(key_id)}")
+    signature = _strict_b64(sig)
+    if signature is None or len(signature) != _SIGNATURE_BYTES:
+        raise IntegrityError("record.integrity.sig: not a base64 Ed25519 signature")
+    try:
+        key.verify(signature, _canonical(doc))
+    except InvalidSignature:
+        raise IntegrityError(
+            "record integrity proof does not verify (forged or altered record)"
+        ) from None
+
+
+def _strict_b64(text: str) -> bytes | None:
+    """The bytes of canonical base64 `text`, else None (one signature has one spelling)."""
+    if not text.isascii():
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if base64.b64encode(raw).decode("ascii") == text else None
+
+
+def _verify_legacy(doc: dict[str, Any], integrity: dict[str, str], keyring: Keyring) -> None:
+    if set(integrity) != {"alg", "keyId", "mac"}:
+        raise IntegrityError("record.integrity: must be {alg, keyId, mac}")
+    key = keyring.legacy_key(integrity["keyId"])
+    if key is None:
+        raise IntegrityError(
+            f"record.integrity.alg: {LEGACY_MAC_ALGORITHM} records from an older release are "
+            f"not trusted (key id {_short(integrity['keyId'])} is no legacy key here); "
+            "this release verifies Ed25519 signatures"
+        )
     expected = _mac(key, _canonical(doc)).encode()
-    if not hmac.compare_digest(expected, integrity["mac"].encode()):
+    if not integrity["mac"].isascii() or not hmac.compare_digest(
+        expected, integrity["mac"].encode()
+    ):
         raise IntegrityError("record integrity proof does not verify (forged or altered record)")
+
+
+def signature_algorithm(text: str | bytes) -> str | None:
+    """The `alg` a record claims (not verified), None when it has none or is unreadable.
+    The scheduler uses it to find valid legacy records to re-sign."""
+    try:
+        doc = loads(text, what="record", max_bytes=MAX_RECORD_BYTES, max_depth=MAX_RECORD_DEPTH)
+    except JsonLimitError:
+        return None
+    block = doc.get("integrity") if isinstance(doc, dict) else None
+    alg = block.get("alg") if isinstance(block, dict) else None
+    return alg if isinstance(alg, str) else None
 
 
 def _short(value: Any) -> str:

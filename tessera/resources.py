@@ -68,7 +68,9 @@ HEARTBEAT_LEASE_PREFIX: Final = "tessera-node-"
 DEFAULT_HEARTBEAT_NAMESPACE: Final = "tessera-system"
 
 # --- Allocation record integrity ---------------------------------------------------------------
-DEFAULT_INTEGRITY_KEY_FILE: Final = "/etc/tessera/integrity/key"
+DEFAULT_INTEGRITY_KEY_FILE: Final = "/etc/tessera/record-keys"
+"""Where the record keys' Secret is mounted: private keys for tessera-scheduler, public keys
+on the nodes (a directory, one PEM file per key ID; docs/record.md)."""
 
 # --- Placement policies (node choice and GPU choice inside a node) ----------------------------
 POLICY_BINPACK: Final = "binpack"

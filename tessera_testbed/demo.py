@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import logging
-import secrets
 import stat
 import sys
 import tempfile
@@ -43,15 +42,15 @@ from deviceplugin.inventory import InventoryConfig, InventoryPublisher
 from deviceplugin.kubeapi import KubernetesClientApi
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
-from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource
+from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
 from protos.nri import api_pb2 as nri
 from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
+from tessera.keys import KeyringSource, generate_key_files
 from tessera.model import NodeInventory
 from tessera.policies import POLICIES
-from tessera.record import Keyring
 from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
@@ -431,7 +430,11 @@ def _start_nodes(
 
 
 def _start_scheduler(
-    stack: ExitStack, api: FakeApiServer, keyring: Keyring, policy: str, nodes: Sequence[str]
+    stack: ExitStack,
+    api: FakeApiServer,
+    keyring: KeyringSource,
+    policy: str,
+    nodes: Sequence[str],
 ) -> Service:
     options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False, open_debug=True)
     service = Service(options, KubeClient(Connection(host=api.url)), keyring).start()
@@ -493,9 +496,12 @@ def run(
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tessera-demo-")))
         api = stack.enter_context(FakeApiServer())
         say(f"[1/5] API server (simulated, in memory) at {api.url}")
-        key_file = work / "integrity-key"
-        key_file.write_text(secrets.token_hex(32))
-        keyring = Keyring.single(key_file.read_text().strip().encode())
+        # as an operator would: tessera-keys generate; the scheduler gets the private key,
+        # the nodes only the public one
+        private_key, public_key = generate_key_files(work / "record-keys", "demo")
+        keyring = KeyringSource(private_key.parent, "sign")
+        key_file = public_key.parent
+        node_keys = KeyringSource(key_file)
 
         say("[2/5] node agents (fake NVML backend) register with their node's kubelet:")
         nodes = _start_nodes(stack, api, work, say)
@@ -514,7 +520,7 @@ def run(
                 say(f"      -> stays Pending: {outcome.problem}")
                 continue
             # what the node will check: the record verifies and belongs to this pod
-            decode_record(json.dumps(outcome.record), keyring, pod_uid=outcome.uid)
+            decode_record(json.dumps(outcome.record), node_keys.get(), pod_uid=outcome.uid)
             for container in pod.containers:
                 placed_on = _gpus_of(outcome.record, container)
                 say(f"      -> {outcome.node} {container}: {placed_on}")

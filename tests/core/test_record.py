@@ -1,7 +1,11 @@
+import base64
 import contextlib
+import hashlib
+import hmac
 import json
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +13,9 @@ from tessera import record
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 
-KEY = record.Keyring.single(b"0123456789abcdef0123456789abcdef", "k1")
+SEED = bytes(range(32))
+"""A fixed private key, so the golden signature below is fixed (Ed25519 is deterministic)."""
+KEY = record.Keyring(signing=("k1", Ed25519PrivateKey.from_private_bytes(SEED)))
 
 ALLOC = PodAllocation(
     pod_uid="6a1f0c0e-1111-4222-8333-444455556666",
@@ -56,17 +62,13 @@ def test_golden_unsigned_encoding():
 
 def test_golden_signature():
     signed = json.loads(record.encode(ALLOC, KEY))
-    # HMAC-SHA256 over GOLDEN_UNSIGNED with KEY, computed independently of the codec
-    import base64
-    import hashlib
-    import hmac
-
-    expected = base64.b64encode(
-        hmac.new(
-            b"0123456789abcdef0123456789abcdef", GOLDEN_UNSIGNED.encode(), hashlib.sha256
-        ).digest()
-    ).decode()
-    assert signed["integrity"] == {"alg": "HMAC-SHA256", "keyId": "k1", "mac": expected}
+    # Ed25519 over GOLDEN_UNSIGNED with the fixed key, computed independently of the codec
+    expected = Ed25519PrivateKey.from_private_bytes(SEED).sign(GOLDEN_UNSIGNED.encode())
+    assert signed["integrity"] == {
+        "alg": "Ed25519",
+        "keyId": "k1",
+        "sig": base64.b64encode(expected).decode(),
+    }
 
 
 def test_round_trip_signed_and_unsigned():
@@ -84,10 +86,10 @@ def test_tampering_is_detected():
 def test_missing_or_foreign_proof():
     with pytest.raises(IntegrityError, match="no integrity proof"):
         record.decode(record.encode(ALLOC), KEY)
-    other = record.Keyring.single(b"x" * 32, "k2")
+    other = record.Keyring.generate("k2")
     with pytest.raises(IntegrityError, match="unknown key id"):
         record.decode(record.encode(ALLOC, other), KEY)
-    same_id = record.Keyring.single(b"y" * 32, "k1")
+    same_id = record.Keyring.generate("k1")
     with pytest.raises(IntegrityError, match="does not verify"):
         record.decode(record.encode(ALLOC, same_id), KEY)
 
@@ -97,10 +99,55 @@ def test_integrity_required_without_key_is_an_error():
         record.decode(record.encode(ALLOC), None, require_integrity=True)
 
 
-def test_rotation_verifies_with_any_key_and_signs_with_the_first():
-    ring = record.Keyring({"new": b"n" * 32, "k1": b"0123456789abcdef0123456789abcdef"})
+def test_rotation_verifies_with_any_public_key_and_signs_with_the_signing_key():
+    new = record.Keyring.generate("new")
+    assert KEY.signing_key is not None and new.signing_key is not None
+    ring = record.Keyring({"k1": KEY.signing_key.public_key()}, signing=("new", new.signing_key))
     assert record.decode(record.encode(ALLOC, KEY), ring) == ALLOC
     assert json.loads(record.encode(ALLOC, ring))["integrity"]["keyId"] == "new"
+
+
+def test_a_node_verifies_but_cannot_sign():
+    node = KEY.verifier()
+    assert node.signing_id is None and node.signing_key is None
+    assert record.decode(record.encode(ALLOC, KEY), node) == ALLOC
+    with pytest.raises(IntegrityError, match="no record signing key"):
+        record.encode(ALLOC, node)
+
+
+def test_a_public_key_must_match_the_signing_key_of_its_id():
+    assert KEY.signing_key is not None
+    with pytest.raises(ValueError, match="does not belong"):
+        record.Keyring(
+            {"k1": Ed25519PrivateKey.generate().public_key()}, signing=("k1", KEY.signing_key)
+        )
+
+
+def _hmac_record(key: bytes, key_id: str = "default") -> str:
+    doc = json.loads(GOLDEN_UNSIGNED)
+    mac = base64.b64encode(hmac.new(key, GOLDEN_UNSIGNED.encode(), hashlib.sha256).digest())
+    doc["integrity"] = {"alg": "HMAC-SHA256", "keyId": key_id, "mac": mac.decode()}
+    return json.dumps(doc)
+
+
+def test_hmac_records_verify_only_with_legacy_keys():
+    old = b"0123456789abcdef0123456789abcdef"
+    text = _hmac_record(old)
+    with pytest.raises(IntegrityError, match="not trusted"):
+        record.decode(text, KEY)
+    with pytest.raises(IntegrityError, match="not trusted"):
+        record.decode(text, KEY.verifier())
+    upgraded = KEY.with_legacy_hmac({"default": old})
+    assert record.decode(text, upgraded) == ALLOC
+    assert record.signature_algorithm(text) == "HMAC-SHA256"
+    assert record.signature_algorithm(record.encode(ALLOC, upgraded)) == "Ed25519"
+    with pytest.raises(IntegrityError, match="does not verify"):
+        record.decode(_hmac_record(b"x" * 32), upgraded)
+
+
+def test_short_legacy_keys_are_refused():
+    with pytest.raises(ValueError, match="shorter"):
+        KEY.with_legacy_hmac({"default": b"short"})
 
 
 def test_pod_and_node_binding():
@@ -115,11 +162,6 @@ def test_pod_and_node_binding():
         record.decode(text, KEY, namespace="ml", name="trainer-1")
     with pytest.raises(RecordMismatchError, match="not dev/trainer-0"):
         record.decode(text, KEY, namespace="dev")
-
-
-def test_short_keys_are_refused():
-    with pytest.raises(ValueError, match="shorter"):
-        record.Keyring.single(b"short")
 
 
 def mutate(path, value):

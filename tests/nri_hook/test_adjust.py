@@ -29,8 +29,9 @@ from tessera.allocation import (
 )
 from tessera.record import Keyring, encode
 
-KEY = Keyring.single(b"0123456789abcdef-test-key")
-OTHER_KEY = Keyring.single(b"fedcba9876543210-evil-key")
+SIGNER = Keyring.generate("k1")
+KEY = SIGNER.verifier()
+OTHER_KEY = Keyring.generate("k1")
 UID = "6a1f0c2e-0000-4000-8000-00000000abcd"
 NODE = "gpu-node-1"
 GPU_A = GpuGrant("GPU-aaaaaaaa-0000-0000-0000-000000000000", 0, 0, 30, 8192)
@@ -89,7 +90,7 @@ def _env(plan_env: tuple[tuple[str, str], ...]) -> dict[str, str]:
 
 def test_a_signed_record_for_this_pod_and_node_decodes() -> None:
     alloc = _alloc(ContainerAllocation("main", gpus=(GPU_A,)))
-    assert _decode(encode(alloc, KEY)) == alloc
+    assert _decode(encode(alloc, SIGNER)) == alloc
 
 
 @pytest.mark.parametrize(
@@ -98,12 +99,12 @@ def test_a_signed_record_for_this_pod_and_node_decodes() -> None:
         (encode(_alloc(ContainerAllocation("main")), OTHER_KEY), CODE_PERMISSION_DENIED, "proof"),
         (encode(_alloc(ContainerAllocation("main"))), CODE_PERMISSION_DENIED, "no integrity"),
         (
-            encode(_alloc(ContainerAllocation("main"), node="other-node"), KEY),
+            encode(_alloc(ContainerAllocation("main"), node="other-node"), SIGNER),
             CODE_PERMISSION_DENIED,
             "other-node",
         ),
         (
-            encode(_alloc(ContainerAllocation("main"), uid="someone-else"), KEY),
+            encode(_alloc(ContainerAllocation("main"), uid="someone-else"), SIGNER),
             CODE_PERMISSION_DENIED,
             "someone-else",
         ),
@@ -120,7 +121,7 @@ def test_bad_records_are_refused_with_a_reason(text: str, code: int, words: str)
 
 
 def test_a_record_altered_after_signing_is_refused() -> None:
-    doc = json.loads(encode(_alloc(ContainerAllocation("main", gpus=(GPU_A,))), KEY))
+    doc = json.loads(encode(_alloc(ContainerAllocation("main", gpus=(GPU_A,))), SIGNER))
     doc["containers"][0]["gpus"][0]["core"] = 100  # ask for more than the scheduler gave
     with pytest.raises(RejectError) as refused:
         _decode(json.dumps(doc))

@@ -20,8 +20,9 @@ from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_testbed.containerd import CONTAINERD_2_3, RuntimeSimulator, make_container, make_pod
+from tests.keyfiles import write_public
 
-KEY = b"cli-test-integrity-key-0123456789"
+KEY = Keyring.generate("k1")
 
 
 def test_help_explains_every_flag_and_its_default() -> None:
@@ -94,14 +95,13 @@ def test_launched_by_the_runtime_with_only_the_nri_environment(tmp_path: Path) -
         os.mknod(root / "dev/nvidia0", stat.S_IFCHR | 0o666, os.makedev(195, 0))
     except PermissionError:
         (root / "dev/nvidia0").symlink_to("/dev/null")
-    key = tmp_path / "key"
-    key.write_bytes(KEY)
+    key = write_public(KEY, tmp_path / "keys")
     log_file = tmp_path / "plugin.log"
     gpu = GpuGrant("GPU-0f0f0f0f-0000-0000-0000-000000000000", 0, 0, 100, 1024)
     uid = "4b3f6f7e-2b0c-4c4e-8f55-1d2a3b4c5d6e"
     text = encode(
         PodAllocation(uid, "ml", "job", "node-a", (ContainerAllocation("main", gpus=(gpu,)),)),
-        Keyring.single(KEY),
+        KEY,
     )
 
     async def body() -> int:

@@ -27,8 +27,11 @@ def test_daemonset_arguments_are_valid_flags() -> None:
     assert f"{args.device_root}/dev" in mounts  # devices are read where they are mounted
     assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
     assert args.integrity_key_file.startswith(
-        next(p for p, m in mounts.items() if m["name"] == "integrity")
+        next(p for p, m in mounts.items() if m["name"] == "record-keys")
     )
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    # public keys only: a node verifies records and can never mint one
+    assert volumes["record-keys"]["secret"]["secretName"] == "tessera-record-verify"
     assert spec["hostNetwork"] is True
     assert set(container["securityContext"]["capabilities"]["add"]) == {"NET_ADMIN", "SYS_ADMIN"}
 

@@ -16,12 +16,13 @@ import pytest
 from nri_hook import enforce as enforce_module
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
-from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource, OnInvalid
+from nri_hook.enforce import Enforcer, EnforcerConfig, OnInvalid
 from nri_hook.netdev import NetdevMover
 from nri_hook.plugin import NriPlugin
 from nri_hook.ttrpc import Code, RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.keys import KeyringSource
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_testbed.containerd import (
@@ -33,12 +34,13 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
+from tests.keyfiles import write_public
 from tests.nri_hook.netns_helpers import links, netlab
 from tests.nri_hook.vectors import Session
 
 NODE = "gpu-node-1"
 UID = "0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c11"
-KEY = b"integrity-key-for-tests-0123456789"
+KEY = Keyring.generate("k1")
 GPU0 = GpuGrant("GPU-00000000-1111-2222-3333-444444444444", 0, 0, 50, 40960)
 GPU1 = GpuGrant("GPU-11111111-1111-2222-3333-444444444444", 1, 1, 100, 81920)
 DEVICE_PATHS = {
@@ -70,9 +72,7 @@ def device_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def key_file(tmp_path: Path) -> Path:
-    path = tmp_path / "key"
-    path.write_bytes(KEY + b"\n")
-    return path
+    return write_public(KEY, tmp_path / "record-keys")
 
 
 def _host_device(root: Path, path: str) -> tuple[str, str, int, int, int]:
@@ -91,7 +91,7 @@ def _env(response: api.CreateContainerResponse) -> dict[str, str]:
 
 
 def record(*containers: ContainerAllocation, uid: str = UID, node: str = NODE) -> str:
-    return encode(PodAllocation(uid, "team-a", "train", node, containers), Keyring.single(KEY))
+    return encode(PodAllocation(uid, "team-a", "train", node, containers), KEY)
 
 
 @dataclass
@@ -261,19 +261,17 @@ def test_bad_records_fail_the_creation_saying_why(
 
 def test_a_rotated_key_is_picked_up(sock_dir: Path, device_root: Path, tmp_path: Path) -> None:
     async def body() -> None:
-        keys = tmp_path / "keys"
-        keys.mkdir()
-        (keys / "old").write_bytes(b"old-key-0123456789abcdef")
+        keys = write_public(Keyring.generate("old"), tmp_path / "keys")
         source = KeyringSource(keys, interval=0.0)
         enforcer = Enforcer(EnforcerConfig(node_name=NODE), source, HostDevices(device_root))
-        new = Keyring.single(b"new-key-0123456789abcdef", "new")
+        new = Keyring.generate("new")
         text = encode(
             PodAllocation(UID, "a", "b", NODE, (ContainerAllocation("main", gpus=(GPU1,)),)), new
         )
         pod = make_pod("b", namespace="a", uid=UID, annotations={ALLOCATION_ANNOTATION: text})
         with pytest.raises(RpcError):
             await enforcer.create_container(pod, make_container(pod, "main"))
-        (keys / "new").write_bytes(b"new-key-0123456789abcdef")
+        write_public(new, keys)
         response = await enforcer.create_container(pod, make_container(pod, "main"))
         assert _env(response)["NVIDIA_VISIBLE_DEVICES"] == GPU1.uuid
 
@@ -302,7 +300,7 @@ def test_captured_containerd_requests_with_a_record(
                         NODE,
                         (ContainerAllocation(container.name, gpus=(GPU1,)),),
                     ),
-                    Keyring.single(KEY),
+                    KEY,
                 )
                 pod.annotations[ALLOCATION_ANNOTATION] = text
                 version = CONTAINERD_2_3 if session.version.startswith("v2") else CONTAINERD_1_7

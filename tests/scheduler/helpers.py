@@ -18,8 +18,8 @@ from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
 from tests.vectors import EXTENDER
 
-KEY = b"tessera-test-integrity-key-0123456789"
-KEYRING = Keyring.single(KEY)
+KEYRING = Keyring.generate("k1")
+KEY = KEYRING  # the scheduler's signing keyring
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = EXTENDER
 

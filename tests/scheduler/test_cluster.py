@@ -26,7 +26,7 @@ def used_core(service, node, slot=0):
     return service.cache.node_summary(node)["gpus"][slot]["core"]["used"]
 
 
-def forged_pod(fake, name, node, key: bytes | None, *, record_node=None, record_uid=None):
+def forged_pod(fake, name, node, key: Keyring | None, *, record_node=None, record_uid=None):
     created = fake.create("pods", pod(name, {rn.GPU: 100}))
     uid = created["metadata"]["uid"]
     alloc = PodAllocation(
@@ -36,7 +36,7 @@ def forged_pod(fake, name, node, key: bytes | None, *, record_node=None, record_
         node=record_node or node,
         containers=(ContainerAllocation("main", (GpuGrant(f"GPU-{node}-0", 0, 0, 100, 81920),)),),
     )
-    text = encode(alloc, Keyring.single(key) if key else None)
+    text = encode(alloc, key)
     fake.patch("pods", name, {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: text}}})
     fake.bind("default", name, {"target": {"name": node}})
     return created
@@ -59,7 +59,7 @@ def test_deleted_and_finished_pods_release_their_devices(fake):
 def test_forged_and_copied_records_never_hold_devices(fake):
     populate(fake, ["n"], gpus=1)
     forged_pod(fake, "unsigned", "n", None)
-    forged_pod(fake, "wrong-key", "n", b"an-attacker-key-that-is-long-enough")
+    forged_pod(fake, "wrong-key", "n", Keyring.generate("k1"))
     forged_pod(fake, "copied", "n", KEY, record_uid="someone-else")
     with running(fake) as service:
         h = Http(service.server.port)

@@ -48,8 +48,10 @@ def test_deployment_args_parse_and_mount_the_integrity_key():
     args = build_parser().parse_args(container["args"])
     assert args.integrity_key_file == rn.DEFAULT_INTEGRITY_KEY_FILE
     assert args.leader_elect and args.tls_client_ca_file
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert rn.DEFAULT_INTEGRITY_KEY_FILE.rsplit("/", 1)[0] in mounts
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    secret = volumes[mounts[rn.DEFAULT_INTEGRITY_KEY_FILE]]["secret"]["secretName"]
+    assert secret == "tessera-record-signing"  # the private keys: only the scheduler
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
@@ -210,7 +212,7 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
 
 @pytest.mark.parametrize(
     "name",
-    ["serviceaccount.yaml", "service.yaml", "integrity-secret.example.yaml", "rbac.yaml"],
+    ["serviceaccount.yaml", "service.yaml", "record-signing-secret.example.yaml", "rbac.yaml"],
 )
 def test_everything_lives_in_the_tessera_namespace(name):
     for doc in docs(name):

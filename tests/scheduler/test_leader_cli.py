@@ -9,6 +9,8 @@ from scheduler_plugin.cli import build_parser
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
 from tessera.policies import POLICIES
+from tessera.record import Keyring
+from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
     ROOT,
@@ -126,9 +128,21 @@ def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
 
     missing = run("--listen=127.0.0.1:0", "--integrity-key-file", str(tmp_path / "nope"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
-    key = tmp_path / "key"
-    key.write_text("x" * 32)
-    half = run("--integrity-key-file", str(key), "--tls-cert-file", str(key))
+    keys = write_private(Keyring.generate("k1"), tmp_path / "keys")
+    key = keys / "k1.pem"
+    half = run("--integrity-key-file", str(keys), "--tls-cert-file", str(key))
+    hmac_key = tmp_path / "hmac-key"
+    hmac_key.write_text("x" * 32)
+    old = run("--listen=127.0.0.1:0", "--integrity-key-file", str(hmac_key))
+    assert old.returncode == 2 and "not a PEM key" in old.stderr
+    public = run(
+        "--listen=127.0.0.1:0",
+        "--integrity-key-file",
+        str(keys),
+        "--legacy-hmac-key-file",
+        str(tmp_path / "no"),
+    )
+    assert public.returncode == 2 and "legacy HMAC key file does not exist" in public.stderr
     assert half.returncode == 2 and "go together" in half.stderr
     usage = run("--listen", "nope")
     assert usage.returncode == 2 and "HOST:PORT" in usage.stderr

@@ -26,8 +26,8 @@ from tessera import resources as rn
 from tessera.model import NodeInventory
 from tessera.record import decode, encode
 from tessera_testbed.apiserver import FakeApiServer
+from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
-    KEY,
     KEYRING,
     ROOT,
     Http,
@@ -81,7 +81,7 @@ def test_the_rebuild_rule():
     assert isinstance(judge(_bound_pod(record_node="m")[0], KEYRING), Invalid)
     from tessera.record import Keyring
 
-    other = Keyring.single(b"x" * 32)
+    other = Keyring.generate("k1")
     assert isinstance(judge(_bound_pod(key=other)[0], KEYRING), Invalid)
     renamed = _bound_pod()[0]
     renamed["metadata"]["name"] = "y"
@@ -332,8 +332,7 @@ def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 60) -> None:
 
 def test_sigkill_during_a_burst_then_restart(tmp_path):
     rng = random.Random(7)
-    keyfile = tmp_path / "key"
-    keyfile.write_bytes(KEY)
+    keyfile = write_private(KEYRING, tmp_path / "record-keys")
     pods = burst(30)
     with FakeApiServer() as fake:
         populate(fake, NODES, gpus=4)

@@ -9,8 +9,9 @@ import tessera
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 NOT_APPLIED = {
-    "scheduler/integrity-secret.example.yaml",
     "scheduler/tls-secrets.example.yaml",
+    "scheduler/record-signing-secret.example.yaml",
+    "nri-hook/record-verify-secret.example.yaml",
     "scheduler/kube-scheduler-config.yaml",
 }
 

@@ -1,0 +1,84 @@
+"""tessera-keys: make the Ed25519 keys that sign allocation records.
+
+tessera-keys generate --out DIR [--key-id ID]
+tessera-keys public PRIVATE.pem
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tessera.keys import KeyFileError, fingerprint, generate_key_files, public_key_of, public_pem
+
+EXIT_BAD_INPUT = 2
+
+DESCRIPTION = """\
+Make the keys that sign tessera's allocation records.
+
+tessera-scheduler signs every record with a private key; the NRI hook on each node
+verifies it with the public key. Give each side only its half:
+
+  tessera-keys generate --out keys --key-id k1
+  kubectl -n tessera-system create secret generic tessera-record-signing \\
+      --from-file=keys/private/
+  kubectl -n tessera-system create secret generic tessera-record-verify \\
+      --from-file=keys/public/
+
+To rotate, generate a new key ID into the same DIR, update the verify Secret first, then
+the signing Secret with signing-key-id naming the new key; both sides pick the change up
+without a restart. See docs/record.md.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessera-keys",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = sub.add_parser(
+        "generate",
+        help="write a new key pair: DIR/private/ID.pem and DIR/public/ID.pem",
+        description="Write a new Ed25519 key pair: DIR/private/ID.pem (mode 0600, for the "
+        "scheduler's Secret) and DIR/public/ID.pem (for the nodes' Secret). The first key "
+        "written to DIR/private is also named in DIR/private/signing-key-id. Existing files "
+        "are never overwritten.",
+    )
+    gen.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    gen.add_argument(
+        "--key-id",
+        default="default",
+        metavar="ID",
+        help="the key's ID, written into every record it signs (default: %(default)s)",
+    )
+    pub = sub.add_parser(
+        "public",
+        help="print the public key of a private key file",
+        description="Print the public key (PEM) of a private key file, e.g. to rebuild the "
+        "nodes' Secret from the scheduler's.",
+    )
+    pub.add_argument("private_key", metavar="PRIVATE.pem")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            private, public = generate_key_files(args.out, args.key_id)
+            print(f"wrote {private} (private: the scheduler's Secret only)")
+            print(f"wrote {public} (public: the nodes' Secret)")
+            print(f"fingerprint {fingerprint(public_key_of(public))}")
+        else:
+            sys.stdout.write(public_pem(public_key_of(args.private_key)).decode())
+    except KeyFileError as exc:
+        print(f"tessera-keys: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
