@@ -31,8 +31,9 @@ from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.kube import KubeClient
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.metrics import Metrics
+from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
-from tessera.record import Keyring
+from tessera.record import KeySource
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class Service:
         self,
         options: Options,
         client: KubeClient,
-        keyring: Keyring,
+        keyring: KeySource,
         *,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -145,6 +146,7 @@ class Service:
         self.stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._settled = False
+        self._resign_pending = has_legacy_keys(keyring)
 
     def _app(self, role: str, tls: ssl.SSLContext | None) -> App:
         return App(
@@ -216,6 +218,14 @@ class Service:
             try:
                 if not self._settled and self.synced:
                     self.settle_memory()
+                if self._resign_pending and self.answering():
+                    self._resign_pending = False  # once, by the leader (docs/record.md)
+                    threading.Thread(
+                        target=resign_legacy_records,
+                        args=(self.client, self.keyring),
+                        daemon=True,
+                        name="resign",
+                    ).start()
                 self.cache.refresh_problems()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
