@@ -150,7 +150,7 @@ async def _bench(ctx: BenchContext) -> list[Result]:
     with tempfile.TemporaryDirectory(prefix="nri-bench-", dir="/tmp") as scratch:
         base = Path(scratch)
         root = _device_root(base)
-        key = base / "record-keys.pem"
+        key = base / "bench.pem"  # the key ID is the file name
         public = KEY.public_key("bench")
         assert public is not None
         key.write_bytes(public_pem(public))
