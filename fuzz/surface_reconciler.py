@@ -44,7 +44,7 @@ from tessera.record import SCHEMA_VERSION, Keyring, decode
 NODES = ("n0", "n1", "n2")
 GPUS = 4
 MEM = 81920
-KEYRING = Keyring.single(b"fuzz-reconciler-integrity-key-0123456789")
+KEYRING = Keyring.generate("fuzz")
 RELIST_EVERY = 200
 """Inputs between two full relists and rebuilds (each costs a pass over every object)."""
 MAX_HOSTILE_PODS = 8
