@@ -37,7 +37,7 @@ from typing import Any
 from fuzz.common import Tally, mutate
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
-from nri_hook.enforce import Enforcer, EnforcerConfig, KeyringSource
+from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.mux import HEADER_LEN as MUX_HEADER_LEN
 from nri_hook.mux import MAX_PAYLOAD, Mux, MuxDecoder, MuxError, encode_frames
 from nri_hook.netdev import NetdevMove
@@ -59,12 +59,13 @@ from nri_hook.ttrpc import (
 from protos.nri import api_pb2 as api
 from protos.ttrpc import ttrpc_pb2
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.keys import KeyringSource
 from tessera.record import Keyring, decode, encode
 from tessera.resources import ALLOCATION_ANNOTATION
 
 VECTORS = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "nri-wire"
 NODE = "fuzz-node"
-KEY = b"fuzz-surface-integrity-key-0123456789"
+KEY = Keyring.generate("fuzz")
 GPU = GpuGrant("GPU-0f0f0f0f-0000-0000-0000-000000000000", 0, 0, 100, 1024)
 SERVER_ERROR_CODES = frozenset({Code.UNKNOWN, Code.INTERNAL, Code.DATA_LOSS})
 SETTLE = 5.0
@@ -126,7 +127,7 @@ async def start_target() -> Target:
         (dev / name).symlink_to("/dev/null")  # a character device whatever the privileges
     enforcer = Enforcer(
         EnforcerConfig(node_name=NODE, settings=Settings()),
-        KeyringSource.fixed(Keyring.single(KEY)),
+        KeyringSource.fixed(KEY.verifier()),
         HostDevices(str(root)),
         RecordingMover(),  # type: ignore[arg-type]
     )
@@ -190,7 +191,7 @@ def signed_pod(pod: api.PodSandbox, container: str) -> str:
     alloc = PodAllocation(
         pod.uid, pod.namespace, pod.name, NODE, (ContainerAllocation(container, gpus=(GPU,)),)
     )
-    text = encode(alloc, Keyring.single(KEY))
+    text = encode(alloc, KEY)
     pod.annotations[ALLOCATION_ANNOTATION] = text
     return text
 
@@ -404,7 +405,7 @@ def _forged(attack: Attack, stream_id: int, response: api.CreateContainerRespons
     try:
         alloc = decode(
             pod.annotations.get(ALLOCATION_ANNOTATION, ""),
-            Keyring.single(KEY),
+            KEY.verifier(),
             require_integrity=True,
             pod_uid=pod.uid,
             node=NODE,
