@@ -245,7 +245,7 @@ def target() -> Iterator[Any]:
         service = Service(
             options,
             KubeClient(Connection(host=fake.url), timeout=5),
-            Keyring.single(b"fuzz-integrity-key-0123456789abcdef"),
+            Keyring.generate("fuzz"),
         ).start()
         try:
             if not service.wait_ready(30):
