@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from bench.bench_scheduler import KEY, _start_fake_api, lease, node_spec
+from bench.bench_scheduler import _start_fake_api, lease, node_spec
 from bench.common import BenchContext, Result
 
 POISONS = [
@@ -35,7 +35,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera.record import Keyring, encode
 
-    keyring = Keyring.single(KEY)
+    keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
         setup = KubeClient(Connection(url))
