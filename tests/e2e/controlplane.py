@@ -31,7 +31,7 @@ import yaml
 
 from scheduler_plugin.kube import ApiError, Connection, KubeClient
 from tessera import resources as rn
-from tessera.keys import load_keyring
+from tessera.keys import generate_key_files, load_keyring
 from tessera.record import Keyring
 from tests.e2e import pki
 
@@ -405,7 +405,7 @@ class ControlPlane:
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-key-file={serving.key}",
                     f"--tls-client-ca-file={self.tessera_ca.path}",
-                    f"--integrity-key-file={self.integrity_dir}",
+                    f"--integrity-key-file={self.integrity_dir / 'private'}",
                     "--manage-nvidia-gpu",
                     "--leader-elect",
                     "--leader-elect-lease-duration=4",
@@ -571,13 +571,14 @@ class ControlPlane:
 
 
 def make_integrity_key(folder: Path) -> None:
-    """The key that signs allocation records (a directory, as the mounted Secret is)."""
-    (folder / "key").write_bytes(os.urandom(32).hex().encode())
+    """The record key pair, as tessera-keys makes it: folder/private (the scheduler's
+    Secret) and folder/public (the nodes' Secret)."""
+    generate_key_files(folder, "e2e")
 
 
 def keyring(folder: Path) -> Keyring:
-    """What the node side verifies records with."""
-    return load_keyring(folder)
+    """What the node side verifies records with: the public keys only."""
+    return load_keyring(folder / "public")
 
 
 def _now() -> str:

@@ -336,7 +336,7 @@ class Node:
                 "nri_hook.cli",
                 f"--socket={self.nri_sock}",
                 f"--node-name={self.name}",
-                f"--integrity-key-file={self.cp.integrity_dir}",
+                f"--integrity-key-file={self.cp.integrity_dir / 'public'}",
                 f"--device-root={devices}",
                 "--no-vf-netdevs",
                 "--log-level=info",
