@@ -34,7 +34,7 @@ RECORD = encode(
             ),
         ),
     ),
-    Keyring.single(b"k" * 32),
+    Keyring.generate("k"),
 )
 GOOD_POD: dict[str, Any] = {
     "metadata": {
