@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_scheduler import KEY, _start_fake_api, lease, node_spec
+from bench.bench_scheduler import _start_fake_api, lease, node_spec
 from bench.common import BenchContext, Result
 
 TARGET_S = 10.0
@@ -47,7 +47,7 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera.record import Keyring, encode
 
-    keyring = Keyring.single(KEY)
+    keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
         setup = KubeClient(Connection(url))
