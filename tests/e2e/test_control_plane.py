@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.kube import pod_path
+from scheduler_plugin.kube import ApiError, pod_path
 from tessera import resources as rn
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
@@ -150,6 +150,30 @@ def test_impossible_pods_stay_pending_with_tessera_reasons(control_plane: Contro
     assert any("A100" in m for m in about), about
     for name in cases:
         P.delete_now(cp.admin, name)
+
+
+def test_the_shipped_admission_policies_hold_on_the_real_api_server(
+    control_plane: ControlPlane,
+) -> None:
+    """Only tessera-scheduler writes allocation records; a node agent writes only its own
+    node's objects (deploy/*/admission-policy.yaml, enforced by kube-apiserver itself)."""
+    cp = control_plane
+    forged = P.pod("forged", {}, annotations={rn.ALLOCATION_ANNOTATION: '{"v":1}'})
+    with pytest.raises(ApiError) as refused:
+        cp.admin.create(pod_path(P.NS), forged)
+    assert refused.value.status in (403, 422), refused.value
+    assert "tessera-scheduler" in str(refused.value), refused.value
+
+    agent = cp.client(token=cp.token("tessera-device-plugin", NODES[0]))
+    other = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{NODES[1]}")
+    changed = dict(other)
+    changed["metadata"] = dict(other["metadata"], labels={"tessera.dev/forged": "yes"})
+    with pytest.raises(ApiError) as refused:  # the agent's RBAC allows update, not patch
+        agent.replace(f"/apis/tessera.dev/v1alpha1/nodedevices/{NODES[1]}", changed)
+    assert refused.value.status in (403, 422), refused.value
+    assert "own node" in str(refused.value), refused.value
+    after = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{NODES[1]}")
+    assert after["metadata"].get("labels") == other["metadata"].get("labels")
 
 
 def test_device_plugin_inventory_suite_against_the_real_api_server(
