@@ -284,6 +284,7 @@ def _choose_share(
             (scratch.mem[s] - need,),
             request.cpu_milli,
             request.memory_mib,
+            request.hints.models,
         )
         score = policy.option_score(node, scratch.core, scratch.mem, option)
         if best is None or score > best[0]:

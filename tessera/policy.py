@@ -39,6 +39,9 @@ class Option:
     """The pod's host CPU request (the node's `cpu_free` is before the pod)."""
     memory_mib: int = 0
     """The pod's host memory request."""
+    models: frozenset[str] = frozenset()
+    """The GPU models the pod may use (empty: any); a policy that weighs models scores an
+    option relative to what the pod would cost on any model it may use."""
 
 
 @dataclass(frozen=True)

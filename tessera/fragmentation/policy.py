@@ -270,8 +270,17 @@ class FragmentationPolicy(Policy):
         for s, c, m in zip(option.slots, option.core_after, option.mem_after, strict=True):
             after_core[s] = c
             after_mem[s] = m
+        # the same base as the node's score (placement_score) and the vector form: with
+        # coarse score steps, another base could pick another GPU among the options
         score = self._exact(
-            node, core, mem, after_core, after_mem, option.cpu_milli, option.memory_mib
+            node,
+            core,
+            mem,
+            after_core,
+            after_mem,
+            option.cpu_milli,
+            option.memory_mib,
+            self._base_by_name(option.models),
         )
         # best fit among equal scores: the least free compute left on the chosen GPUs
         leftover = sum(option.core_after) / (_FULL * max(len(option.slots), 1))
