@@ -365,9 +365,11 @@ def random_request(rng: random.Random, uid: str) -> PodRequest:
 
 @pytest.mark.parametrize("factory", POLICY_FACTORIES)
 @given(nodes=nodes_strategy, seed=st.integers(0, 10_000))
-# two cases where the exact path once chose its GPU with another model base than the one
+# cases where the exact path once chose its GPU with another model base than the one
 # it scored the node with (scarce-model term), so the two paths' coarse steps differed
 @example(nodes=[(3, 1, 0, None, [])], seed=5971)
+@example(nodes=[(3, 1, None, 0, []), (3, 0, None, None, [])], seed=3)
+@example(nodes=[(7, 1, None, None, [0])], seed=865)
 @example(
     nodes=[
         (4, 1, None, None, []),
