@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_scheduler import _start_fake_api, lease, node_spec
+from bench.bench_scheduler import _start_fake_api, create_nodes
 from bench.common import BenchContext, Result
 
 TARGET_S = 10.0
@@ -42,7 +42,7 @@ def _kubeconfig(url: str, directory: str) -> str:
 
 def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     from kubectl_tessera.cli import main
-    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from scheduler_plugin.kube import Connection, KubeClient
     from tessera import resources as rn
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera.record import Keyring, encode
@@ -51,14 +51,7 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     proc, url = _start_fake_api()
     try:
         setup = KubeClient(Connection(url))
-        names = [f"node-{n:04d}" for n in range(nodes)]
-        for name in names:
-            setup.create("/api/v1/nodes", {"metadata": {"name": name}})
-            setup.create(
-                "/apis/tessera.dev/v1alpha1/nodedevices",
-                {"metadata": {"name": name}, "spec": node_spec(name)},
-            )
-            setup.create(lease_path("tessera-system"), lease(name))
+        names = create_nodes(setup, nodes)
         shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
         for node in names:
             for i in range(pods_per_node):

@@ -64,6 +64,22 @@ def lease(name: str) -> dict[str, Any]:
     }
 
 
+def create_nodes(client: Any, count: int) -> list[str]:
+    """`count` Nodes with their NodeDevices and fresh heartbeat Leases, created through
+    `client` on an API server; returns the node names."""
+    from scheduler_plugin.kube import lease_path
+
+    names = [f"node-{n:04d}" for n in range(count)]
+    for name in names:
+        client.create("/api/v1/nodes", {"metadata": {"name": name}})
+        client.create(
+            "/apis/tessera.dev/v1alpha1/nodedevices",
+            {"metadata": {"name": name}, "spec": node_spec(name)},
+        )
+        client.create(lease_path("tessera-system"), lease(name))
+    return names
+
+
 def half_full_cache(nodes: int, seed: int = 1) -> Any:
     """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
     mix of whole GPUs and shares."""

@@ -14,7 +14,7 @@ import json
 import time
 from typing import Any
 
-from bench.bench_scheduler import _start_fake_api, lease, node_spec
+from bench.bench_scheduler import _start_fake_api, create_nodes
 from bench.common import BenchContext, Result
 
 POISONS = [
@@ -29,7 +29,7 @@ POISONS = [
 
 def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, set[str]]:
     """(seconds from start to ready, fenced nodes)."""
-    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from scheduler_plugin.kube import Connection, KubeClient
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
@@ -39,14 +39,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
     proc, url = _start_fake_api()
     try:
         setup = KubeClient(Connection(url))
-        names = [f"node-{n:04d}" for n in range(nodes)]
-        for name in names:
-            setup.create("/api/v1/nodes", {"metadata": {"name": name}})
-            setup.create(
-                "/apis/tessera.dev/v1alpha1/nodedevices",
-                {"metadata": {"name": name}, "spec": node_spec(name)},
-            )
-            setup.create(lease_path("tessera-system"), lease(name))
+        names = create_nodes(setup, nodes)
         shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
         records: list[str] = []
 
