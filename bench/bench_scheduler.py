@@ -404,28 +404,25 @@ def hostile_rss_child() -> None:
     print(peak - before)
 
 
-def hostile_rss_growth() -> float:
+def _child_mib(flag: str) -> float:
+    """Run this module with `flag` in a fresh process; its last line is a byte count."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_scheduler", "--hostile-rss-child"],
+        [sys.executable, "-m", "bench.bench_scheduler", flag],
         capture_output=True,
         text=True,
         env=env,
         check=True,
     )
     return int(out.stdout.strip().splitlines()[-1]) / 2**20
+
+
+def hostile_rss_growth() -> float:
+    return _child_mib("--hostile-rss-child")
 
 
 def rss_at_5000() -> float:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.bench_scheduler", "--rss-child"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    return int(out.stdout.strip().splitlines()[-1]) / 2**20
+    return _child_mib("--rss-child")
 
 
 def run(ctx: BenchContext) -> list[Result]:

@@ -48,14 +48,15 @@ HOSTILE: list[Any] = [
 ]
 
 
-def _paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+def paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a JSON document, the root included."""
     found = [path]
     if isinstance(doc, dict):
         for key, value in doc.items():
-            found += _paths(value, (*path, key))
+            found += paths(value, (*path, key))
     elif isinstance(doc, list):
         for i, value in enumerate(doc):
-            found += _paths(value, (*path, i))
+            found += paths(value, (*path, i))
     return found
 
 
@@ -68,10 +69,10 @@ def _at(doc: Any, path: tuple[Any, ...]) -> Any:
 def _structural(rng: random.Random, spec: dict[str, Any]) -> bytes:
     doc: Any = json.loads(json.dumps(spec))
     for _ in range(rng.randrange(1, 4)):
-        paths = _paths(doc)
-        numbers = [p for p in paths if isinstance(_at(doc, p), int)]
+        every = paths(doc)
+        numbers = [p for p in every if isinstance(_at(doc, p), int)]
         # numbers are where the reported overflow came from: aim at them half the time
-        path = rng.choice(numbers if numbers and rng.random() < 0.5 else paths)
+        path = rng.choice(numbers if numbers and rng.random() < 0.5 else every)
         value = copy.deepcopy(rng.choice(HOSTILE))
         if not path:
             doc = value

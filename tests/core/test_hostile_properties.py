@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fuzz.common import mutate
+from fuzz.surface_nodedevices import paths
 from tessera import record
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.errors import InventoryError, RecordError
@@ -149,17 +150,6 @@ def test_any_quantity_parses_or_is_a_quantity_error(value):
 TOPOLOGIES = [load_topology(name, "n1").to_dict() for name in BUILTIN_TOPOLOGIES]
 
 
-def _paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [path]
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            found += _paths(value, (*path, key))
-    elif isinstance(doc, list):
-        for i, value in enumerate(doc):
-            found += _paths(value, (*path, i))
-    return found
-
-
 def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
     if not path:
         return value
@@ -176,7 +166,7 @@ def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 def test_a_mutated_node_devices_spec_parses_or_is_an_inventory_error(spec, data):
     doc = spec
     for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(_paths(doc)))
+        path = data.draw(st.sampled_from(paths(doc)))
         value = data.draw(
             json_values
             | st.integers(2**62, 2**70)
