@@ -177,7 +177,8 @@ def filter_prioritize_latency(nodes: int, rounds: int) -> list[float]:
     try:
         for i in range(rounds + 20):
             pod = dict(pods[i % len(pods)])
-            pod["metadata"] = dict(pod["metadata"], uid=f"bench-uid-{i}")
+            # a new pod each round, versioned as the API server's pods always are
+            pod["metadata"] = dict(pod["metadata"], uid=f"bench-uid-{i}", resourceVersion=str(i))
             body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": names}).encode()
             start = time.perf_counter()
             conn.request("POST", "/filter", body=body)

@@ -25,7 +25,7 @@ import re
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import combinations, repeat
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,21 @@ class Extender:
         """The pod's request (RequestError when it breaks a rule)."""
         return parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu)
 
+    def request_of(self, pod: Mapping[str, Any]) -> PodRequest:
+        """The pod's request, parsed once per version of the pod: kube-scheduler sends the
+        same pod to filter, then prioritize (and filter again when it retries), and a pod at
+        one resourceVersion is immutable, so the request filter parsed is reused."""
+        meta = pod.get("metadata")
+        if isinstance(meta, Mapping):
+            uid = meta.get("uid")
+            version = meta.get("resourceVersion")
+            if isinstance(uid, str) and isinstance(version, str) and version:
+                with self.cache.lock:
+                    hit = self._requests.get(uid)
+                if hit is not None and hit[0] == version:
+                    return hit[1]
+        return self.parse(pod)
+
     def remember(self, pod: Mapping[str, Any], request: PodRequest) -> None:
         """Keep the parsed request for the bind that usually follows (bind gets no pod)."""
         rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
@@ -171,7 +186,7 @@ class Extender:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         try:
-            request = self.parse(pod)
+            request = self.request_of(pod)
         except RequestError as exc:
             message = f"{REASON_PREFIX}invalid device request: {exc}"
             self._count_failures(Counter({"invalid_request": len(nodes.names)}))
@@ -179,8 +194,6 @@ class Extender:
         if not request.wants_devices:
             return self._filter_reply(nodes, nodes.names, {}, {})
         self.remember(pod, request)
-        counts: Counter[int] = Counter()
-        text_of: dict[int, str] = {}
         with self.cache.lock:
             evaluation = self._evaluate(request, nodes.names)
             problems = self.cache.problems
@@ -191,23 +204,30 @@ class Extender:
                     if name in problems:
                         failed[name] = REASON_PREFIX + problems[name]
                 passed = [name for name in passed if name not in problems]
-            for name, nofit in evaluation.failures.items():
-                if nofit is UNKNOWN_NODE and name in problems:
+            # failures share a few NoFit objects: one text per object, then C-level passes
+            failures = evaluation.failures
+            ids = list(map(id, failures.values()))
+            nofit_of = {id(nofit): nofit for nofit in failures.values()}
+            text_of = {key: REASON_PREFIX + nofit.reason for key, nofit in nofit_of.items()}
+            texts = map(text_of.__getitem__, ids)
+            if any(nofit.unresolvable for nofit in nofit_of.values()):
+                for name, key, text in zip(failures, ids, texts, strict=True):
+                    (unresolvable if nofit_of[key].unresolvable else failed)[name] = text
+            else:
+                failed.update(zip(failures, texts, strict=True))
+            counts = Counter(ids)
+            for name in problems.keys() & failures.keys() if problems else ():
+                if failures[name] is UNKNOWN_NODE:
                     # no usable inventory, and we know why (e.g. it does not parse)
+                    unresolvable.pop(name, None)
                     failed[name] = REASON_PREFIX + problems[name]
-                    continue
-                key = id(nofit)
-                text = text_of.get(key)
-                if text is None:
-                    text = text_of[key] = REASON_PREFIX + nofit.reason
-                (unresolvable if nofit.unresolvable else failed)[name] = text
-                counts[key] += 1
+                    counts[id(UNKNOWN_NODE)] -= 1
         reasons: Counter[str] = Counter()
         for key, count in counts.items():
-            reasons[reason_category(text_of[key])] += count
-        for name, text in failed.items():
-            if name in problems:
-                reasons[reason_category(text)] += 1
+            if count:
+                reasons[reason_category(text_of[key])] += count
+        for name in problems.keys() & failed.keys() if problems else ():
+            reasons[reason_category(failed[name])] += 1
         self._count_failures(reasons)
         return self._filter_reply(nodes, passed, failed, unresolvable)
 
@@ -242,7 +262,7 @@ class Extender:
         pod = _pod_of(args)
         nodes = _nodes_of(args)
         try:
-            request = self.parse(pod)
+            request = self.request_of(pod)
         except RequestError:
             return [{"Host": name, "Score": 0} for name in nodes.names]
         if not request.wants_devices:
@@ -257,7 +277,7 @@ class Extender:
         pod = _pod_of(args)
         nodes = _nodes_of(args)
         try:
-            request = self.parse(pod)
+            request = self.request_of(pod)
             scores = {}
             if request.wants_devices:
                 with self.cache.lock:
@@ -395,7 +415,7 @@ def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[i
     plugins would then choose among them. Instead the best distinct score gets 10, the
     next 9, and so on down to 1; nodes where the pod does not fit get 0.
     """
-    values = np.fromiter((scores.get(n, math.nan) for n in names), float, len(names))
+    values = np.fromiter(map(scores.get, names, repeat(math.nan)), float, len(names))
     fits = ~np.isnan(values)
     result = np.zeros(len(names), dtype=np.int64)
     if fits.any():

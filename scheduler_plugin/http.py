@@ -404,6 +404,8 @@ class Server:
             log_config=None,
             access_log=False,
             server_header=False,
+            # no proxy sits in front: X-Forwarded-* would be client-written and unused
+            proxy_headers=False,
             date_header=False,
             timeout_keep_alive=int(limits.KEEPALIVE_TIMEOUT),
             timeout_graceful_shutdown=1,

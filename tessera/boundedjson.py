@@ -56,9 +56,17 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None 
         raise JsonLimitError(what, "nested too deeply") from None
     except (ValueError, UnicodeDecodeError, TypeError) as exc:
         raise JsonLimitError(what, f"not valid JSON: {exc}") from None
-    if max_depth is not None:
+    if max_depth is not None and _opening_brackets(raw) > max_depth:
+        # fewer brackets than levels allowed (the usual body) cannot nest too deeply
         check_depth(doc, max_depth, what)
     return doc
+
+
+def _opening_brackets(raw: bytes | str) -> int:
+    """An upper bound on the nesting depth (brackets inside strings count too)."""
+    if isinstance(raw, str):
+        return raw.count("[") + raw.count("{")
+    return raw.count(b"[") + raw.count(b"{")
 
 
 def check_depth(doc: Any, max_depth: int, what: str) -> None:

@@ -175,15 +175,11 @@ class ClusterIndex:
 
     def rows_for(self, names: Sequence[str]) -> tuple[IntArray, list[str]]:
         """Rows of the named nodes that the index knows, and the names it does not know."""
-        get = self.row_of.get
-        rows: list[int] = []
-        unknown: list[str] = []
-        for name in names:
-            row = get(name)
-            if row is None:
-                unknown.append(name)
-            else:
-                rows.append(row)
+        found = list(map(self.row_of.get, names))  # one C-level pass: the usual case
+        if None not in found:
+            return np.asarray(found, dtype=np.int64), []
+        rows = [row for row in found if row is not None]
+        unknown = [name for name, row in zip(names, found, strict=True) if row is None]
         return np.asarray(rows, dtype=np.int64), unknown
 
     def all_rows(self) -> IntArray:

@@ -66,3 +66,24 @@ def test_round_trip_of_ordinary_documents(value):
 def test_arbitrary_bytes_parse_or_raise_the_typed_error(raw):
     with contextlib.suppress(JsonLimitError):
         loads(raw, what="d", max_bytes=1 << 20, max_depth=8)
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@given(json_values, st.integers(0, 6), st.booleans())
+def test_the_depth_limit_holds_for_any_document_however_it_is_written(value, limit, as_bytes):
+    """The bracket count that lets shallow bodies skip the walk never lets a deep one by."""
+    raw = json.dumps(value)
+    deep = _depth(value) > limit
+    try:
+        loads(raw.encode() if as_bytes else raw, what="d", max_bytes=1 << 20, max_depth=limit)
+    except JsonLimitError:
+        assert deep
+    else:
+        assert not deep

@@ -247,3 +247,40 @@ def test_prioritize_json_equals_prioritize_for_small_and_large_lists():
         fast, _ = go.decode(go.HostPriorityList, ext.prioritize_json(body))
         assert fast == ext.prioritize(body)
         assert len({s["Score"] for s in fast}) > 1 or len(names) < 10
+
+
+def test_a_pod_version_is_parsed_once_across_filter_and_prioritize(monkeypatch):
+    ext = Extender(make_cache({"a": {"gpus": 1}, "b": {"gpus": 1}}))
+    parsed: list[str] = []
+    real_parse = ext.parse
+
+    def counting_parse(obj):
+        parsed.append(obj["metadata"].get("resourceVersion", ""))
+        return real_parse(obj)
+
+    monkeypatch.setattr(ext, "parse", counting_parse)
+    obj = pod("p", share(30, 30), uid="u1")
+    obj["metadata"]["resourceVersion"] = "7"
+    ext.filter(args(obj, ["a", "b"]))
+    ext.prioritize(args(obj, ["a", "b"]))
+    ext.prioritize_json(args(obj, ["a", "b"]))
+    ext.filter(args(obj, ["a", "b"]))  # kube-scheduler retrying the same version
+    assert parsed == ["7"]
+
+
+def test_a_new_pod_version_or_none_is_parsed_again(monkeypatch):
+    ext = Extender(make_cache({"a": {"gpus": 2}}))
+    obj = pod("p", share(30, 30), uid="u1")
+    obj["metadata"]["resourceVersion"] = "7"
+    ext.filter(args(obj, ["a"]))
+    # the same uid at a new version asks for more: the new request is what counts
+    bigger = pod("p", {rn.GPU: 300}, uid="u1")
+    bigger["metadata"]["resourceVersion"] = "8"
+    reply = ext.filter(args(bigger, ["a"]))
+    assert reply["NodeNames"] == []
+    assert ext.remembered("u1") is not None and ext.remembered("u1").wants_devices
+    # without a version nothing is reused: each call parses what it was sent
+    unversioned = pod("p", {rn.GPU: 300}, uid="u2")
+    assert ext.filter(args(unversioned, ["a"]))["NodeNames"] == []
+    smaller = pod("p", share(10, 10), uid="u2")
+    assert ext.filter(args(smaller, ["a"]))["NodeNames"] == ["a"]
