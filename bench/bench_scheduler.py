@@ -84,14 +84,16 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
     """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
     mix of whole GPUs and shares."""
     from scheduler_plugin.cache import Cache
+    from scheduler_plugin.recovery import Holds
+    from scheduler_plugin.views import PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
     rng = random.Random(seed)
     cache = Cache("binpack", require_heartbeat=True)
     for n in range(nodes):
         name = f"node-{n:05d}"
-        cache.set_inventory(name, node_spec(name))
-        cache.lease_event("ADDED", lease(name))
+        cache.upsert_inventory(name, node_spec(name))
+        cache.lease_seen(lease(name))
         used = 0.0
         slot = 0
         pod_no = 0
@@ -106,15 +108,11 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
                 grants = (GpuGrant(f"GPU-{name}-{slot}", slot, slot, core, MEM * core // 100),)
                 used += core / 100
             slot += 1
-            cache.state.add(
-                PodAllocation(
-                    f"uid-{name}-{pod_no}",
-                    "default",
-                    f"p-{name}-{pod_no}",
-                    name,
-                    (ContainerAllocation("main", grants),),
-                )
+            uid, pod_name = f"uid-{name}-{pod_no}", f"p-{name}-{pod_no}"
+            alloc = PodAllocation(
+                uid, "default", pod_name, name, (ContainerAllocation("main", grants),)
             )
+            cache.pod_observed(PodSeen(uid, "default", pod_name, name), Holds(alloc))
     return cache
 
 
@@ -170,7 +168,7 @@ def filter_prioritize_latency(nodes: int, rounds: int) -> list[float]:
 
     cache = half_full_cache(nodes)
     service = serving(cache)
-    names = sorted(cache.state.nodes)
+    names = cache.node_names()
     conn = http.client.HTTPConnection("127.0.0.1", service.server.port)
     pods = _pods()
     samples = []
@@ -349,7 +347,7 @@ def filter_prioritize_rounds(service: Any, cache: Any, rounds: int) -> None:
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", service.server.port)
-    names = sorted(cache.state.nodes)
+    names = cache.node_names()
     for i in range(rounds):
         pod = _pods()[i % 4]
         conn.request("POST", "/filter", body=json.dumps({"Pod": pod, "NodeNames": names}))

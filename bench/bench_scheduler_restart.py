@@ -92,8 +92,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
         try:
             assert service.wait_ready(120), service.readiness()
             ready = time.monotonic() - started
-            with service.cache.lock:
-                fenced = set(service.cache.fences)
+            fenced = set(service.cache.snapshot().record_fenced_nodes)
         finally:
             service.stop()
         return ready, fenced

@@ -333,12 +333,10 @@ class Target:
     # --- the checks ------------------------------------------------------------------------
 
     def check(self, what: str) -> None:
-        cache = self.cache
-        with cache.lock:
-            for uid in [*cache.state.pods, *cache.state.pending]:
-                counted = cache.state.allocation(uid)
-                if uid not in self.truth or counted != self.truth[uid]:
-                    self.tally.fail("forgeries", f"{what}: pod {uid} counted {counted}")
+        snapshot = self.cache.snapshot()
+        for uid, counted in [*snapshot.allocations.items(), *snapshot.pending.items()]:
+            if uid not in self.truth or counted != self.truth[uid]:
+                self.tally.fail("forgeries", f"{what}: pod {uid} counted {counted}")
         core: dict[str, int] = {}
         mem: dict[str, int] = {}
         for alloc in self.truth.values():

@@ -1,8 +1,9 @@
 """Bind: choose the devices, write the allocation record, then create the Binding.
 
-There is no per-node lock. The only serialized step is a short in-memory section (under
-the cache lock) that computes the exact placement on the chosen node and adds it to the
-state as *assumed*; the two API calls happen outside it, so binds on one node overlap.
+There is no per-node lock. The only serialized step is a short in-memory section
+(`Cache.assume`, under the cache's lock) that computes the exact placement on the chosen
+node and adds it to the state as *assumed*; the two API calls happen outside it, so binds
+on one node overlap.
 Because the placement is assumed before any I/O, a concurrent bind on the same node sees
 those devices as taken: two pods can never get the same share between bind and watch.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +27,9 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import Extender, allocation_summary, get_field
 from scheduler_plugin.kube import ApiError, KubeClient, pod_path
 from scheduler_plugin.metrics import Metrics
-from tessera.errors import RequestError, StateError
-from tessera.placement import NoFit
+from scheduler_plugin.views import AlreadyHeld, Refused
+from tessera.allocation import PodAllocation
+from tessera.errors import RequestError
 from tessera.record import KeySource, encode
 from tessera.request import PodRequest
 from tessera.resources import ALLOCATION_ANNOTATION
@@ -131,31 +132,18 @@ class Binder:
         if not request.wants_devices:
             self._create_binding(args)
             return
-        cache = self.cache
-        with cache.lock:
-            if args.uid in cache.inflight:
-                raise BindRefusedError(f"a bind of {args.namespace}/{args.name} is already running")
-            held = cache.state.allocation(args.uid)
-            if held is None:
-                problem = cache.problems.get(args.node)
-                if problem is not None:
-                    raise BindRefusedError(problem)
-                placed = cache.decider.place(request, args.node)
-                if isinstance(placed, NoFit):
-                    raise BindRefusedError(placed.reason)
-                alloc = placed.allocation
-                try:
-                    cache.state.add(alloc, assumed=True)
-                except StateError as exc:  # cannot happen: place() saw the same state
-                    raise BindRefusedError(f"internal conflict: {exc}") from None
-                cache.inflight.add(args.uid)
-        if held is not None:
+        outcome = self.cache.assume(request, args.node)
+        if isinstance(outcome, Refused):
+            raise BindRefusedError(outcome.reason)
+        if isinstance(outcome, AlreadyHeld):
             # a retried bind whose first attempt succeeded (its answer was lost) succeeds
+            held = outcome.allocation
             if held.node == args.node and self._bound_to(args):
                 return
             raise BindRefusedError(
                 f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
             )
+        alloc = outcome.allocation
         record_written = False
         try:
             text = encode(alloc, self.keyring)
@@ -175,9 +163,7 @@ class Binder:
             log.exception("bind of %s/%s failed", args.namespace, args.name)
             self._undo(args, alloc, record_written)
             raise BindRefusedError(f"bind failed: {exc}") from None
-        with cache.lock:
-            cache.inflight.discard(args.uid)
-            cache.bound_at[args.uid] = time.monotonic()
+        self.cache.bind(args.uid)
         self.extender.forget(args.uid)
         log.info(
             "bound %s/%s to %s: %s",
@@ -211,12 +197,8 @@ class Binder:
         meta = pod.get("metadata") or {}
         return meta.get("uid") == args.uid and (pod.get("spec") or {}).get("nodeName") == args.node
 
-    def _undo(self, args: BindArgs, alloc: Any, record_written: bool) -> None:
-        cache = self.cache
-        with cache.lock:
-            if cache.state.allocation(args.uid) == alloc:
-                cache.state.remove(args.uid)
-            cache.inflight.discard(args.uid)
+    def _undo(self, args: BindArgs, alloc: PodAllocation, record_written: bool) -> None:
+        self.cache.forget(args.uid, alloc)
         if record_written:
             # Best effort: an unbound pod's record holds nothing (recovery.py), so a failure
             # here leaks nothing; the next bind of this pod overwrites the record anyway.

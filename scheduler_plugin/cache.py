@@ -1,19 +1,32 @@
-"""The scheduler's shared in-memory view: cluster state, node usability, and its lock.
+"""The scheduler's state: one object, one lock inside it, a small API.
 
-One re-entrant lock guards everything here. Decisions (filter, prioritize, the placement
-step of bind) and the watch handlers take it for short, CPU-only sections; no API call is
-ever made while holding it.
+`Cache` holds the cluster state (every node's free devices and every pod's allocation),
+the decider, node usability and the pod bookkeeping of binds. Nothing outside reads or
+writes its fields: the watches tell it what they saw (`upsert_inventory`, `node_seen`,
+`lease_seen`, `pod_observed`, `pod_deleted`, the `replace_*` of a relist), a bind goes
+through `assume` -> `bind` (or `forget` when it fails), and readers get immutable values
+(`assess`, `preemption_view`, `snapshot`, `stats`, `node_summary`, ...). Each call takes
+the lock for a short, CPU-only section; no API call is ever made while holding it.
 
 A node takes new tessera pods only if its inventory parsed, it is not fenced, and its node
-agent's heartbeat Lease is fresh; `problems` holds the reason for every node that does
+agent's heartbeat Lease is fresh; `problems()` holds the reason for every node that does
 not, kept up to date on every inventory, fence or Lease event and re-checked for expiry by
-`refresh_problems`, which the service calls about once a second (so a heartbeat is noticed
+`check_heartbeats`, which the service calls about once a second (so a heartbeat is noticed
 stale within a second).
 
 A node is *fenced* while a pod bound to it and not finished carries an allocation record
 that does not count (malformed, forged, copied, conflicting): that pod may be using
 devices nobody can account for, so placing more pods there could double-allocate them.
 The fence lifts by itself when the pod goes or its record counts again.
+
+Pods are accounted by the rebuild rule (recovery.judge, applied by the caller outside the
+lock: it verifies signatures), with two guards for binds of our own that the watch has not
+caught up with:
+- while a bind is in flight, what the watch shows of that pod is ignored (the bind
+  settles it);
+- an *assumed* allocation (bind done, watch not yet seen the binding) is not dropped
+  because an older event or list shows the pod unbound; only a deletion, a finished
+  phase, an authoritative read, or `assumption_gone` does.
 """
 
 from __future__ import annotations
@@ -21,356 +34,567 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
-from scheduler_plugin.recovery import section
-from tessera.decision import Decider
-from tessera.errors import TesseraError
-from tessera.model import NodeInventory
-from tessera.policies import make_policies
-from tessera.resources import (
-    DEFAULT_HEARTBEAT_NAMESPACE,
-    HEARTBEAT_LEASE_PREFIX,
-    UNITS_PER_DEVICE,
+from scheduler_plugin.heartbeats import HeartbeatTracker
+from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
+from scheduler_plugin.views import (
+    AlreadyHeld,
+    Assessment,
+    Assumed,
+    Assumption,
+    Fence,
+    GpuUsage,
+    NicUsage,
+    PodSeen,
+    PreemptionView,
+    Refused,
+    Snapshot,
+    Stats,
 )
+from tessera.allocation import PodAllocation
+from tessera.decision import Decider, Evaluation
+from tessera.errors import StateError, TesseraError
+from tessera.model import NodeInventory
+from tessera.placement import NoFit
+from tessera.policies import make_policies
+from tessera.policy import Policy
+from tessera.request import PodRequest
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, UNITS_PER_DEVICE
 from tessera.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEASE_DURATION = 40
 DEFAULT_HEARTBEAT_GRACE = 5.0
 FENCE_REASON_PODS = 3
 """Pods named in a fenced node's reason; more are counted (filter answers stay short)."""
+INTERNAL_ERROR = "could not be processed (internal error)"
 
 FenceListener = Callable[[str, str, str, str | None], None]
 """(node, pod key, pod UID, problem, or None when that pod no longer fences the node)."""
+NodeListener = Callable[[str], None]
 
 
-def parse_time(text: Any) -> float | None:
-    """RFC 3339 (with or without fractional seconds) to a Unix timestamp."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-@dataclass
-class _Beat:
-    renew_text: str
-    observed: float
-    """Our wall-clock time when we saw this renewal (see HeartbeatTracker)."""
-    duration: float
-
-
-class HeartbeatTracker:
-    """Freshness of node agents' Leases.
-
-    A renewal counts from the moment we observe it change, not from the renewTime the agent
-    wrote, so clock skew between a node and the scheduler does not matter once the Lease
-    has been renewed while we watch. The first sighting (e.g. right after a restart) uses
-    the written renewTime, capped at now.
-    """
-
-    def __init__(self, namespace: str, grace: float) -> None:
-        self.namespace = namespace
-        self.grace = grace
-        self._beats: dict[str, _Beat] = {}
-
-    def observe(self, lease: Mapping[str, Any], now: float) -> str | None:
-        """Record a Lease; returns the node it belongs to (None if not a heartbeat)."""
-        name = section(lease, "metadata").get("name")
-        if not isinstance(name, str) or not name.startswith(HEARTBEAT_LEASE_PREFIX):
-            return None
-        node = name[len(HEARTBEAT_LEASE_PREFIX) :]
-        spec = section(lease, "spec")
-        renew = str(spec.get("renewTime") or spec.get("acquireTime") or "")
-        duration = spec.get("leaseDurationSeconds")
-        if not isinstance(duration, int) or isinstance(duration, bool) or duration <= 0:
-            duration = DEFAULT_LEASE_DURATION
-        previous = self._beats.get(node)
-        if previous is not None and previous.renew_text == renew:
-            previous.duration = duration
-            return node
-        if previous is None:
-            written = parse_time(renew)
-            observed = min(now, written) if written is not None else float("-inf")
-        else:
-            observed = now
-        self._beats[node] = _Beat(renew, observed, float(duration))
-        return node
-
-    def forget(self, lease: Mapping[str, Any]) -> str | None:
-        name = section(lease, "metadata").get("name")
-        if not isinstance(name, str) or not name.startswith(HEARTBEAT_LEASE_PREFIX):
-            return None
-        node = name[len(HEARTBEAT_LEASE_PREFIX) :]
-        self._beats.pop(node, None)
-        return node
-
-    def problem(self, node: str, now: float) -> str | None:
-        beat = self._beats.get(node)
-        lease = f"{self.namespace}/{HEARTBEAT_LEASE_PREFIX}{node}"
-        if beat is None:
-            return f"node agent heartbeat Lease {lease} is missing"
-        age = now - beat.observed
-        if age > beat.duration + self.grace:
-            silent = "ever" if age == float("inf") else f"{age:.0f}s"
-            return (
-                f"node agent is silent: heartbeat Lease {lease} not renewed for {silent} "
-                f"(lease duration {beat.duration:.0f}s)"
-            )
-        return None
-
-    def nodes(self) -> Iterable[str]:
-        return self._beats.keys()
-
-
-@dataclass(slots=True)
-class PodInfo:
-    """What the scheduler keeps of every pod (small: there may be 100k pods)."""
-
-    namespace: str
-    name: str
-    node: str
-    priority: int
-
-
-@dataclass
 class Cache:
-    """State, decider and node usability, behind one lock (see the module doc)."""
+    """The scheduler's state behind one lock (see the module doc). Thread-safe."""
 
-    policy: str
-    heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
-    heartbeat_grace: float = DEFAULT_HEARTBEAT_GRACE
-    require_heartbeat: bool = True
-    clock: Callable[[], float] = time.time
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    __slots__ = (
+        "_assess_memo",
+        "_bound_at",
+        "_clock",
+        "_conflicting",
+        "_decider",
+        "_fence_listeners",
+        "_fenced_by",
+        "_fences",
+        "_generation",
+        "_heartbeats",
+        "_inflight",
+        "_invalid_records",
+        "_inventories",
+        "_inventory_errors",
+        "_listeners",
+        "_lock",
+        "_monotonic",
+        "_node_objects",
+        "_pods",
+        "_problems",
+        "_problems_view",
+        "_require_heartbeat",
+        "_state",
+    )
 
-    def __post_init__(self) -> None:
-        self.state = ClusterState()
-        self.policies = make_policies()
-        if self.policy not in self.policies:
-            raise ValueError(f"unknown policy {self.policy!r} (have {sorted(self.policies)})")
-        self.decider = Decider(self.state, self.policies, self.policy)
-        self.heartbeats = HeartbeatTracker(self.heartbeat_namespace, self.heartbeat_grace)
-        self.inventories: dict[str, NodeInventory] = {}
-        self.inventory_errors: dict[str, str] = {}
-        self.node_objects: set[str] | None = None
+    def __init__(
+        self,
+        policy: str,
+        *,
+        heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+        heartbeat_grace: float = DEFAULT_HEARTBEAT_GRACE,
+        require_heartbeat: bool = True,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        policies = make_policies()
+        if policy not in policies:
+            raise ValueError(f"unknown policy {policy!r} (have {sorted(policies)})")
+        self._lock = threading.RLock()
+        self._clock = clock
+        """Wall clock, for heartbeat Leases (their renewTime is wall-clock time)."""
+        self._monotonic = monotonic
+        """For the age of assumed allocations."""
+        self._require_heartbeat = require_heartbeat
+        self._state = ClusterState()
+        self._decider = Decider(self._state, policies, policy)
+        self._heartbeats = HeartbeatTracker(heartbeat_namespace, heartbeat_grace)
+        self._inventories: dict[str, NodeInventory] = {}
+        self._inventory_errors: dict[str, str] = {}
+        self._node_objects: set[str] | None = None
         """Names of existing Node objects; None until the Node watch has synced (or when
         Nodes are not watched): then every inventory counts."""
-        self.problems: dict[str, str] = {}
+        self._problems: dict[str, str] = {}
         """Nodes that take no new tessera pods, with the reason (resolvable)."""
-        self.invalid_records: dict[str, tuple[str, str]] = {}
+        self._problems_view: Mapping[str, str] | None = None
+        """A read-only copy of `_problems`, made on demand, dropped on every change."""
+        self._invalid_records: dict[str, tuple[str, str]] = {}
         """Pod key -> (uid, problem) for records that do not count."""
-        self.fences: dict[str, dict[str, tuple[str, str]]] = {}
+        self._fences: dict[str, dict[str, tuple[str, str]]] = {}
         """Node -> {pod UID: (pod key, problem)}: bound, unfinished pods on that node whose
         record does not count (see the module doc)."""
         self._fenced_by: dict[str, str] = {}
         """Pod UID -> the node it fences."""
-        self._fence_listeners: list[FenceListener] = []
-        self.pods: dict[str, PodInfo] = {}
-        """Every pod by UID (all pods, tessera or not), for bind and preempt look-ups."""
-        self.inflight: set[str] = set()
-        """UIDs whose bind is between its placement and its last API call."""
-        self.bound_at: dict[str, float] = {}
+        self._conflicting: dict[str, tuple[str, PodAllocation]] = {}
+        """UID -> (pod key, allocation) of valid records that conflict with another pod's:
+        retried whenever a pod on that node releases its devices."""
+        self._pods: dict[str, PodSeen] = {}
+        """Every pod by UID (all pods, tessera or not), for preempt's priorities."""
+        self._inflight: set[str] = set()
+        """UIDs whose bind is between `assume` and `bind`/`forget`."""
+        self._bound_at: dict[str, float] = {}
         """UID -> when our bind finished, for assumed allocations awaiting the watch."""
-        self.generation = 0
-        self._listeners: list[Callable[[str], None]] = []
-        self.state.subscribe(self._bump)
+        self._generation = 0
+        """Grows on every change to any node's devices or pods (the assessment memo's key)."""
+        self._assess_memo: tuple[object, int, frozenset[str], Evaluation] | None = None
+        """The last assessment: prioritize usually asks what filter just asked."""
+        self._listeners: list[NodeListener] = []
+        self._fence_listeners: list[FenceListener] = []
+        self._state.subscribe(self._bump)
 
-    def subscribe(self, listener: Callable[[str], None]) -> None:
+    # --- listeners ------------------------------------------------------------------------
+
+    def subscribe(self, listener: NodeListener) -> None:
         """Call `listener(node)` after any change to a node's devices, pods or usability
         (inside the lock: listeners must only take note, e.g. mark the node dirty)."""
-        self._listeners.append(listener)
-
-    def _notify(self, node: str) -> None:
-        for listener in self._listeners:
-            listener(node)
+        with self._lock:
+            self._listeners.append(listener)
 
     def subscribe_fences(self, listener: FenceListener) -> None:
         """Call `listener(node, key, uid, problem)` when a pod starts fencing a node or its
         reason changes, and with problem None when it stops (inside the lock: listeners
         only take note)."""
-        self._fence_listeners.append(listener)
+        with self._lock:
+            self._fence_listeners.append(listener)
+
+    def _notify(self, node: str) -> None:
+        for listener in self._listeners:
+            listener(node)
 
     def _bump(self, node: str) -> None:
-        self.generation += 1
+        self._generation += 1
         self._notify(node)
 
-    # --- nodes --------------------------------------------------------------------------
+    # --- NodeDevices ----------------------------------------------------------------------
+
+    def upsert_inventory(self, name: str, spec: Any) -> None:
+        """A node's NodeDevices spec was seen. One that does not parse, or cannot be
+        indexed, makes that node unusable (with the reason) and keeps what it had: nothing
+        else changes."""
+        with self._lock:
+            try:
+                self._upsert_inventory(name, spec)
+            except Exception:
+                log.exception("bug: handling nodedevices %r failed", name[:253])
+                self._inventory_failed(name, INTERNAL_ERROR)
+
+    def remove_inventory(self, name: str) -> None:
+        """A node's NodeDevices was deleted: its devices leave the state."""
+        with self._lock:
+            self._inventories.pop(name, None)
+            self._inventory_errors.pop(name, None)
+            self._sync_node(name)
+
+    def replace_inventories(self, specs: Iterable[tuple[str, Any]]) -> None:
+        """A full list of NodeDevices as (name, spec): every node not in it is removed."""
+        with self._lock:
+            seen = set()
+            for name, spec in specs:
+                seen.add(name)
+                self.upsert_inventory(name, spec)
+            for name in (set(self._inventories) | set(self._inventory_errors)) - seen:
+                self.remove_inventory(name)
+
+    def _upsert_inventory(self, name: str, spec: Any) -> None:
+        try:
+            if not isinstance(spec, Mapping):
+                raise ValueError("spec is missing or not an object")
+            inventory = NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
+        except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            self._inventory_failed(name, str(exc))
+            return
+        except Exception as exc:
+            log.exception("bug: parsing nodedevices/%s raised", name)
+            self._inventory_failed(name, f"cannot be read ({type(exc).__name__})")
+            return
+        previous = self._inventories.get(name)
+        self._inventory_errors.pop(name, None)
+        self._inventories[name] = inventory
+        if not self._node_present(name):
+            self._sync_node(name)
+            return
+        try:
+            self._state.set_node(inventory)
+        except Exception as exc:
+            # e.g. a value past what the decision index holds (OverflowError): the node
+            # keeps its last good inventory, or leaves the state, and is unusable
+            self._restore_inventory(name, previous)
+            self._inventory_failed(name, f"cannot be indexed: {type(exc).__name__}: {exc}")
+            return
+        self._update_problem(name)
 
     def _node_present(self, name: str) -> bool:
-        return self.node_objects is None or name in self.node_objects
+        return self._node_objects is None or name in self._node_objects
 
     def _sync_node(self, name: str) -> None:
         """Put the node into the state iff its inventory is known and its Node exists."""
-        inventory = self.inventories.get(name)
+        inventory = self._inventories.get(name)
         if inventory is not None and self._node_present(name):
             try:
-                self.state.set_node(inventory)
+                self._state.set_node(inventory)
             except Exception as exc:
-                # Only an inventory that set_inventory could not index gets here, and it
-                # never stays in `inventories`; still, one node must not stop the others.
+                # Only an inventory that _upsert_inventory could not index gets here, and
+                # it never stays in `_inventories`; still, one node must not stop the others.
                 log.exception("bug: node %s cannot enter the cluster state", name)
-                self.inventories.pop(name, None)
+                self._inventories.pop(name, None)
                 self._drop_from_state(name)
                 self._inventory_failed(name, f"cannot be indexed ({type(exc).__name__})")
                 return
-        elif name in self.state.nodes:
-            self.state.remove_node(name)
-        self.update_problem(name)
+        elif name in self._state.nodes:
+            self._state.remove_node(name)
+        self._update_problem(name)
 
     def _drop_from_state(self, name: str) -> None:
         try:
-            self.state.remove_node(name)
+            self._state.remove_node(name)
         except Exception:
             log.exception("bug: removing node %s from the cluster state failed", name)
 
-    def set_inventory(self, name: str, spec: Any) -> None:
-        """Take a node's NodeDevices spec. One that does not parse, or cannot be indexed,
-        makes that node unusable (with the reason) and keeps what it had: nothing else."""
-        with self.lock:
-            try:
-                if not isinstance(spec, Mapping):
-                    raise ValueError("spec is missing or not an object")
-                inventory = NodeInventory.from_dict(
-                    spec, source=f"nodedevices/{name}", node_name=name
-                )
-            except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
-                self._inventory_failed(name, str(exc))
-                return
-            except Exception as exc:
-                log.exception("bug: parsing nodedevices/%s raised", name)
-                self._inventory_failed(name, f"cannot be read ({type(exc).__name__})")
-                return
-            previous = self.inventories.get(name)
-            self.inventory_errors.pop(name, None)
-            self.inventories[name] = inventory
-            if not self._node_present(name):
-                self._sync_node(name)
-                return
-            try:
-                self.state.set_node(inventory)
-            except Exception as exc:
-                # e.g. a value past what the decision index holds (OverflowError): the
-                # node keeps its last good inventory, or leaves the state, and is unusable
-                self._restore_inventory(name, previous)
-                self._inventory_failed(name, f"cannot be indexed: {type(exc).__name__}: {exc}")
-                return
-            self.update_problem(name)
-
     def _restore_inventory(self, name: str, previous: NodeInventory | None) -> None:
         if previous is None:
-            self.inventories.pop(name, None)
+            self._inventories.pop(name, None)
             self._drop_from_state(name)
             return
-        self.inventories[name] = previous
+        self._inventories[name] = previous
         try:
-            self.state.set_node(previous)
+            self._state.set_node(previous)
         except Exception:
             log.exception("bug: restoring the inventory of node %s failed", name)
-            self.inventories.pop(name, None)
+            self._inventories.pop(name, None)
             self._drop_from_state(name)
-
-    def mark_inventory_bad(self, name: str, problem: str) -> None:
-        with self.lock:
-            self._inventory_failed(name, problem)
 
     def _inventory_failed(self, name: str, problem: str) -> None:
         log.warning("node inventory nodedevices/%s does not parse: %s", name, problem)
-        self.inventory_errors[name] = f"device inventory nodedevices/{name} is invalid: {problem}"
-        self.update_problem(name)
+        self._inventory_errors[name] = f"device inventory nodedevices/{name} is invalid: {problem}"
+        self._update_problem(name)
 
-    def drop_inventory(self, name: str) -> None:
-        with self.lock:
-            self.inventories.pop(name, None)
-            self.inventory_errors.pop(name, None)
-            self._sync_node(name)
+    # --- Node objects -------------------------------------------------------------------------
 
-    def set_node_objects(self, names: Iterable[str] | None) -> None:
-        with self.lock:
-            before = self.node_objects
-            self.node_objects = None if names is None else set(names)
-            touched = set(self.inventories) | set(before or ()) | set(self.node_objects or ())
+    def replace_nodes(self, names: Iterable[str] | None) -> None:
+        """A full list of Node objects (None: Nodes are not watched, every inventory
+        counts). A node's devices count only while its Node exists."""
+        with self._lock:
+            before = self._node_objects
+            self._node_objects = None if names is None else set(names)
+            touched = set(self._inventories) | set(before or ()) | set(self._node_objects or ())
             for name in touched:
                 self._sync_node(name)
 
-    def node_object(self, name: str, exists: bool) -> None:
-        with self.lock:
-            if self.node_objects is None:
+    def node_seen(self, name: str) -> None:
+        self._node_object(name, True)
+
+    def node_gone(self, name: str) -> None:
+        self._node_object(name, False)
+
+    def _node_object(self, name: str, exists: bool) -> None:
+        with self._lock:
+            if self._node_objects is None:
                 return
             if exists:
-                self.node_objects.add(name)
+                self._node_objects.add(name)
             else:
-                self.node_objects.discard(name)
+                self._node_objects.discard(name)
             self._sync_node(name)
 
-    # --- heartbeats -----------------------------------------------------------------------
+    # --- heartbeat Leases -------------------------------------------------------------------
 
-    def lease_event(self, kind: str, lease: Mapping[str, Any]) -> None:
-        with self.lock:
-            now = self.clock()
-            if kind == "DELETED":
-                node = self.heartbeats.forget(lease)
-            else:
-                node = self.heartbeats.observe(lease, now)
+    def lease_seen(self, lease: Mapping[str, Any]) -> None:
+        """A Lease was added or renewed (not a heartbeat Lease: ignored)."""
+        with self._lock:
+            now = self._clock()
+            node = self._heartbeats.observe(lease, now)
             if node is not None:
-                self.update_problem(node, now)
+                self._update_problem(node, now)
 
-    # --- fences -----------------------------------------------------------------------------
+    def lease_gone(self, lease: Mapping[str, Any]) -> None:
+        with self._lock:
+            node = self._heartbeats.forget(lease)
+            if node is not None:
+                self._update_problem(node)
+
+    def replace_leases(self, leases: Iterable[Mapping[str, Any]]) -> None:
+        """A full list of Leases: heartbeats missing from it are gone."""
+        with self._lock:
+            now = self._clock()
+            seen = set()
+            for lease in leases:
+                try:
+                    node = self._heartbeats.observe(lease, now)
+                except Exception:
+                    log.exception("bug: handling a lease failed; skipped it")
+                    continue
+                if node is not None:
+                    seen.add(node)
+                    self._update_problem(node, now)
+            for node in [n for n in self._heartbeats.nodes() if n not in seen]:
+                self._heartbeats.forget_node(node)
+                self._update_problem(node, now)
+
+    def check_heartbeats(self) -> None:
+        """Re-check every node (heartbeats expire with time, not with events)."""
+        with self._lock:
+            now = self._clock()
+            names = (
+                set(self._inventories)
+                | set(self._inventory_errors)
+                | set(self._problems)
+                | set(self._fences)
+            )
+            for name in names:
+                self._update_problem(name, now)
+
+    # --- pods (the watch) -------------------------------------------------------------------
+
+    def pod_observed(self, pod: PodSeen, verdict: Verdict, *, authoritative: bool = False) -> None:
+        """Account one pod as the rebuild rule judged it. `authoritative`: the object was
+        just read (not a possibly stale event), so it may drop an assumed allocation."""
+        with self._lock:
+            uid, key = pod.uid, pod.key
+            self._pods[uid] = pod
+            current = self._state.allocation(uid)
+            if uid in self._inflight:
+                # The bind settles this pod; only note that the watch has seen it bound.
+                if isinstance(verdict, Holds) and verdict.allocation == current:
+                    self._state.confirm(uid)
+                return
+            if isinstance(verdict, Holds):
+                alloc = verdict.allocation
+                self._bound_at.pop(uid, None)
+                if current == alloc:
+                    self._state.confirm(uid)
+                    self._trusted(key, uid)
+                    return
+                if current is not None:
+                    self._state.remove(uid)
+                try:
+                    self._state.add(alloc)
+                except StateError as exc:
+                    # a valid record that overcommits a device with another: the devices
+                    # this pod really uses are unknown, so its node is fenced
+                    self._conflicting[uid] = (key, alloc)
+                    self._untrusted(key, uid, pod.node, f"conflicts with another pod: {exc}")
+                else:
+                    self._trusted(key, uid)
+                if current is not None:
+                    self._retry_conflicts(current.node)
+                return
+            if isinstance(verdict, Invalid):
+                self._untrusted(key, uid, verdict.node or pod.node, verdict.problem)
+            else:
+                self._trusted(key, uid)
+            if current is None:
+                return
+            protected = (
+                uid in self._state.assumed
+                and not authoritative
+                and not pod.finished
+                and isinstance(verdict, Nothing)
+            )
+            if not protected:
+                self._release(uid)
+                self._bound_at.pop(uid, None)
+
+    def pod_deleted(self, uid: str, key: str) -> None:
+        """The pod is gone: its devices are free (unless its bind is in flight: the bind
+        fails on its own and undoes itself)."""
+        with self._lock:
+            self._pods.pop(uid, None)
+            self._bound_at.pop(uid, None)
+            self._invalid_records.pop(key, None)
+            self._conflicting.pop(uid, None)
+            self._unfence(uid)
+            if uid not in self._inflight:
+                self._release(uid)
+
+    def pods_relisted(self, seen: Collection[str]) -> None:
+        """A full list of pods has been observed: every pod not among the `seen` UIDs is
+        gone, except binds in flight or assumed (the watch may not show them yet)."""
+        with self._lock:
+            assumed = self._state.assumed
+            gone = [
+                uid
+                for uid in [*self._state.pods, *self._state.pending]
+                if uid not in seen and uid not in self._inflight and uid not in assumed
+            ]
+            for uid in gone:
+                self._release(uid)
+            for uid in [u for u in self._pods if u not in seen and u not in self._inflight]:
+                del self._pods[uid]
+            for key, (uid, _) in list(self._invalid_records.items()):
+                if uid not in seen:
+                    del self._invalid_records[key]
+            for uid in [u for u in self._fenced_by if u not in seen]:
+                self._conflicting.pop(uid, None)
+                self._unfence(uid)
 
     def fence(self, uid: str, node: str, key: str, problem: str) -> None:
-        """Pod `uid` (bound to `node`, not finished) carries a record that does not count."""
-        with self.lock:
-            before = self._fenced_by.get(uid)
-            if before is not None and before != node:
-                self.unfence(uid)
-            pods = self.fences.setdefault(node, {})
-            if pods.get(uid) == (key, problem):
-                return
-            if not pods:  # one line when the node becomes fenced; each pod's own problem
-                # is logged where it is judged (a relist repeats neither)
-                log.warning(
-                    "node %s fenced: pod %s runs with an untrusted allocation record (%s)",
-                    node,
-                    key,
-                    problem,
-                )
-            pods[uid] = (key, problem)
-            self._fenced_by[uid] = node
-            for listener in self._fence_listeners:
-                listener(node, key, uid, problem)
-            self.update_problem(node)
+        """Pod `uid` carries a record that does not count: it is listed as invalid and, when
+        bound to `node` (not ""), fences that node."""
+        with self._lock:
+            self._untrusted(key, uid, node, problem)
 
-    def unfence(self, uid: str) -> None:
-        """Pod `uid` no longer fences its node (gone, finished, or its record counts)."""
-        with self.lock:
-            node = self._fenced_by.pop(uid, None)
-            if node is None:
-                return
-            pods = self.fences.get(node, {})
-            key, _ = pods.pop(uid, (uid, ""))
-            if not pods:
-                self.fences.pop(node, None)
-                log.info(
-                    "node %s unfenced: pod %s no longer carries an untrusted record", node, key
-                )
-            for listener in self._fence_listeners:
-                listener(node, key, uid, None)
-            self.update_problem(node)
+    def unfence(self, uid: str, key: str) -> None:
+        """Pod `uid`'s record counts again (or it has none, or it finished): no fence."""
+        with self._lock:
+            self._trusted(key, uid)
 
-    def fenced_by(self) -> dict[str, str]:
-        """Pod UID -> the node it fences (a copy)."""
-        with self.lock:
-            return dict(self._fenced_by)
+    def _release(self, uid: str) -> None:
+        """Remove a pod's allocation; a record that conflicted with it may count now."""
+        alloc = self._state.remove(uid)
+        if alloc is not None:
+            self._retry_conflicts(alloc.node)
 
-    def fence_reason(self, node: str) -> str | None:
-        pods = self.fences.get(node)
+    def _retry_conflicts(self, node: str) -> None:
+        for uid, (key, alloc) in sorted(self._conflicting.items()):
+            if alloc.node != node or uid in self._inflight:
+                continue
+            try:
+                self._state.add(alloc)
+            except StateError:
+                continue
+            del self._conflicting[uid]
+            self._invalid_records.pop(key, None)
+            self._unfence(uid)
+
+    def _trusted(self, key: str, uid: str) -> None:
+        self._invalid_records.pop(key, None)
+        self._conflicting.pop(uid, None)
+        self._unfence(uid)
+
+    def _untrusted(self, key: str, uid: str, node: str, problem: str) -> None:
+        if self._invalid_records.get(key) != (uid, problem):
+            log.warning("allocation record of pod %s does not count: %s", key, problem)
+        self._invalid_records[key] = (uid, problem)
+        if not problem.startswith("conflicts"):
+            self._conflicting.pop(uid, None)
+        if node:
+            self._fence(uid, node, key, problem)
+
+    def _fence(self, uid: str, node: str, key: str, problem: str) -> None:
+        before = self._fenced_by.get(uid)
+        if before is not None and before != node:
+            self._unfence(uid)
+        pods = self._fences.setdefault(node, {})
+        if pods.get(uid) == (key, problem):
+            return
+        if not pods:  # one line when the node becomes fenced; each pod's own problem
+            # is logged where it is judged (a relist repeats neither)
+            log.warning(
+                "node %s fenced: pod %s runs with an untrusted allocation record (%s)",
+                node,
+                key,
+                problem,
+            )
+        pods[uid] = (key, problem)
+        self._fenced_by[uid] = node
+        for listener in self._fence_listeners:
+            listener(node, key, uid, problem)
+        self._update_problem(node)
+
+    def _unfence(self, uid: str) -> None:
+        node = self._fenced_by.pop(uid, None)
+        if node is None:
+            return
+        pods = self._fences.get(node, {})
+        key, _ = pods.pop(uid, (uid, ""))
+        if not pods:
+            self._fences.pop(node, None)
+            log.info("node %s unfenced: pod %s no longer carries an untrusted record", node, key)
+        for listener in self._fence_listeners:
+            listener(node, key, uid, None)
+        self._update_problem(node)
+
+    # --- binds ------------------------------------------------------------------------------
+
+    def assume(self, request: PodRequest, node: str) -> Assumption:
+        """Choose the pod's devices on `node` and hold them for the bind now starting (the
+        one serialized step of a bind: concurrent binds see them taken). The caller
+        finishes with `bind` (the Binding exists) or `forget` (it failed)."""
+        with self._lock:
+            uid = request.uid
+            if uid in self._inflight:
+                return Refused(f"a bind of {request.key} is already running")
+            held = self._state.allocation(uid)
+            if held is not None:
+                return AlreadyHeld(held)
+            problem = self._problems.get(node)
+            if problem is not None:
+                return Refused(problem)
+            placed = self._decider.place(request, node)
+            if isinstance(placed, NoFit):
+                return Refused(placed.reason)
+            alloc = placed.allocation
+            try:
+                self._state.add(alloc, assumed=True)
+            except StateError as exc:  # cannot happen: place() saw the same state
+                return Refused(f"internal conflict: {exc}")
+            self._inflight.add(uid)
+            return Assumed(alloc)
+
+    def bind(self, uid: str) -> None:
+        """The bind of an assumed pod is done: the allocation stays assumed until the watch
+        shows the pod bound (or `expired_assumptions` names it)."""
+        with self._lock:
+            self._inflight.discard(uid)
+            self._bound_at[uid] = self._monotonic()
+
+    def forget(self, uid: str, alloc: PodAllocation) -> None:
+        """The bind of an assumed pod failed: its devices are free again."""
+        with self._lock:
+            if self._state.allocation(uid) == alloc:
+                self._state.remove(uid)
+            self._inflight.discard(uid)
+
+    def expired_assumptions(
+        self, ttl: float, now: float | None = None
+    ) -> list[tuple[str, str, str]]:
+        """(uid, namespace, name) of assumed allocations the watch has not confirmed in
+        `ttl` seconds after their bind finished (the caller reads each pod back)."""
+        with self._lock:
+            if now is None:
+                now = self._monotonic()
+            result = []
+            for uid, finished in list(self._bound_at.items()):
+                if uid not in self._state.assumed:
+                    del self._bound_at[uid]
+                    continue
+                if now - finished >= ttl:
+                    alloc = self._state.allocation(uid)
+                    if alloc is not None:
+                        result.append((uid, alloc.namespace, alloc.name))
+            return result
+
+    def assumption_gone(self, uid: str) -> None:
+        """A read-back found no such pod (deleted, or another pod took the name): drop the
+        assumed allocation unless a new bind of it is in flight."""
+        with self._lock:
+            if uid not in self._inflight:
+                self._release(uid)
+                self._bound_at.pop(uid, None)
+
+    # --- node usability --------------------------------------------------------------------
+
+    def _fence_reason(self, node: str) -> str | None:
+        pods = self._fences.get(node)
         if not pods:
             return None
         items = sorted(pods.values())
@@ -383,54 +607,204 @@ class Cache:
             f"device use is unknown ({named}); delete the pod or restore its record"
         )
 
-    def fenced_nodes(self) -> set[str]:
-        """Nodes fenced for an untrusted record or an unusable inventory."""
-        with self.lock:
-            return set(self.fences) | set(self.inventory_errors)
+    def _update_problem(self, node: str, now: float | None = None) -> None:
+        problem = self._inventory_errors.get(node)
+        if problem is None:
+            problem = self._fence_reason(node)
+        if problem is None and self._require_heartbeat and node in self._inventories:
+            problem = self._heartbeats.problem(node, self._clock() if now is None else now)
+        if self._problems.get(node) == problem:
+            return
+        if problem is None:
+            del self._problems[node]
+        else:
+            self._problems[node] = problem
+        self._problems_view = None
+        self._notify(node)
 
-    # --- problems -------------------------------------------------------------------------
+    def _problems_now(self) -> Mapping[str, str]:
+        view = self._problems_view
+        if view is None:
+            view = self._problems_view = MappingProxyType(dict(self._problems))
+        return view
 
-    def update_problem(self, node: str, now: float | None = None) -> None:
-        with self.lock:
-            problem = self.inventory_errors.get(node)
-            if problem is None:
-                problem = self.fence_reason(node)
-            if problem is None and self.require_heartbeat and node in self.inventories:
-                problem = self.heartbeats.problem(node, self.clock() if now is None else now)
-            if self.problems.get(node) == problem:
-                return
-            if problem is None:
-                del self.problems[node]
+    # --- readers ----------------------------------------------------------------------------
+
+    def assess(self, request: PodRequest, names: Sequence[str]) -> Assessment:
+        """Fit and score of `request` on each of `names`, with the unusable nodes; while
+        nothing changed, the same pod asked about the same nodes (or fewer) gets the same
+        evaluation back (prioritize follows filter)."""
+        with self._lock:
+            key = (request.uid, request.shape())
+            memo = self._assess_memo
+            if (
+                memo is not None
+                and memo[0] == key
+                and memo[1] == self._generation
+                and memo[2].issuperset(names)
+            ):
+                evaluation = memo[3]
             else:
-                self.problems[node] = problem
-            self._notify(node)
+                evaluation = self._decider.evaluate(request, names)
+                self._assess_memo = (key, self._generation, frozenset(names), evaluation)
+            return Assessment(evaluation, self._problems_now())
 
-    def refresh_problems(self) -> None:
-        """Re-check every node (heartbeats expire with time, not with events)."""
-        with self.lock:
-            now = self.clock()
-            names = (
-                set(self.inventories)
-                | set(self.inventory_errors)
-                | set(self.problems)
-                | set(self.fences)
+    def problems(self) -> Mapping[str, str]:
+        """Node -> why it takes no new tessera pods (read-only, as of now)."""
+        with self._lock:
+            return self._problems_now()
+
+    def preemption_view(
+        self, node: str, request: PodRequest, victims: Iterable[str]
+    ) -> PreemptionView | None:
+        """`node` as preempt needs it; None when its devices are unknown or it is unusable."""
+        with self._lock:
+            state = self._state.nodes.get(node)
+            if state is None or node in self._problems:
+                return None
+            pods = self._pods
+            return PreemptionView(
+                inventory=state.inventory,
+                held=MappingProxyType({a.pod_uid: a for a in self._state.pods_on(node)}),
+                priorities=MappingProxyType(
+                    {uid: (pods[uid].priority if uid in pods else 0) for uid in victims}
+                ),
+                policy=self.policy_for(request),
             )
-            for name in names:
-                self.update_problem(name, now)
 
-    # --- views ----------------------------------------------------------------------------
+    def policy_for(self, request: PodRequest) -> Policy:
+        return self._decider.policy_for(request)
+
+    def allocation(self, uid: str) -> PodAllocation | None:
+        """The devices the pod holds (applied, or waiting for its node), or None."""
+        with self._lock:
+            return self._state.allocation(uid)
+
+    def invalid_records(self) -> Mapping[str, tuple[str, str]]:
+        """Pod key -> (UID, problem) of records that do not count."""
+        with self._lock:
+            return MappingProxyType(dict(self._invalid_records))
+
+    def fences(self) -> tuple[Fence, ...]:
+        with self._lock:
+            return self._fence_list()
+
+    def _fence_list(self) -> tuple[Fence, ...]:
+        return tuple(
+            Fence(node, key, uid, problem)
+            for node, pods in sorted(self._fences.items())
+            for uid, (key, problem) in sorted(pods.items())
+        )
+
+    def fenced_nodes(self) -> frozenset[str]:
+        """Nodes fenced for an untrusted record or an unusable inventory."""
+        with self._lock:
+            return frozenset(self._fences) | frozenset(self._inventory_errors)
+
+    def assumed(self) -> frozenset[str]:
+        """UIDs of allocations made by a bind that the pod watch has not confirmed yet."""
+        with self._lock:
+            return frozenset(self._state.assumed)
+
+    def node_names(self) -> list[str]:
+        """Every node the state can say something about (accounted or unusable)."""
+        with self._lock:
+            return sorted(set(self._state.nodes) | set(self._inventory_errors))
+
+    def snapshot(self) -> Snapshot:
+        """Everything, as of now (O(nodes + pods): tests and debugging, not hot paths)."""
+        with self._lock:
+            gpus, nics = self._usage()
+            state = self._state
+            return Snapshot(
+                nodes=frozenset(state.nodes),
+                gpus=gpus,
+                nics=nics,
+                allocations=MappingProxyType(dict(state.pods)),
+                pending=MappingProxyType(dict(state.pending)),
+                assumed=frozenset(state.assumed),
+                inflight=frozenset(self._inflight),
+                fences=self._fence_list(),
+                problems=self._problems_now(),
+                invalid_records=MappingProxyType(dict(self._invalid_records)),
+                accounts=state.snapshot(),
+            )
+
+    def stats(self) -> Stats:
+        with self._lock:
+            state = self._state
+            assumed = len(state.assumed)
+            return Stats(
+                gpus=self._usage()[0],
+                unusable=len(self._problems),
+                invalid_records=len(self._invalid_records),
+                fenced_untrusted=len(self._fences),
+                fenced_inventory=len(self._inventory_errors),
+                assumed=assumed,
+                confirmed=len(state.pods) - assumed,
+                pending_node=len(state.pending),
+                pods_known=len(self._pods),
+            )
+
+    def _usage(self) -> tuple[tuple[GpuUsage, ...], tuple[NicUsage, ...]]:
+        gpus = []
+        nics = []
+        for name, node in sorted(self._state.nodes.items()):
+            for slot, g in enumerate(node.inventory.gpus):
+                gpus.append(
+                    GpuUsage(
+                        name,
+                        g.index,
+                        g.uuid,
+                        g.model,
+                        g.memory_mib,
+                        node.free_core[slot],
+                        node.free_mem[slot],
+                    )
+                )
+            for slot, n in enumerate(node.inventory.nics):
+                nics.append(
+                    NicUsage(
+                        name,
+                        n.ibdev,
+                        n.pci_bus_id,
+                        node.nic_free[slot],
+                        len(n.vfs),
+                        sum(node.vf_free[slot]),
+                    )
+                )
+        return tuple(gpus), tuple(nics)
+
+    def pods_summary(self) -> dict[str, Any]:
+        """Invalid records, assumed and in-flight binds, pods waiting for their node (the
+        debug API; a fresh value the caller owns)."""
+        with self._lock:
+            state = self._state
+            return {
+                "invalidRecords": [
+                    {"pod": key, "uid": uid, "problem": problem}
+                    for key, (uid, problem) in sorted(self._invalid_records.items())
+                ],
+                "assumed": sorted(state.assumed),
+                "inflight": sorted(self._inflight),
+                "waitingForNode": sorted(
+                    f"{a.namespace}/{a.name} -> {a.node}" for a in state.pending.values()
+                ),
+                "allocated": len(state.pods),
+            }
 
     def node_summary(self, name: str) -> dict[str, Any] | None:
-        """Each device's total/free/used and who holds what (debug API and CR status)."""
-        with self.lock:
-            node = self.state.nodes.get(name)
-            problem = self.problems.get(name)
+        """Each device's total/free/used and who holds what (debug API and CR status; a
+        fresh value the caller owns)."""
+        with self._lock:
+            node = self._state.nodes.get(name)
+            problem = self._problems.get(name)
             fenced = [
                 {"pod": key, "uid": uid, "problem": why}
-                for uid, (key, why) in sorted(self.fences.get(name, {}).items())
+                for uid, (key, why) in sorted(self._fences.get(name, {}).items())
             ]
             if node is None:
-                if name not in self.inventory_errors:
+                if name not in self._inventory_errors:
                     return None
                 return {
                     "node": name,
@@ -442,7 +816,7 @@ class Cache:
                 }
             holders_gpu: dict[str, list[dict[str, Any]]] = {}
             holders_nic: dict[str, list[dict[str, Any]]] = {}
-            for alloc in self.state.pods_on(name):
+            for alloc in self._state.pods_on(name):
                 for c in alloc.containers:
                     if not c.counted:
                         continue
@@ -452,7 +826,7 @@ class Cache:
                         "uid": alloc.pod_uid,
                         "container": c.name,
                     }
-                    if alloc.pod_uid in self.state.assumed:
+                    if alloc.pod_uid in self._state.assumed:
                         who["assumed"] = True
                     for g in c.gpus:
                         holders_gpu.setdefault(g.uuid, []).append(
@@ -509,7 +883,3 @@ class Cache:
                 "gpus": gpus,
                 "rdma": nics,
             }
-
-    def node_names(self) -> list[str]:
-        with self.lock:
-            return sorted(set(self.state.nodes) | set(self.inventory_errors))

@@ -13,12 +13,10 @@ list, the watch, the initial sync (readiness) or any other object. An unexpected
 is logged as a bug with the object's name, and handled as the safe case: a pod that cannot
 be judged, bound and not finished, fences its node.
 
-Pods are judged by the same rule as a rebuild (recovery.judge), with two guards for binds
-of our own that the watch has not caught up with:
-- while a bind is in flight, events for that pod are ignored (the bind settles it);
-- an *assumed* allocation (bind done, watch not yet seen the binding) is not dropped
-  because an older event or list shows the pod unbound; only a deletion, a finished
-  phase, or the assumed-expiry check (a fresh GET, see `Reconciler.expire_assumed`) does.
+Pods are judged here by the same rule as a rebuild (recovery.judge), outside the cache's
+lock; the Cache accounts the verdicts, guarding binds of our own that the watch has not
+caught up with (its module doc; an assumed allocation the watch never confirms is read
+back by `Reconciler.expire_assumed`).
 """
 
 from __future__ import annotations
@@ -27,16 +25,13 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from scheduler_plugin.cache import Cache, PodInfo
+from scheduler_plugin.cache import INTERNAL_ERROR, Cache
 from scheduler_plugin.kube import ApiError, KubeClient, lease_path, pod_path
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import (
-    Holds,
-    Invalid,
-    Nothing,
     Verdict,
     apply_order,
     is_finished,
@@ -46,12 +41,10 @@ from scheduler_plugin.recovery import (
     record_text,
     section,
 )
-from tessera.allocation import PodAllocation
-from tessera.errors import StateError
+from scheduler_plugin.views import PodSeen
 from tessera.record import KeySource
 from tessera.resources import (
     ALLOCATION_ANNOTATION,
-    HEARTBEAT_LEASE_PREFIX,
     INVENTORY_GROUP,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
@@ -211,40 +204,21 @@ class InventoryHandler(Handler):
         self.cache = cache
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        objects = list(items)  # pages are fetched before the lock is taken
-        with self.cache.lock:
-            seen = set()
-            for obj in objects:
-                name = _name(obj)
-                if not name:
-                    continue
-                seen.add(name)
-                self._set(name, obj)
-            for name in set(self.cache.inventories) | set(self.cache.inventory_errors):
-                if name not in seen:
-                    self._drop(name)
+        # pages are all fetched first: the cache replaces under its lock in one go
+        objects = [(name, obj.get("spec")) for obj in items if (name := _name(obj))]
+        self.cache.replace_inventories(objects)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
         if not name:
             return
-        if kind == "DELETED":
-            self._drop(name)
-        else:
-            self._set(name, obj)
-
-    def _set(self, name: str, obj: Mapping[str, Any]) -> None:
         try:
-            self.cache.set_inventory(name, obj.get("spec"))
+            if kind == "DELETED":
+                self.cache.remove_inventory(name)
+            else:
+                self.cache.upsert_inventory(name, obj.get("spec"))
         except Exception:
             _bug("nodedevices", obj)
-            self.cache.mark_inventory_bad(name, "could not be processed (internal error)")
-
-    def _drop(self, name: str) -> None:
-        try:
-            self.cache.drop_inventory(name)
-        except Exception:
-            _bug("nodedevices", {"metadata": {"name": name}})
 
 
 class NodeHandler(Handler):
@@ -252,12 +226,14 @@ class NodeHandler(Handler):
         self.cache = cache
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        self.cache.set_node_objects([n for n in map(_name, items) if n])
+        self.cache.replace_nodes([n for n in map(_name, items) if n])
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
-        if name:
-            self.cache.node_object(name, kind != "DELETED")
+        if name and kind == "DELETED":
+            self.cache.node_gone(name)
+        elif name:
+            self.cache.node_seen(name)
 
 
 class LeaseHandler(Handler):
@@ -265,19 +241,14 @@ class LeaseHandler(Handler):
         self.cache = cache
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        objects = list(items)
-        with self.cache.lock:
-            seen = set()
-            for obj in objects:
-                seen.add(_name(obj))
-                self.event("ADDED", obj)
-            for node in list(self.cache.heartbeats.nodes()):
-                if HEARTBEAT_LEASE_PREFIX + node not in seen:
-                    self.event("DELETED", {"metadata": {"name": HEARTBEAT_LEASE_PREFIX + node}})
+        self.cache.replace_leases(list(items))
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         try:
-            self.cache.lease_event(kind, obj)
+            if kind == "DELETED":
+                self.cache.lease_gone(obj)
+            else:
+                self.cache.lease_seen(obj)
         except Exception:
             _bug("lease", obj)
 
@@ -305,7 +276,8 @@ def _priority(pod: Mapping[str, Any]) -> int:
 
 
 class Reconciler(Handler):
-    """Pods -> allocations (the rebuild rule, applied one pod at a time)."""
+    """Pods -> the cache (the rebuild rule, judged here one pod at a time, outside the
+    cache's lock: judging verifies signatures)."""
 
     def __init__(
         self,
@@ -313,19 +285,13 @@ class Reconciler(Handler):
         keyring: KeySource | None,
         *,
         assume_ttl: float = 30.0,
-        on_invalid: Callable[[str, str], None] | None = None,
     ) -> None:
         self.cache = cache
         self.keyring = keyring
         self.assume_ttl = assume_ttl
-        self.on_invalid = on_invalid
         self._verdicts: dict[str, tuple[tuple[object, ...], Verdict]] = {}
-        self._conflicting: dict[str, tuple[str, PodAllocation]] = {}
-        """UID -> (pod key, allocation) of valid records that conflict with another pod's:
-        retried whenever a pod on that node releases its devices."""
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        cache = self.cache
         seen: set[str] = set()
         with_records: list[dict[str, Any]] = []
         for pod in items:
@@ -343,24 +309,9 @@ class Reconciler(Handler):
                 self.apply(pod)
             except Exception:
                 self._crashed(pod)
-        with cache.lock:
-            gone = [
-                uid
-                for uid in list(cache.state.pods) + list(cache.state.pending)
-                if uid not in seen and uid not in cache.inflight and uid not in cache.state.assumed
-            ]
-            for uid in gone:
-                self._release(uid)
-            for uid in [u for u in cache.pods if u not in seen and u not in cache.inflight]:
-                del cache.pods[uid]
-            for uid in [u for u in self._verdicts if u not in seen]:
-                del self._verdicts[uid]
-            for key, (uid, _) in list(cache.invalid_records.items()):
-                if uid not in seen:
-                    del cache.invalid_records[key]
-            for uid in [u for u in cache.fenced_by() if u not in seen]:
-                self._conflicting.pop(uid, None)
-                cache.unfence(uid)
+        for uid in [u for u in self._verdicts if u not in seen]:
+            del self._verdicts[uid]
+        self.cache.pods_relisted(seen)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         try:
@@ -381,9 +332,8 @@ class Reconciler(Handler):
             return
         key = f"{namespace}/{name}"
         try:
-            with self.cache.lock:
-                self._verdicts.pop(uid, None)
-                self._invalid(key, uid, node, "could not be processed (internal error)")
+            self._verdicts.pop(uid, None)
+            self.cache.fence(uid, node, key, INTERNAL_ERROR)
         except Exception:
             log.exception("bug: fencing node %s for pod %s failed", node, key)
 
@@ -407,35 +357,7 @@ class Reconciler(Handler):
     def deleted(self, pod: Mapping[str, Any]) -> None:
         uid, namespace, name = pod_identity(pod)
         self._verdicts.pop(uid, None)
-        cache = self.cache
-        with cache.lock:
-            cache.pods.pop(uid, None)
-            cache.bound_at.pop(uid, None)
-            cache.invalid_records.pop(f"{namespace}/{name}", None)
-            self._conflicting.pop(uid, None)
-            cache.unfence(uid)
-            if uid in cache.inflight:
-                return  # the bind fails on its own and undoes itself
-            self._release(uid)
-
-    def _release(self, uid: str) -> None:
-        """Remove a pod's allocation; a record that conflicted with it may count now."""
-        alloc = self.cache.state.remove(uid)
-        if alloc is not None:
-            self._retry_conflicts(alloc.node)
-
-    def _retry_conflicts(self, node: str) -> None:
-        cache = self.cache
-        for uid, (key, alloc) in sorted(self._conflicting.items()):
-            if alloc.node != node or uid in cache.inflight:
-                continue
-            try:
-                cache.state.add(alloc)
-            except StateError:
-                continue
-            del self._conflicting[uid]
-            cache.invalid_records.pop(key, None)
-            cache.unfence(uid)
+        self.cache.pod_deleted(uid, f"{namespace}/{name}")
 
     def apply(self, pod: Mapping[str, Any], *, authoritative: bool = False) -> None:
         """Account one pod as the rebuild rule says. `authoritative`: the object was just
@@ -443,106 +365,22 @@ class Reconciler(Handler):
         uid, namespace, name = pod_identity(pod)
         if not uid:
             return
-        key = f"{namespace}/{name}"
-        cache = self.cache
         verdict = self._judge(uid, pod)
-        with cache.lock:
-            node = pod_node(pod)
-            cache.pods[uid] = PodInfo(namespace, name, node, _priority(pod))
-            current = cache.state.allocation(uid)
-            if uid in cache.inflight:
-                # The bind settles this pod; only note that the watch has seen it bound.
-                if isinstance(verdict, Holds) and verdict.allocation == current:
-                    cache.state.confirm(uid)
-                return
-            if isinstance(verdict, Holds):
-                alloc = verdict.allocation
-                cache.bound_at.pop(uid, None)
-                if current == alloc:
-                    cache.state.confirm(uid)
-                    self._trusted(key, uid)
-                    return
-                if current is not None:
-                    cache.state.remove(uid)
-                try:
-                    cache.state.add(alloc)
-                except StateError as exc:
-                    # a valid record that overcommits a device with another: the devices
-                    # this pod really uses are unknown, so its node is fenced
-                    self._conflicting[uid] = (key, alloc)
-                    self._invalid(key, uid, node, f"conflicts with another pod: {exc}")
-                else:
-                    self._trusted(key, uid)
-                if current is not None:
-                    self._retry_conflicts(current.node)
-                return
-            if isinstance(verdict, Invalid):
-                self._invalid(key, uid, verdict.node or node, verdict.problem)
-            else:
-                self._trusted(key, uid)
-            if current is None:
-                return
-            protected = (
-                uid in cache.state.assumed
-                and not authoritative
-                and not is_finished(pod)
-                and isinstance(verdict, Nothing)
-            )
-            if not protected:
-                self._release(uid)
-                cache.bound_at.pop(uid, None)
-
-    def _trusted(self, key: str, uid: str) -> None:
-        """The pod's record counts (or it has none, or it is finished): no fence."""
-        self.cache.invalid_records.pop(key, None)
-        self._conflicting.pop(uid, None)
-        self.cache.unfence(uid)
-
-    def _invalid(self, key: str, uid: str, node: str, problem: str) -> None:
-        cache = self.cache
-        if cache.invalid_records.get(key) != (uid, problem):
-            log.warning("allocation record of pod %s does not count: %s", key, problem)
-            if self.on_invalid is not None:
-                self.on_invalid(key, problem)
-        cache.invalid_records[key] = (uid, problem)
-        if not problem.startswith("conflicts"):
-            self._conflicting.pop(uid, None)
-        if node:
-            cache.fence(uid, node, key, problem)
-
-    def expired_assumed(self, now: float) -> list[tuple[str, str, str]]:
-        """(uid, namespace, name) of assumed allocations the watch has not confirmed in
-        `assume_ttl` seconds after their bind finished."""
-        cache = self.cache
-        with cache.lock:
-            result = []
-            for uid, finished in list(cache.bound_at.items()):
-                if uid not in cache.state.assumed:
-                    del cache.bound_at[uid]
-                    continue
-                if now - finished >= self.assume_ttl:
-                    alloc = cache.state.allocation(uid)
-                    if alloc is not None:
-                        result.append((uid, alloc.namespace, alloc.name))
-            return result
+        seen = PodSeen(uid, namespace, name, pod_node(pod), _priority(pod), is_finished(pod))
+        self.cache.pod_observed(seen, verdict, authoritative=authoritative)
 
     def expire_assumed(self, client: KubeClient, now: float | None = None) -> None:
-        """Read back each stale assumed pod and judge it authoritatively."""
-        for uid, namespace, name in self.expired_assumed(time.monotonic() if now is None else now):
+        """Read back each assumed pod the watch has not confirmed within `assume_ttl` of
+        its bind, and judge it authoritatively."""
+        for uid, namespace, name in self.cache.expired_assumptions(self.assume_ttl, now):
             try:
                 pod = client.get(pod_path(namespace, name))
             except ApiError as exc:
                 if exc.status == 404:
-                    with self.cache.lock:
-                        if uid not in self.cache.inflight:
-                            self._release(uid)
-                            self.cache.bound_at.pop(uid, None)
+                    self.cache.assumption_gone(uid)
                 continue
             if pod_identity(pod)[0] != uid:
-                with self.cache.lock:
-                    if uid not in self.cache.inflight:
-                        self._release(uid)
-                        self.cache.bound_at.pop(uid, None)
+                self.cache.assumption_gone(uid)
                 continue
             self.apply(pod, authoritative=True)
 

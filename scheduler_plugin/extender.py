@@ -1,6 +1,6 @@
 """The extender verbs as functions of decoded JSON: ExtenderArgs in, reply dict out.
 
-No I/O here: filter, prioritize and preempt read the Cache (under its lock) and answer in
+No I/O here: filter, prioritize and preempt read the Cache's immutable views and answer in
 kube-scheduler's exact shapes (PROTOCOLS.md 3.2, docs/scheduler.md):
 
 - filter: `{"NodeNames"|"Nodes": survivors, "FailedNodes": {...},
@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import re
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import numpy as np
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
-from tessera.decision import UNKNOWN_NODE, Evaluation
+from tessera.decision import UNKNOWN_NODE
 from tessera.errors import RequestError
 from tessera.node_state import NodeState
 from tessera.placement import Placement, place_pod
@@ -119,7 +120,7 @@ class Extender:
         self.metrics = metrics
         self.manage_nvidia_gpu = manage_nvidia_gpu
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
-        self._last: tuple[object, int, frozenset[str], Evaluation] | None = None
+        self._requests_lock = threading.Lock()
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class Extender:
             uid = meta.get("uid")
             version = meta.get("resourceVersion")
             if isinstance(uid, str) and isinstance(version, str) and version:
-                with self.cache.lock:
+                with self._requests_lock:
                     hit = self._requests.get(uid)
                 if hit is not None and hit[0] == version:
                     return hit[1]
@@ -145,38 +146,20 @@ class Extender:
     def remember(self, pod: Mapping[str, Any], request: PodRequest) -> None:
         """Keep the parsed request for the bind that usually follows (bind gets no pod)."""
         rv = str((pod.get("metadata") or {}).get("resourceVersion") or "")
-        with self.cache.lock:
+        with self._requests_lock:
             self._requests[request.uid] = (rv, request)
             self._requests.move_to_end(request.uid)
             while len(self._requests) > _REQUEST_CACHE:
                 self._requests.popitem(last=False)
 
     def remembered(self, uid: str) -> PodRequest | None:
-        with self.cache.lock:
+        with self._requests_lock:
             hit = self._requests.get(uid)
             return None if hit is None else hit[1]
 
     def forget(self, uid: str) -> None:
-        with self.cache.lock:
+        with self._requests_lock:
             self._requests.pop(uid, None)
-
-    # --- evaluation shared by filter and prioritize --------------------------------------
-
-    def _evaluate(self, request: PodRequest, names: Sequence[str]) -> Evaluation:
-        """Evaluate under the lock; prioritize reuses filter's answer while nothing changed."""
-        cache = self.cache
-        key = (request.uid, request.shape())
-        last = self._last
-        if (
-            last is not None
-            and last[0] == key
-            and last[1] == cache.generation
-            and last[2].issuperset(names)
-        ):
-            return last[3]
-        evaluation = cache.decider.evaluate(request, names)
-        self._last = (key, cache.generation, frozenset(names), evaluation)
-        return evaluation
 
     # --- filter ---------------------------------------------------------------------------
 
@@ -194,34 +177,33 @@ class Extender:
         if not request.wants_devices:
             return self._filter_reply(nodes, nodes.names, {}, {})
         self.remember(pod, request)
-        with self.cache.lock:
-            evaluation = self._evaluate(request, nodes.names)
-            problems = self.cache.problems
-            scores = evaluation.scores
-            passed = [name for name in nodes.names if name in scores]
-            if problems and not problems.keys().isdisjoint(passed):
-                for name in passed:
-                    if name in problems:
-                        failed[name] = REASON_PREFIX + problems[name]
-                passed = [name for name in passed if name not in problems]
-            # failures share a few NoFit objects: one text per object, then C-level passes
-            failures = evaluation.failures
-            ids = list(map(id, failures.values()))
-            nofit_of = {id(nofit): nofit for nofit in failures.values()}
-            text_of = {key: REASON_PREFIX + nofit.reason for key, nofit in nofit_of.items()}
-            texts = map(text_of.__getitem__, ids)
-            if any(nofit.unresolvable for nofit in nofit_of.values()):
-                for name, key, text in zip(failures, ids, texts, strict=True):
-                    (unresolvable if nofit_of[key].unresolvable else failed)[name] = text
-            else:
-                failed.update(zip(failures, texts, strict=True))
-            counts = Counter(ids)
-            for name in problems.keys() & failures.keys() if problems else ():
-                if failures[name] is UNKNOWN_NODE:
-                    # no usable inventory, and we know why (e.g. it does not parse)
-                    unresolvable.pop(name, None)
+        assessment = self.cache.assess(request, nodes.names)
+        evaluation, problems = assessment.evaluation, assessment.problems
+        scores = evaluation.scores
+        passed = [name for name in nodes.names if name in scores]
+        if problems and not problems.keys().isdisjoint(passed):
+            for name in passed:
+                if name in problems:
                     failed[name] = REASON_PREFIX + problems[name]
-                    counts[id(UNKNOWN_NODE)] -= 1
+            passed = [name for name in passed if name not in problems]
+        # failures share a few NoFit objects: one text per object, then C-level passes
+        failures = evaluation.failures
+        ids = list(map(id, failures.values()))
+        nofit_of = {id(nofit): nofit for nofit in failures.values()}
+        text_of = {key: REASON_PREFIX + nofit.reason for key, nofit in nofit_of.items()}
+        texts = map(text_of.__getitem__, ids)
+        if any(nofit.unresolvable for nofit in nofit_of.values()):
+            for name, key, text in zip(failures, ids, texts, strict=True):
+                (unresolvable if nofit_of[key].unresolvable else failed)[name] = text
+        else:
+            failed.update(zip(failures, texts, strict=True))
+        counts = Counter(ids)
+        for name in problems.keys() & failures.keys() if problems else ():
+            if failures[name] is UNKNOWN_NODE:
+                # no usable inventory, and we know why (e.g. it does not parse)
+                unresolvable.pop(name, None)
+                failed[name] = REASON_PREFIX + problems[name]
+                counts[id(UNKNOWN_NODE)] -= 1
         reasons: Counter[str] = Counter()
         for key, count in counts.items():
             if count:
@@ -267,8 +249,7 @@ class Extender:
             return [{"Host": name, "Score": 0} for name in nodes.names]
         if not request.wants_devices:
             return [{"Host": name, "Score": 0} for name in nodes.names]
-        with self.cache.lock:
-            scores = self._evaluate(request, nodes.names).scores
+        scores = self.cache.assess(request, nodes.names).evaluation.scores
         priorities = rank_priorities(scores, nodes.names)
         return [{"Host": n, "Score": k} for n, k in zip(nodes.names, priorities, strict=True)]
 
@@ -280,8 +261,7 @@ class Extender:
             request = self.request_of(pod)
             scores = {}
             if request.wants_devices:
-                with self.cache.lock:
-                    scores = self._evaluate(request, nodes.names).scores
+                scores = self.cache.assess(request, nodes.names).evaluation.scores
         except RequestError:
             scores = {}
         names = nodes.names
@@ -318,17 +298,10 @@ class Extender:
         return {"NodeNameToMetaVictims": result}
 
     def _victims_on(self, request: PodRequest, node: str, uids: list[str]) -> list[str] | None:
-        cache = self.cache
-        with cache.lock:
-            state = cache.state.nodes.get(node)
-            if state is None or node in cache.problems:
-                return None
-            inventory = state.inventory
-            held = {a.pod_uid: a for a in cache.state.pods_on(node)}
-            policy = cache.decider.policy_for(request)
-            priorities = {
-                uid: (cache.pods[uid].priority if uid in cache.pods else 0) for uid in uids
-            }
+        view = self.cache.preemption_view(node, request, uids)
+        if view is None:
+            return None
+        held, priorities = view.held, view.priorities
         device_victims = sorted(
             (u for u in dict.fromkeys(uids) if u in held), key=lambda u: (priorities[u], u)
         )
@@ -336,11 +309,11 @@ class Extender:
 
         def fits(removed: Iterable[str]) -> bool:
             gone = set(removed)
-            trial = NodeState(inventory)
+            trial = NodeState(view.inventory)
             for uid, alloc in held.items():
                 if uid not in gone:
                     trial.apply(alloc)
-            return isinstance(place_pod(trial, request, policy), Placement)
+            return isinstance(place_pod(trial, request, view.policy), Placement)
 
         if fits(()):
             return uids  # the devices fit already: the victims were chosen for other reasons

@@ -106,21 +106,19 @@ class _GpuCollector(Collector):
             "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
         )
         if cache is not None:
-            with cache.lock:
-                for name, node in cache.state.nodes.items():
-                    for slot, g in enumerate(node.inventory.gpus):
-                        labels = [name, str(g.index), g.uuid, g.model]
-                        core.add_metric(labels, UNITS_PER_DEVICE - node.free_core[slot])
-                        mem.add_metric(labels, g.memory_mib - node.free_mem[slot])
-                        total.add_metric(labels, g.memory_mib)
-                unusable.add_metric([], len(cache.problems))
-                invalid.add_metric([], len(cache.invalid_records))
-                fenced.add_metric(["untrusted_record"], len(cache.fences))
-                fenced.add_metric(["invalid_inventory"], len(cache.inventory_errors))
-                assumed = len(cache.state.assumed)
-                pods.add_metric(["assumed"], assumed)
-                pods.add_metric(["confirmed"], len(cache.state.pods) - assumed)
-                pods.add_metric(["pending_node"], len(cache.state.pending))
+            stats = cache.stats()
+            for g in stats.gpus:
+                labels = [g.node, str(g.index), g.uuid, g.model]
+                core.add_metric(labels, UNITS_PER_DEVICE - g.free_core)
+                mem.add_metric(labels, g.memory_mib - g.free_memory_mib)
+                total.add_metric(labels, g.memory_mib)
+            unusable.add_metric([], stats.unusable)
+            invalid.add_metric([], stats.invalid_records)
+            fenced.add_metric(["untrusted_record"], stats.fenced_untrusted)
+            fenced.add_metric(["invalid_inventory"], stats.fenced_inventory)
+            pods.add_metric(["assumed"], stats.assumed)
+            pods.add_metric(["confirmed"], stats.confirmed)
+            pods.add_metric(["pending_node"], stats.pending_node)
         yield from (core, mem, total, unusable, invalid, fenced, pods)
 
 

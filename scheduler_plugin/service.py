@@ -226,7 +226,7 @@ class Service:
                         daemon=True,
                         name="resign",
                     ).start()
-                self.cache.refresh_problems()
+                self.cache.check_heartbeats()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
                     last_expiry = now
@@ -248,10 +248,8 @@ class Service:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.status_writer.mark_all()
-            with self.cache.lock:
-                for node, pods in self.cache.fences.items():
-                    for uid, (key, problem) in pods.items():
-                        self._fence_changed(node, key, uid, problem)
+            for fence in self.cache.fences():
+                self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
 
     def _fence_changed(self, node: str, key: str, uid: str, problem: str | None) -> None:
         """A pod started fencing its node: a Warning Event on the pod (rate-limited)."""
@@ -311,20 +309,7 @@ class Service:
         return {"nodes": [n for n in nodes if n is not None]}
 
     def debug_pods(self) -> dict[str, Any]:
-        cache = self.cache
-        with cache.lock:
-            return {
-                "invalidRecords": [
-                    {"pod": key, "uid": uid, "problem": problem}
-                    for key, (uid, problem) in sorted(cache.invalid_records.items())
-                ],
-                "assumed": sorted(cache.state.assumed),
-                "inflight": sorted(cache.inflight),
-                "waitingForNode": sorted(
-                    f"{a.namespace}/{a.name} -> {a.node}" for a in cache.state.pending.values()
-                ),
-                "allocated": len(cache.state.pods),
-            }
+        return self.cache.pods_summary()
 
     def _feed(self, node: str) -> None:
         with self._feeds_lock:

@@ -145,7 +145,7 @@ def test_pods_lists_grants_per_container_and_invalid_records(cluster, kubeconfig
         assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
         nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
         assert schedule(h, fake, nic_pod, ["h100"]) == "h100"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
     record_a = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
     bound(fake, "copied", "t4", record_a)  # another pod's record: wrong UID and name
     fake.create("pods", pod("plain", share(10, 10)))  # no record, not bound: not listed
@@ -192,7 +192,7 @@ def test_explain_agrees_with_the_scheduler_node_by_node(cluster, kubeconfig, cap
         for i in range(3):  # 6 of the H100s taken, 2 left
             assert schedule(h, fake, pod(f"w{i}", {rn.GPU: 200}), ["h100"]) == "h100"
         assert schedule(h, fake, pod("s", share(80, 90)), ["t4"]) == "t4"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
         nodes = ["h100", "t4", "a100"]
         cases = {
             "big": pod("big", WHOLE),

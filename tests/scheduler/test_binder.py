@@ -42,7 +42,7 @@ def test_a_failed_record_write_leaves_nothing_allocated(fake):
         fake.fail("/pods/p", method="PATCH", status=500, times=1)
         status, result = http.post("/bind", bind_body(created, "n"))
         assert status == 200 and "writing the allocation record failed" in result["Error"]
-        assert service.cache.state.allocation(created["metadata"]["uid"]) is None
+        assert service.cache.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
         # the devices are free again: the retry gets them
@@ -59,7 +59,7 @@ def test_a_failed_binding_removes_the_record_and_the_allocation(fake):
         fake.fail("/pods/p/binding", status=403)
         _status, result = http.post("/bind", bind_body(created, "n"))
         assert "creating the Binding failed" in result["Error"]
-        assert service.cache.state.allocation(created["metadata"]["uid"]) is None
+        assert service.cache.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
         summary = service.cache.node_summary("n")
@@ -77,7 +77,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
         text, obj = record_of(fake, "p")
         assert obj["spec"]["nodeName"] == "n"
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
-        assert service.cache.state.allocation(created["metadata"]["uid"]) is not None
+        assert service.cache.allocation(created["metadata"]["uid"]) is not None
 
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
@@ -101,7 +101,7 @@ def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake):
         assert "is not UID" in http.post("/bind", wrong)[1]["Error"]
         # the node agent of "quiet" goes away with its heartbeat Lease
         fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
-        wait_for(lambda: "quiet" in service.cache.problems)
+        wait_for(lambda: "quiet" in service.cache.problems())
         assert "heartbeat Lease" in http.post("/bind", bind_body(created, "quiet"))[1]["Error"]
         assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
         other = fake.create("pods", pod("q", {rn.GPU: 100}))

@@ -48,7 +48,7 @@ def test_deleted_and_finished_pods_release_their_devices(fake):
         h = Http(service.server.port)
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         assert schedule(h, fake, pod("b", share(40, 40)), ["n"]) == "n"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
         assert used_core(service, "n") == 80
         fake.delete("pods", "a")
         wait_for(lambda: used_core(service, "n") == 40)
@@ -63,7 +63,9 @@ def test_forged_and_copied_records_never_hold_devices(fake):
     forged_pod(fake, "copied", "n", KEY, record_uid="someone-else")
     with running(fake) as service:
         h = Http(service.server.port)
-        invalid = wait_for(lambda: len(service.cache.invalid_records) == 3 and service.debug_pods())
+        invalid = wait_for(
+            lambda: len(service.cache.invalid_records()) == 3 and service.debug_pods()
+        )
         problems = {i["pod"]: i["problem"] for i in invalid["invalidRecords"]}
         assert "no integrity proof" in problems["default/unsigned"]
         assert "does not verify" in problems["default/wrong-key"]
@@ -80,7 +82,7 @@ def test_forged_and_copied_records_never_hold_devices(fake):
         assert "untrusted allocation record" in reply["FailedNodes"]["n"]
         for name in ("unsigned", "wrong-key", "copied"):
             fake.delete("pods", name)
-        wait_for(lambda: "n" not in service.cache.problems)
+        wait_for(lambda: "n" not in service.cache.problems())
         # the whole GPU is free for a real pod
         assert schedule(h, fake, fake.get("pods", "real"), ["n"]) == "n"
         fake.delete("pods", "real")
@@ -91,7 +93,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake):
     populate(fake, ["n", "m"], gpus=1)
     forged_pod(fake, "moved", "n", None, record_node="m")
     with running(fake) as service:
-        wait_for(lambda: "default/moved" in service.cache.invalid_records)
+        wait_for(lambda: "default/moved" in service.cache.invalid_records())
         assert used_core(service, "n") == 0 and used_core(service, "m") == 0
 
 
@@ -100,7 +102,7 @@ def test_watch_expiry_relists_and_catches_up(fake):
     with running(fake) as service:
         h = Http(service.server.port)
         assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
         pods_informer = next(i for i in service.informers if i.name == "pods")
         before = pods_informer.relists
         fake.stop()  # the API server goes away; the pod goes while we cannot watch,
@@ -120,16 +122,16 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
         broken = fake.get("nodedevices", "n")
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
         fake.update("nodedevices", broken)
-        wait_for(lambda: "n" in service.cache.problems)
+        wait_for(lambda: "n" in service.cache.problems())
         _, reply = h.post(
             "/filter", {"Pod": fake.create("pods", pod("b", share(10, 10))), "NodeNames": ["n"]}
         )
         assert "gpus[1].memoryMiB" in reply["FailedNodes"]["n"]
         assert used_core(service, "n") == 100  # what "a" holds stays accounted
         fake.update("nodedevices", nodedevices("n", gpus=2) | {"metadata": {"name": "n"}})
-        wait_for(lambda: "n" not in service.cache.problems)
+        wait_for(lambda: "n" not in service.cache.problems())
         fake.delete("nodedevices", "n")
-        wait_for(lambda: "n" not in service.cache.state.nodes)
+        wait_for(lambda: "n" not in service.cache.snapshot().nodes)
         _status, reply = h.post("/filter", {"Pod": fake.get("pods", "b"), "NodeNames": ["n"]})
         assert "no tessera device inventory" in reply["FailedAndUnresolvableNodes"]["n"]
 
@@ -138,7 +140,7 @@ def test_a_deleted_node_takes_no_pods(fake):
     populate(fake, ["n", "m"], gpus=1)
     with running(fake) as service:
         fake.delete("nodes", "m")
-        wait_for(lambda: "m" not in service.cache.state.nodes)
+        wait_for(lambda: "m" not in service.cache.snapshot().nodes)
         reply = service.extender.filter({"Pod": pod("p", share(5, 5)), "NodeNames": ["n", "m"]})
         assert reply["NodeNames"] == ["n"]
 
@@ -152,7 +154,7 @@ def test_records_seen_before_their_node_wait_for_it(fake):
     with running(fake) as service:
         assert service.debug_pods()["waitingForNode"] == ["default/a -> n"]
         fake.create("nodedevices", nodedevices("n", gpus=1))
-        wait_for(lambda: "n" in service.cache.state.nodes)
+        wait_for(lambda: "n" in service.cache.snapshot().nodes)
         assert used_core(service, "n") == 100
 
 
@@ -211,7 +213,7 @@ def test_lists_are_paged(fake):
         pods_informer.list_once()  # a relist in pages of 3: 9 pods -> 3 requests
         assert fake.list_calls - before == 3
         assert used_core(service, "n") == 100 and used_core(service, "n", 1) == 100
-        assert len(service.cache.pods) == 9
+        assert service.cache.stats().pods_known == 9
 
 
 def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
@@ -222,7 +224,7 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
     populate(fake, ["a", "b", "c"], gpus=1)
     cache = Cache("binpack")
     for name in ("a", "b", "c", "gone"):
-        cache.set_inventory(name, inventory_spec(name, gpus=1))
+        cache.upsert_inventory(name, inventory_spec(name, gpus=1))
     writer = StatusWriter(cache, client_for(fake), max_per_flush=2)
     writer.mark_all()
     assert writer.flush() == 2  # at most two per round
@@ -232,12 +234,13 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
     writer.mark_all()
     assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
     fake.requests.clear()
-    from tessera.placement import Placement
-    from tessera.request import parse_pod
+    from scheduler_plugin.recovery import Holds
+    from scheduler_plugin.views import PodSeen
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
-    placed = cache.decider.place(parse_pod(pod("x", share(10, 10), uid="ux")), "b")
-    assert isinstance(placed, Placement)
-    cache.state.add(placed.allocation)
+    grant = GpuGrant("GPU-b-0", 0, 0, 10, 8192)
+    alloc = PodAllocation("ux", "default", "x", "b", (ContainerAllocation("main", (grant,)),))
+    cache.pod_observed(PodSeen("ux", "default", "x", "b"), Holds(alloc))
     assert writer.flush() == 1
     assert fake.requests == [("PATCH", "/apis/tessera.dev/v1alpha1/nodedevices/b/status")]
     status = fake.get("nodedevices", "b")["status"]["allocation"]
@@ -250,16 +253,16 @@ def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_res
     with running(fake) as service:
         h = Http(service.server.port)
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         doc = json.loads(good)
         doc["containers"][0]["gpus"][0]["core"] = 100  # the pod's author asks for more
         fake.patch(
             "pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: json.dumps(doc)}}}
         )
-        wait_for(lambda: "default/a" in service.cache.invalid_records)
+        wait_for(lambda: "default/a" in service.cache.invalid_records())
         assert used_core(service, "n") == 0
         fake.patch("pods", "a", {"status": {"phase": "Running"}}, sub="status")  # an update
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
         wait_for(lambda: used_core(service, "n") == 40)
-        assert "default/a" not in service.cache.invalid_records
+        assert "default/a" not in service.cache.invalid_records()

@@ -9,8 +9,9 @@ import pytest
 
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
+from scheduler_plugin.recovery import Holds
+from scheduler_plugin.views import Assumed, PodSeen
 from tessera import resources as rn
-from tessera.placement import Placement
 from tessera.request import parse_pod
 from tests.scheduler import godecode as go
 from tests.scheduler.helpers import heartbeat, inventory_spec, pod, share
@@ -19,17 +20,22 @@ from tests.scheduler.helpers import heartbeat, inventory_spec, pod, share
 def make_cache(nodes: dict[str, dict], policy: str = "binpack") -> Cache:
     cache = Cache(policy)
     for name, kw in nodes.items():
-        cache.set_inventory(name, inventory_spec(name, **kw))
-        cache.lease_event("ADDED", heartbeat(name))
+        cache.upsert_inventory(name, inventory_spec(name, **kw))
+        cache.lease_seen(heartbeat(name))
     return cache
 
 
-def occupy(cache: Cache, name: str, node: str, resources: dict, uid: str | None = None):
-    obj = pod(name, resources, uid=uid or f"uid-{name}")
-    placed = cache.decider.place(parse_pod(obj), node)
-    assert isinstance(placed, Placement), placed
-    cache.state.add(placed.allocation)
-    return placed.allocation
+def occupy(
+    cache: Cache, name: str, node: str, resources: dict, uid: str | None = None, priority: int = 0
+):
+    """A pod bound by us (assume, bind) and then seen by the watch (confirmed)."""
+    request = parse_pod(pod(name, resources, uid=uid or f"uid-{name}"))
+    outcome = cache.assume(request, node)
+    assert isinstance(outcome, Assumed), outcome
+    cache.bind(request.uid)
+    seen = PodSeen(request.uid, request.namespace, request.name, node, priority)
+    cache.pod_observed(seen, Holds(outcome.allocation))
+    return outcome.allocation
 
 
 def args(obj, names):
@@ -78,10 +84,10 @@ def test_gpu_model_hint_is_unresolvable_elsewhere():
 
 def test_silent_agent_and_bad_inventory_are_resolvable_failures():
     cache = make_cache({"ok": {"gpus": 1}})
-    cache.set_inventory("silent", inventory_spec("silent", gpus=1))
+    cache.upsert_inventory("silent", inventory_spec("silent", gpus=1))
     # a first sighting of an old renewTime counts from that renewTime
-    cache.lease_event("ADDED", heartbeat("silent", offset=-120, duration=40))
-    cache.set_inventory("broken", {"gpus": [{"uuid": "x"}]})
+    cache.lease_seen(heartbeat("silent", offset=-120, duration=40))
+    cache.upsert_inventory("broken", {"gpus": [{"uuid": "x"}]})
     ext = Extender(cache)
     reply = ext.filter(args(pod("p", share(10, 10)), ["ok", "silent", "broken"]))
     assert reply["NodeNames"] == ["ok"]
@@ -92,22 +98,22 @@ def test_silent_agent_and_bad_inventory_are_resolvable_failures():
 def test_a_heartbeat_counts_from_when_we_see_it_change():
     clock = [time.time()]
     cache = Cache("binpack", clock=lambda: clock[0])
-    cache.set_inventory("n", inventory_spec("n", gpus=1))
+    cache.upsert_inventory("n", inventory_spec("n", gpus=1))
     lease = heartbeat("n", duration=10)
     lease["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"  # a skewed node clock
-    cache.lease_event("ADDED", lease)
-    assert "silent" in cache.problems["n"]
+    cache.lease_seen(lease)
+    assert "silent" in cache.problems()["n"]
     lease["spec"]["renewTime"] = "2000-01-01T00:00:05.000000Z"  # renewed: seen now
-    cache.lease_event("MODIFIED", lease)
-    assert "n" not in cache.problems
+    cache.lease_seen(lease)
+    assert "n" not in cache.problems()
     clock[0] += 14.0  # within duration + grace
-    cache.refresh_problems()
-    assert "n" not in cache.problems
+    cache.check_heartbeats()
+    assert "n" not in cache.problems()
     clock[0] += 2.0
-    cache.refresh_problems()
-    assert "not renewed" in cache.problems["n"]
-    cache.lease_event("DELETED", lease)
-    assert "missing" in cache.problems["n"]
+    cache.check_heartbeats()
+    assert "not renewed" in cache.problems()["n"]
+    cache.lease_gone(lease)
+    assert "missing" in cache.problems()["n"]
 
 
 def test_prioritize_follows_the_policy_in_integers_0_to_10():
@@ -213,12 +219,8 @@ def test_preempt_returns_the_smallest_helpful_set_and_drops_hopeless_nodes():
 
 def test_preempt_with_full_victim_pods_and_priorities():
     cache = make_cache({"n": {"gpus": 1}})
-    occupy(cache, "a", "n", share(50, 50))
-    occupy(cache, "b", "n", share(50, 50))
-    from scheduler_plugin.cache import PodInfo
-
-    cache.pods["uid-a"] = PodInfo("default", "a", "n", 100)
-    cache.pods["uid-b"] = PodInfo("default", "b", "n", 5)
+    occupy(cache, "a", "n", share(50, 50), priority=100)
+    occupy(cache, "b", "n", share(50, 50), priority=5)
     ext = Extender(cache)
     full = [pod("a", uid="uid-a"), pod("b", uid="uid-b")]
     reply = ext.preempt(

@@ -27,10 +27,10 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
     with running(fake) as service:
         h = Http(service.server.port)
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: "["}}})
-        wait_for(lambda: "n" in service.cache.fences)
+        wait_for(lambda: "n" in service.cache.snapshot().record_fenced_nodes)
         # filter says why; other nodes keep taking pods
         _, reply = h.post(
             "/filter",
@@ -59,7 +59,7 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
         assert status["usable"] is False and status["fenced"][0]["pod"] == "default/a"
         # the record restored: unfenced, and "a" holds its devices again
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
-        wait_for(lambda: "n" not in service.cache.problems)
+        wait_for(lambda: "n" not in service.cache.problems())
         assert sample(service.metrics, FENCED, {"reason": "untrusted_record"}) == 0.0
         wait_for(lambda: not fake.get("nodedevices", "n")["status"]["allocation"]["fenced"])
         assert schedule(h, fake, fake.get("pods", "b"), ["n"]) == "n"
@@ -71,8 +71,10 @@ def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replace
         h = Http(service.server.port)
         obj = pod("g", share(30, 30), annotations={rn.ALLOCATION_ANNOTATION: POISON_DEEP})
         assert schedule(h, fake, obj, ["n"]) == "n"
-        wait_for(lambda: not service.cache.state.assumed)
-        assert not service.cache.fences and not service.cache.invalid_records
+        wait_for(lambda: not service.cache.assumed())
+        assert (
+            not service.cache.snapshot().record_fenced_nodes and not service.cache.invalid_records()
+        )
         assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 30
 
 
@@ -83,7 +85,7 @@ def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_
         h = Http(service.server.port)
         for i, node in enumerate(nodes * 2):
             assert schedule(h, fake, pod(f"v{i}", share(30, 30)), [node]) == node
-        wait_for(lambda: not service.cache.state.assumed)
+        wait_for(lambda: not service.cache.assumed())
     # while the scheduler is down, users poison pods on n1
     fake.patch("pods", "v0", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: POISON_MAC}}})
     for i, record in enumerate([POISON_DEEP, POISON_MAC, "{", "\x00" * 1000]):
@@ -93,15 +95,15 @@ def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_
         ready_after = time.monotonic() - started
         print(f"ready {ready_after:.2f}s after a restart with poison pods")  # the figure
         h = Http(service.server.port)
-        assert set(service.cache.fences) == {"n1"}
-        assert {k for k in service.cache.invalid_records} == {
+        assert service.cache.snapshot().record_fenced_nodes == {"n1"}
+        assert {k for k in service.cache.invalid_records()} == {
             "default/v0",
             *(f"default/poison{i}" for i in range(4)),
         }
         # valid pods elsewhere keep their devices; new pods go to the other nodes
-        assert service.cache.state.allocation(fake.get("pods", "v1")["metadata"]["uid"])
+        assert service.cache.allocation(fake.get("pods", "v1")["metadata"]["uid"])
         assert schedule(h, fake, pod("new", share(30, 30)), nodes) in ("n2", "n3")
         for name in ("v0", *(f"poison{i}" for i in range(4))):
             fake.delete("pods", name)
-        wait_for(lambda: "n1" not in service.cache.problems)
+        wait_for(lambda: "n1" not in service.cache.problems())
         assert schedule(h, fake, pod("after", share(30, 30)), ["n1"]) == "n1"

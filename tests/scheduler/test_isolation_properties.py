@@ -1,20 +1,28 @@
-"""Random sequences of cluster changes against the scheduler's state (Cache, Reconciler,
-InventoryHandler and the real Binder over an in-memory API): binds, deferred watch events,
-failed binds, poison / copied / restored records, finished and deleted pods, bad and
-overflowing NodeDevices, relists and restarts.
+"""Random sequences of cluster changes against the scheduler's state, through its public
+API as the service drives it (Cache, Reconciler, the Node / NodeDevices / Lease handlers
+and the real Binder over an in-memory API): binds (assume, bind), deferred watch events,
+failed binds (forget), watch events while a bind is in flight, poison / copied / restored
+records, finished and deleted pods, bad, overflowing, deleted and re-created NodeDevices,
+deleted and re-created Nodes, heartbeat renewals, deletions and expiry (a fake clock),
+assumed binds read back, relists and restarts (a rebuild from the lists).
 
 The model keeps the *truth*: what each live pod really uses (the devices its containers
 were started with, whatever its record says later). After every step:
-- no device is over-committed by the truth (a fenced node takes nothing new);
-- once all pods are gone and every event is delivered, nothing is left allocated;
+- no device is over-committed, neither by the truth (a fenced node takes nothing new)
+  nor in the state;
+- nothing leaks: on every device the state accounts, free + what the counted
+  allocations on it use == its capacity; once all pods are gone and every event is
+  delivered, nothing is left allocated;
 - the fenced nodes are exactly the nodes with a live bound pod whose record is not its
-  original one (or is gone), plus the nodes whose NodeDevices is bad.
+  original one (or is gone), plus the nodes whose NodeDevices is bad; the unusable
+  nodes are those plus the nodes whose heartbeat is missing or stale.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import settings
@@ -24,16 +32,31 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fuzz.surface_reconciler import MemoryApi
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler, NodeHandler, Reconciler
+from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
 from scheduler_plugin.extender import Extender
+from scheduler_plugin.views import Assumed
 from tessera import resources as rn
 from tessera.record import decode
+from tessera.resources import UNITS_PER_DEVICE
 from tests.scheduler.helpers import KEYRING, nodedevices, pod, share
 from tests.scheduler.test_isolation import POISONS
 
 NODES = ["n0", "n1"]
 GPUS = 2
 MEM = 81920
+LEASE = 40
+GRACE = 5.0
+ASSUME_TTL = 30.0
+T0 = 1_800_000_000.0
+"""The fake clock's start (wall-clock seconds; also the cache's monotonic clock)."""
+
+
+def lease(node: str, renewed: float) -> dict[str, Any]:
+    text = datetime.fromtimestamp(renewed, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "metadata": {"name": rn.HEARTBEAT_LEASE_PREFIX + node},
+        "spec": {"leaseDurationSeconds": LEASE, "renewTime": text},
+    }
 
 
 def bad_inventory(node: str, overflow: bool) -> dict[str, Any]:
@@ -54,15 +77,27 @@ class Cluster(RuleBasedStateMachine):
         """uid -> the record our bind wrote."""
         self.undelivered: list[dict[str, Any]] = []
         self.names = itertools.count()
+        self.now = T0
+        self.nodes = set(NODES)
+        """Node objects that exist."""
+        self.renewed = dict.fromkeys(NODES, T0)
+        """Node -> when its heartbeat Lease was last renewed (no entry: no Lease)."""
         self._start()
 
     def _start(self) -> None:
-        self.cache = Cache("binpack", require_heartbeat=False)
-        self.reconciler = Reconciler(self.cache, KEYRING)
+        """Start (or restart) the scheduler: a fresh state rebuilt from full lists."""
+        self.cache = Cache(
+            "binpack",
+            heartbeat_grace=GRACE,
+            clock=lambda: self.now,
+            monotonic=lambda: self.now,
+        )
+        self.reconciler = Reconciler(self.cache, KEYRING, assume_ttl=ASSUME_TTL)
         self.extender = Extender(self.cache)
         self.binder = Binder(self.cache, self.extender, self.api, KEYRING)  # type: ignore[arg-type]
-        NodeHandler(self.cache).replace({"metadata": {"name": n}} for n in NODES)
+        NodeHandler(self.cache).replace({"metadata": {"name": n}} for n in sorted(self.nodes))
         InventoryHandler(self.cache).replace(copy.deepcopy(list(self.inventories.values())))
+        LeaseHandler(self.cache).replace(lease(n, t) for n, t in self.renewed.items())
         self.reconciler.replace(copy.deepcopy(list(self.api.pods.values())))
         self.undelivered.clear()
 
@@ -101,7 +136,7 @@ class Cluster(RuleBasedStateMachine):
             {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
         )
         if result["Error"]:
-            assert self.cache.state.allocation(uid) is None
+            assert self.cache.allocation(uid) is None
             return
         text = obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         alloc = decode(text, KEYRING)
@@ -124,7 +159,7 @@ class Cluster(RuleBasedStateMachine):
             )
         finally:
             self.api.fail_binding = False
-        assert result["Error"] and self.cache.state.allocation(uid) is None
+        assert result["Error"] and self.cache.allocation(uid) is None
         del self.api.pods[name]
         self.reconciler.event("DELETED", pod(name, uid=uid))
 
@@ -213,6 +248,58 @@ class Cluster(RuleBasedStateMachine):
         self.bad.discard(node)
         InventoryHandler(self.cache).event("MODIFIED", copy.deepcopy(self.inventories[node]))
 
+    @rule(node=st.sampled_from(NODES))
+    def nodedevices_deleted(self, node: str) -> None:
+        self.inventories.pop(node, None)
+        self.bad.discard(node)
+        InventoryHandler(self.cache).event("DELETED", {"metadata": {"name": node}})
+
+    @rule(node=st.sampled_from(NODES), exists=st.booleans())
+    def node_object(self, node: str, exists: bool) -> None:
+        """The Node object is deleted or (re-)created: its devices count only while it
+        exists."""
+        (self.nodes.add if exists else self.nodes.discard)(node)
+        NodeHandler(self.cache).event(
+            "ADDED" if exists else "DELETED", {"metadata": {"name": node}}
+        )
+
+    @rule(node=st.sampled_from(NODES))
+    def heartbeat_renewed(self, node: str) -> None:
+        self.renewed[node] = self.now
+        LeaseHandler(self.cache).event("MODIFIED", lease(node, self.now))
+
+    @rule(node=st.sampled_from(NODES))
+    def heartbeat_lease_deleted(self, node: str) -> None:
+        self.renewed.pop(node, None)
+        LeaseHandler(self.cache).event("DELETED", lease(node, self.now))
+
+    @rule(seconds=st.sampled_from([5, 20, 45, 50]))
+    def time_passes(self, seconds: int) -> None:
+        """Heartbeats go stale; binds the watch never confirmed are read back."""
+        self.now += seconds
+        self.cache.check_heartbeats()
+        self.reconciler.expire_assumed(self.api)  # type: ignore[arg-type]
+
+    @rule(node=st.sampled_from(NODES), deleted=st.booleans())
+    def watch_event_during_a_bind(self, node: str, deleted: bool) -> None:
+        """The watch shows a pod (unbound, or deleted) while its bind is between assume
+        and its API calls: the bind settles it; when it fails, forget frees the devices."""
+        name = f"p{next(self.names)}"
+        uid = f"uid-{name}"
+        obj = pod(name, share(20, 20), uid=uid)
+        self.api.pods[name] = obj
+        outcome = self.cache.assume(self.extender.parse(obj), node)
+        if isinstance(outcome, Assumed):
+            if deleted:
+                del self.api.pods[name]
+            self.reconciler.event("DELETED" if deleted else "MODIFIED", copy.deepcopy(obj))
+            assert self.cache.allocation(uid) == outcome.allocation
+            self.cache.forget(uid, outcome.allocation)
+        assert self.cache.allocation(uid) is None
+        if not deleted:
+            del self.api.pods[name]
+            self.reconciler.event("DELETED", obj)
+
     @rule()
     def deliver_events(self) -> None:
         self._deliver()
@@ -222,6 +309,8 @@ class Cluster(RuleBasedStateMachine):
         self._deliver()
         self.reconciler.replace(copy.deepcopy(list(self.api.pods.values())))
         InventoryHandler(self.cache).replace(copy.deepcopy(list(self.inventories.values())))
+        NodeHandler(self.cache).replace({"metadata": {"name": n}} for n in sorted(self.nodes))
+        LeaseHandler(self.cache).replace(lease(n, t) for n, t in self.renewed.items())
 
     @precondition(lambda self: not self.undelivered)
     @rule()
@@ -242,12 +331,25 @@ class Cluster(RuleBasedStateMachine):
         assert all(v <= MEM for v in mem.values()), mem
 
     @invariant()
-    def nothing_leaks(self) -> None:
+    def the_state_overcommits_nothing_and_leaks_nothing(self) -> None:
+        snapshot = self.cache.snapshot()
+        core: dict[str, int] = {}
+        mem: dict[str, int] = {}
+        for alloc in snapshot.allocations.values():
+            assert alloc.node in snapshot.nodes, alloc
+            for g in alloc.counted_gpu_grants():
+                core[g.uuid] = core.get(g.uuid, 0) + g.core
+                mem[g.uuid] = mem.get(g.uuid, 0) + g.memory_mib
+        for gpu in snapshot.gpus:
+            assert gpu.free_core >= 0 and gpu.free_memory_mib >= 0, gpu
+            assert gpu.free_core + core.get(gpu.uuid, 0) == UNITS_PER_DEVICE, gpu
+            assert gpu.free_memory_mib + mem.get(gpu.uuid, 0) == gpu.memory_mib, gpu
         if self.truth or self.undelivered:
             return
-        assert not self.cache.state.pods and not self.cache.state.pending
-        for node in self.cache.state.nodes.values():
-            assert node.free_core == [100] * GPUS and node.free_mem == node.total_mem
+        assert not snapshot.allocations and not snapshot.pending
+        assert all(
+            g.free_core == UNITS_PER_DEVICE and g.free_memory_mib == MEM for g in snapshot.gpus
+        )
 
     @invariant()
     def fenced_nodes_are_exactly_the_untrusted_ones(self) -> None:
@@ -261,7 +363,12 @@ class Cluster(RuleBasedStateMachine):
             if text is None or text != self.original.get(obj["metadata"]["uid"]):
                 expected.add(node)
         assert self.cache.fenced_nodes() == expected
-        assert set(self.cache.problems) == expected
+        silent = {
+            n
+            for n in self.inventories
+            if n not in self.renewed or self.now - self.renewed[n] > LEASE + GRACE
+        }
+        assert set(self.cache.problems()) == expected | silent
 
 
 Cluster.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None)

@@ -85,7 +85,7 @@ def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake):
         assert schedule(Http(first.server.port), fake, pod("a", share(50, 50)), ["n"]) == "n"
         first.stop(release=False)  # dies without releasing: the standby waits for expiry
         assert second.wait_ready(15)
-        wait_for(lambda: not second.cache.state.assumed and second.cache.state.pods)
+        wait_for(lambda: not second.cache.assumed() and second.cache.snapshot().allocations)
         assert schedule(Http(second.server.port), fake, pod("b", share(60, 60)), ["n"]) is None
         assert schedule(Http(second.server.port), fake, pod("c", share(50, 50)), ["n"]) == "n"
     finally:

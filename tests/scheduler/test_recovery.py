@@ -126,8 +126,8 @@ def check_accounts_exactly(fake: FakeApiServer, service: Service) -> None:
 
     def same() -> bool:
         expected = rebuild(inventories, fake.items("pods"), KEYRING).state.snapshot()
-        with service.cache.lock:
-            return not service.cache.inflight and service.cache.state.snapshot() == expected
+        snapshot = service.cache.snapshot()
+        return not snapshot.inflight and snapshot.accounts == expected
 
     wait_for(same, timeout=10)
 
@@ -138,8 +138,8 @@ def drain(fake: FakeApiServer, service: Service) -> None:
         fake.delete("pods", obj["metadata"]["name"], obj["metadata"]["namespace"])
 
     def empty() -> bool:
-        with service.cache.lock:
-            return not service.cache.state.pods and not service.cache.state.pending
+        snapshot = service.cache.snapshot()
+        return not snapshot.allocations and not snapshot.pending
 
     wait_for(empty)
     for name in NODES:
