@@ -44,7 +44,7 @@ test: $(PROTO_STAMP)
 lint: $(PROTO_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy tessera deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz
+	$(VENV)/bin/mypy tessera tessera_edge tessera_sim deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz
 	$(VENV)/bin/lint-imports
 
 bench: $(PROTO_STAMP)
@@ -54,7 +54,7 @@ bench-quick: $(PROTO_STAMP)
 	$(PY) -m bench.run_all --openb $(OPENB) --quick
 
 sim-table: $(PROTO_STAMP)
-	nice $(PY) -m tessera.sim.table --openb $(OPENB) --out docs/fragmentation --workers $(or $(WORKERS),1)
+	nice $(PY) -m tessera_sim.table --openb $(OPENB) --out docs/fragmentation --workers $(or $(WORKERS),1)
 
 fuzz: $(PROTO_STAMP)
 	$(PY) -m fuzz.run --inputs $(or $(INPUTS),100000)

@@ -23,8 +23,8 @@ from tessera.placement import Placement
 from tessera.policies import make_policy
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_POLICY, POLICY_BINPACK
-from tessera.sim.trace import TracePod
 from tessera.state import ClusterState
+from tessera_sim.trace import TracePod
 
 MODELS = (("G2", 20000), ("V100M32", 32768), ("T4", 16384))
 

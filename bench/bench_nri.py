@@ -27,8 +27,8 @@ import psutil
 from bench.common import BenchContext, Result, mean, percentile
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.keys import public_pem
 from tessera.record import Keyring, encode
+from tessera.record_keys import public_pem
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_testbed.containerd import (
     CONTAINERD_2_3,

@@ -13,8 +13,8 @@ import time
 
 from bench.common import BenchContext, Result
 from tessera.resources import DEFAULT_POLICY
-from tessera.sim import metrics
-from tessera.sim.runner import NODE_FILE, POD_PREFIX, Trace, run_one
+from tessera_sim import metrics
+from tessera_sim.runner import NODE_FILE, POD_PREFIX, Trace, run_one
 
 
 def run(ctx: BenchContext) -> list[Result]:

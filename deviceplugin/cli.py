@@ -48,7 +48,6 @@ from deviceplugin.inventory import (
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from deviceplugin.units import LimitError, UnitConfig, socket_name, validate_resource_name
 from tessera.errors import InventoryError
-from tessera.logs import add_log_flags, setup_logging
 from tessera.model import NodeInventory
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
@@ -60,7 +59,8 @@ from tessera.resources import (
     NVIDIA_GPU,
     RDMA,
 )
-from tessera.topology_file import BUILTIN_TOPOLOGIES
+from tessera_edge.logs import add_log_flags, setup_logging
+from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent

@@ -22,7 +22,7 @@ from typing import Any, Final
 from deviceplugin.flags import OneLineParser
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from tessera.errors import TesseraError
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 
 OK: Final = "ok"
 WARN: Final = "warn"

@@ -21,7 +21,7 @@ from tessera.errors import InventoryError
 from tessera.index import ClusterIndex
 from tessera.model import NodeInventory
 from tessera.state import ClusterState
-from tessera.topology_file import BUILTIN_TOPOLOGIES, load_topology
+from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
 SLOW_SECONDS: Final = 1.0
 """A spec is at most 1 MiB; parsing one well over a second means unbounded work."""

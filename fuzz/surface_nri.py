@@ -59,9 +59,9 @@ from nri_hook.ttrpc import (
 from protos.nri import api_pb2 as api
 from protos.ttrpc import ttrpc_pb2
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.keys import KeyringSource
 from tessera.record import Keyring, decode, encode
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.keyfiles import KeyringSource
 
 VECTORS = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "nri-wire"
 NODE = "fuzz-node"

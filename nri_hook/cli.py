@@ -30,9 +30,10 @@ from nri_hook.plugin import (
     NriPlugin,
     check_identity,
 )
-from tessera.keys import KeyFileError, KeyringSource
-from tessera.logs import add_log_flags, setup_logging
+from tessera.record_keys import KeyFileError
 from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
+from tessera_edge.keyfiles import KeyringSource
+from tessera_edge.logs import add_log_flags, setup_logging
 
 log = logging.getLogger("nri_hook")
 

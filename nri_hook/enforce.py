@@ -38,8 +38,8 @@ from nri_hook.plugin import Handler
 from nri_hook.ttrpc import RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import PodAllocation
-from tessera.keys import KeyringSource
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.keyfiles import KeyringSource
 
 log = logging.getLogger(__name__)
 

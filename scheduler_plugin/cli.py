@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scheduler_plugin import limits
-from tessera.keys import KeyFileError, KeyringSource, load_legacy_hmac_keys
-from tessera.logs import add_log_flags, setup_logging
 from tessera.policies import POLICIES
+from tessera.record_keys import KeyFileError
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
     DEFAULT_POLICY,
     HEARTBEAT_LEASE_PREFIX,
 )
+from tessera_edge.keyfiles import KeyringSource, load_legacy_hmac_keys
+from tessera_edge.logs import add_log_flags, setup_logging
 
 log = logging.getLogger("scheduler_plugin")
 

@@ -119,7 +119,7 @@ class Keyring:
 
 
 class KeySource(Protocol):
-    """Anything that yields the current keyring: a Keyring, or tessera.keys.KeyringSource
+    """Anything that yields the current keyring: a Keyring, or tessera_edge.keyfiles.KeyringSource
     (which re-reads rotated key files)."""
 
     def get(self) -> Keyring | None: ...

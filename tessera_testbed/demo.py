@@ -48,10 +48,10 @@ from protos.nri import api_pb2 as nri
 from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
-from tessera.keys import KeyringSource, generate_key_files
 from tessera.model import NodeInventory
 from tessera.policies import POLICIES
 from tessera.record import decode as decode_record
+from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
 from tessera_testbed.kubelet import KubeletSimulator
@@ -551,8 +551,8 @@ def run(
 
 def _simulation(say: Printer) -> None:
     """How the policies compare on a synthetic cluster (the openb traces: make sim-table)."""
-    from tessera.sim.cli import format_table
-    from tessera.sim.synthetic import SYNTHETIC_POLICIES, run_synthetic
+    from tessera_sim.cli import format_table
+    from tessera_sim.synthetic import SYNTHETIC_POLICIES, run_synthetic
 
     nodes, seeds = 100, 5
     say()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tessera.keys import private_pem, public_pem
 from tessera.record import Keyring
+from tessera.record_keys import private_pem, public_pem
 
 
 def write_public(ring: Keyring, directory: Path) -> Path:

@@ -30,9 +30,9 @@ from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tessera.sim.replay import arrival_order
-from tessera.sim.runner import NODE_FILE, OPENB_TRACES, POD_PREFIX
-from tessera.sim.trace import TracePod, load_nodes, load_pods
+from tessera_sim.replay import arrival_order
+from tessera_sim.runner import NODE_FILE, OPENB_TRACES, POD_PREFIX
+from tessera_sim.trace import TracePod, load_nodes, load_pods
 
 
 def lp_gpus(shares_pct: list[int]) -> float:

@@ -10,7 +10,7 @@ from tessera.placement import Placement, place_pod
 from tessera.policies import POLICIES
 from tessera.request import parse_pod
 from tessera.state import ClusterState
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, node, pod
 

@@ -316,7 +316,7 @@ def test_pods_that_may_run_anywhere_leave_a_scarce_model_to_those_that_may_not()
 
 
 def reference_policies() -> list[Callable[[], Policy]]:
-    from tessera.sim.reference import BestFitPolicy, DotProdPolicy, FgdPolicy, RandomPolicy
+    from tessera_sim.reference import BestFitPolicy, DotProdPolicy, FgdPolicy, RandomPolicy
 
     return [
         lambda: FgdPolicy(WORKLOAD),

@@ -20,7 +20,7 @@ from tessera.index import ClusterIndex
 from tessera.model import NodeInventory
 from tessera.quantity import QuantityError, cpu_millis, memory_mib, parse_quantity, whole_count
 from tessera.state import ClusterState
-from tessera.topology_file import BUILTIN_TOPOLOGIES, load_topology
+from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
 SIGNER = record.Keyring.generate("k1")
 NODE = SIGNER.verifier()

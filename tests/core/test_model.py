@@ -2,7 +2,7 @@ import pytest
 
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory, model_matches, normalize_bus_id
-from tessera.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
+from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
 
 
 @pytest.mark.parametrize("name", BUILTIN_TOPOLOGIES)

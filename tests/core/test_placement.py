@@ -5,7 +5,7 @@ from tessera.node_state import NodeState
 from tessera.placement import NoFit, Placement, place_pod
 from tessera.policy import BinpackPolicy, SpreadPolicy
 from tessera.request import parse_pod
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, nic, node, pod
 

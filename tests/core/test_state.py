@@ -13,7 +13,7 @@ from tessera.placement import Placement, place_pod
 from tessera.policy import BinpackPolicy, SpreadPolicy
 from tessera.request import parse_pod
 from tessera.state import ClusterState
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, node, pod
 

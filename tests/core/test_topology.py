@@ -1,5 +1,5 @@
 from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, nic_gpu_tier
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, nic
 

@@ -17,7 +17,7 @@ from tessera.resources import (
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
 )
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.deviceplugin.conftest import ROOT
 

@@ -41,7 +41,7 @@ def _write(tmp_path: Path, doc: object) -> Path:
 def _h100_doc() -> dict:
     from importlib import resources
 
-    text = (resources.files("tessera") / "topologies" / "h100-sxm-8x.yaml").read_text()
+    text = (resources.files("tessera_edge") / "topologies" / "h100-sxm-8x.yaml").read_text()
     doc: dict = yaml.safe_load(text)
     return doc
 

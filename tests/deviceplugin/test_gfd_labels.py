@@ -16,7 +16,7 @@ from deviceplugin.inventory import (
 from deviceplugin.kubeapi import KubernetesClientApi
 from deviceplugin.nvml_backend import NvmlBackend
 from tessera.model import NodeInventory
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin.fake_pynvml import NVML_ERROR_NOT_SUPPORTED, FakeGpu, FakeNvml, NVMLError
 

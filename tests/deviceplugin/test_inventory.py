@@ -25,7 +25,7 @@ from tessera.resources import (
     GPU_MODEL_LABEL,
     INVENTORY_PLURAL,
 )
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin.helpers import make_agent, running
 

@@ -15,7 +15,7 @@ import yaml
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, cr_path, lease_path
 from deviceplugin.kubeapi import KubeError, KubernetesClientApi
 from tessera.model import NodeInventory
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tests.deviceplugin.conftest import ROOT
 
 pytestmark = pytest.mark.e2e

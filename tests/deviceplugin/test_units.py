@@ -33,7 +33,7 @@ from tessera.resources import (
     NVIDIA_GPU,
     RDMA,
 )
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed.kubelet import kubelet_accepts
 
 

@@ -31,8 +31,8 @@ import yaml
 
 from scheduler_plugin.kube import ApiError, Connection, KubeClient
 from tessera import resources as rn
-from tessera.keys import generate_key_files, load_keyring
 from tessera.record import Keyring
+from tessera_edge.keyfiles import generate_key_files, load_keyring
 from tests.e2e import pki
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -587,7 +587,7 @@ def _now() -> str:
 
 def topology_for(node: str, base: str, folder: Path) -> Path:
     """A built-in topology with GPU UUIDs of this node's own (UUIDs are unique in a cluster)."""
-    text = (ROOT / "tessera" / "topologies" / f"{base}.yaml").read_text()
+    text = (ROOT / "tessera_edge" / "topologies" / f"{base}.yaml").read_text()
     tag = hashlib.sha256(node.encode()).hexdigest()[:8]
     path = folder / f"{node}.yaml"
     path.write_text(re.sub(r"GPU-[0-9a-f]{8}", f"GPU-{tag}", text))

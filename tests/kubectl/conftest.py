@@ -11,7 +11,7 @@ import pytest
 
 from deviceplugin.inventory import cr_spec
 from tessera import resources as rn
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import heartbeat
 

@@ -22,9 +22,9 @@ from nri_hook.plugin import NriPlugin
 from nri_hook.ttrpc import Code, RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
-from tessera.keys import KeyringSource
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.keyfiles import KeyringSource
 from tessera_testbed.containerd import (
     CONTAINERD_1_7,
     CONTAINERD_2_3,

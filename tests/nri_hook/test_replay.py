@@ -24,7 +24,7 @@ from nri_hook.plugin import NriPlugin, valid_events_for
 from nri_hook.ttrpc import Frame, FrameDecoder, MessageType
 from protos.nri import api_pb2 as api
 from protos.ttrpc import ttrpc_pb2
-from tessera.keys import KeyringSource
+from tessera_edge.keyfiles import KeyringSource
 from tests.nri_hook.vectors import Session
 
 

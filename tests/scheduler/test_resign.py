@@ -11,8 +11,8 @@ import json
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.keys import KeyringSource
 from tessera.record import decode, encode, signature_algorithm, to_document
+from tessera_edge.keyfiles import KeyringSource
 from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,

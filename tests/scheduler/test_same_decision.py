@@ -11,10 +11,10 @@ from typing import Any
 
 from tessera import resources as rn
 from tessera.policies import make_policy
-from tessera.sim.replay import Replayer, arrival_order
-from tessera.sim.runner import Trace, measure_workload
-from tessera.sim.synthetic import synthetic_trace
-from tessera.sim.variants import constrain_models
+from tessera_sim.replay import Replayer, arrival_order
+from tessera_sim.runner import Trace, measure_workload
+from tessera_sim.synthetic import synthetic_trace
+from tessera_sim.variants import constrain_models
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, heartbeat, running, schedule
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tessera.sim import cli
-from tessera.sim.runner import parse_seeds, policy_names
-from tessera.sim.synthetic import run_synthetic, synthetic_trace
+from tessera_sim import cli
+from tessera_sim.runner import parse_seeds, policy_names
+from tessera_sim.synthetic import run_synthetic, synthetic_trace
 
 
 def write_trace(tmp_path: Path) -> tuple[Path, Path]:

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from tessera.sim.runner import Trace, run_one
-from tessera.sim.synthetic import synthetic_trace
+from tessera_sim.runner import Trace, run_one
+from tessera_sim.synthetic import synthetic_trace
 
 # fragmentation: changed with the scarce-model term (pods that may run anywhere now keep
 # off models that model-limited pods need)

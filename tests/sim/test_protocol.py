@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.sim import metrics
-from tessera.sim.replay import INFLATION, RunResult, arrival_order
-from tessera.sim.trace import TracePod
+from tessera_sim import metrics
+from tessera_sim.replay import INFLATION, RunResult, arrival_order
+from tessera_sim.trace import TracePod
 
 
 def pods(n: int = 40) -> list[TracePod]:

@@ -6,17 +6,17 @@ import numpy as np
 
 from tessera.decision import Decider
 from tessera.placement import Placement, place_pod
-from tessera.sim.reference import (
+from tessera.state import ClusterState
+from tessera_sim.reference import (
     BestFitPolicy,
     DotProdPolicy,
     FgdPolicy,
     RandomPolicy,
     fgd_workload,
 )
-from tessera.sim.replay import Replayer, arrival_order, node_order
-from tessera.sim.synthetic import synthetic_trace
-from tessera.sim.trace import TraceNode, TracePod
-from tessera.state import ClusterState
+from tessera_sim.replay import Replayer, arrival_order, node_order
+from tessera_sim.synthetic import synthetic_trace
+from tessera_sim.trace import TraceNode, TracePod
 
 
 def cluster(*nodes: TraceNode) -> ClusterState:

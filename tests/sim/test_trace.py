@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tessera import resources as rn
-from tessera.sim.trace import (
+from tessera_sim.trace import (
     GPU_MEMORY_MIB,
     TraceError,
     TraceNode,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.sim.synthetic import synthetic_trace
-from tessera.sim.variants import MODEL_SETS, constrain_models, cpu_heavy, feasible
+from tessera_sim.synthetic import synthetic_trace
+from tessera_sim.variants import MODEL_SETS, constrain_models, cpu_heavy, feasible
 
 
 def test_a_share_of_gpu_pods_gets_a_feasible_allow_list_from_the_production_mix() -> None:

@@ -5,7 +5,7 @@ import json
 from collections import defaultdict
 
 from tessera import resources as rn
-from tessera.topology_file import load_topology
+from tessera_edge.topology_file import load_topology
 from tessera_testbed import demo
 
 

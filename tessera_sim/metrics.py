@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tessera.sim.replay import RunResult
+from tessera_sim.replay import RunResult
 
 FloatArray = npt.NDArray[np.float64]
 CURVE = tuple(range(75, 131))

@@ -7,28 +7,24 @@ Only tessera-scheduler holds private keys; node agents hold public keys (docs/re
   entries (`..data` and the timestamped directories of a Secret volume) are skipped. A
   private key also verifies. With several private keys a file `signing-key-id` names the one
   that signs; every public key verifies, which is how keys rotate.
-Every problem is a one-line KeyFileError naming the file.
+Every problem is a one-line KeyFileError naming the file. The keys themselves (PEM,
+fingerprints, key IDs) are tessera.record_keys; this module only reads and writes files.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tessera.errors import TesseraError
 from tessera.record import MIN_LEGACY_KEY_BYTES, Keyring
+from tessera.record_keys import KeyFileError, parse_pem, private_pem, public_pem, valid_key_id
 
 log = logging.getLogger(__name__)
 
@@ -40,23 +36,7 @@ MAX_KEY_FILE_BYTES: Final = 16 * 1024
 """A PEM Ed25519 key is about 120 bytes; a larger file is not a key."""
 MAX_KEY_FILES: Final = 64
 """Keys in one directory: rotation needs two or three at a time."""
-PLACEHOLDER_FINGERPRINTS: Final = frozenset({"SHA256:sNeoALxZGu+8MbHWsm0bv+eNqc65dLfFMaYgSiaBoXY"})
-"""The example key pair shipped in deploy/ (its private half is public knowledge): refused
-wherever it is found, so an install cannot run on it by mistake."""
-_KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
-"""Secret keys are [-._a-zA-Z0-9]{1,253}; a leading dot would be a hidden file."""
-
 Role = Literal["sign", "verify"]
-
-
-class KeyFileError(TesseraError, ValueError):
-    """A key file or directory cannot be used; the message names the file and the fix."""
-
-
-def fingerprint(key: Ed25519PublicKey) -> str:
-    """SHA256:<base64 of SHA-256 over the raw public key>, as ssh-keygen shows keys."""
-    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
 
 
 def key_id_of(path: Path) -> str:
@@ -72,36 +52,6 @@ def _read(path: Path) -> bytes:
     if len(data) > MAX_KEY_FILE_BYTES:
         raise KeyFileError(f"{path}: larger than {MAX_KEY_FILE_BYTES} bytes; not a key file")
     return data
-
-
-def _parse_pem(path: Path, data: bytes) -> Ed25519PrivateKey | Ed25519PublicKey:
-    text = data.strip()
-    if not text.startswith(b"-----BEGIN "):
-        raise KeyFileError(
-            f"{path}: not a PEM key (an HMAC key from an older release? it goes to the "
-            "scheduler's --legacy-hmac-key-file; make record keys with tessera-keys generate)"
-        )
-    try:
-        if b"PRIVATE KEY-----" in text.split(b"\n", 1)[0]:
-            key: object = serialization.load_pem_private_key(text, password=None)
-        else:
-            key = serialization.load_pem_public_key(text)
-    except TypeError:
-        raise KeyFileError(f"{path}: the private key is encrypted; store it unencrypted") from None
-    except (ValueError, UnsupportedAlgorithm) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else "cannot be parsed"
-        raise KeyFileError(f"{path}: malformed PEM key: {reason}") from None
-    if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
-        kind = type(key).__name__.removeprefix("_").replace("PrivateKey", " private key")
-        kind = kind.replace("PublicKey", " public key")
-        raise KeyFileError(f"{path}: is a {kind}; tessera record keys are Ed25519")
-    public = key.public_key() if isinstance(key, Ed25519PrivateKey) else key
-    if fingerprint(public) in PLACEHOLDER_FINGERPRINTS:
-        raise KeyFileError(
-            f"{path}: is the example key shipped with tessera, which anyone can sign with; "
-            "make your own with tessera-keys generate (see deploy/README.md)"
-        )
-    return key
 
 
 def _key_files(directory: Path) -> list[Path]:
@@ -131,11 +81,11 @@ def load_keyring(path: str | Path, role: Role = "verify") -> Keyring:
     public: dict[str, Ed25519PublicKey] = {}
     for f in files:
         key_id = key_id_of(f)
-        if not _KEY_ID.match(key_id):
+        if not valid_key_id(key_id):
             raise KeyFileError(f"{f}: {key_id!r} is not a usable key ID ([A-Za-z0-9._-])")
         if key_id in public:
             raise KeyFileError(f"{f}: a second file for key ID {key_id!r}")
-        key = _parse_pem(f, _read(f))
+        key = parse_pem(str(f), _read(f))
         if isinstance(key, Ed25519PrivateKey):
             if role == "verify":
                 raise KeyFileError(
@@ -288,24 +238,10 @@ def describe(loaded: _Loaded) -> str:
 # --- making keys ---------------------------------------------------------------------------
 
 
-def private_pem(key: Ed25519PrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def public_pem(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-
-
 def generate_key_files(out: str | Path, key_id: str) -> tuple[Path, Path]:
     """Write out/private/<id>.pem (mode 0600) and out/public/<id>.pem; never overwrite.
     The first private key in out/private is also named in out/private/signing-key-id."""
-    if not _KEY_ID.match(key_id):
+    if not valid_key_id(key_id):
         raise KeyFileError(f"{key_id!r} is not a usable key ID (letters, digits, '.', '_', '-')")
     root = Path(out)
     private_dir, public_dir = root / "private", root / "public"
@@ -332,5 +268,5 @@ def generate_key_files(out: str | Path, key_id: str) -> tuple[Path, Path]:
 def public_key_of(path: str | Path) -> Ed25519PublicKey:
     """The public key of a private key file (or of a public key file, unchanged)."""
     p = Path(path)
-    key = _parse_pem(p, _read(p))
+    key = parse_pem(str(p), _read(p))
     return key.public_key() if isinstance(key, Ed25519PrivateKey) else key

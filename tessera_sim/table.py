@@ -16,9 +16,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tessera.sim.metrics import Summary
-from tessera.sim.replay import RunResult
-from tessera.sim.runner import (
+from tessera_sim.metrics import Summary
+from tessera_sim.replay import RunResult
+from tessera_sim.runner import (
     DEFAULT_SEEDS,
     NODE_FILE,
     OPENB_TRACES,
@@ -51,7 +51,7 @@ PAPER_FGD = {t: v["fgd"] for t, v in PAPER.items()}
 """FGD's published figure per trace."""
 GPUSPEC = (10, 20, 25, 33)
 """Percent of the default trace's GPU pods given a GPU model allow-list (the paper's
-gpuspec variants, made by `tessera.sim.variants`)."""
+gpuspec variants, made by `tessera_sim.variants`)."""
 LABELS = {
     "random": "Random",
     "dotprod": "DotProd",

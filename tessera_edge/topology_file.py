@@ -1,7 +1,7 @@
 """Topology files: a node's devices written down (YAML or JSON, the inventory schema).
 
-They drive the fake NVML backend, the tests, the simulator and the demo. This is the only
-core module that reads files; everything it returns goes through NodeInventory.from_dict.
+They drive the fake NVML backend, the tests, the simulator and the demo. Everything read
+here goes through NodeInventory.from_dict, the core's one inventory parser.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def parse_topology_text(text: str, source: str, node_name: str = "") -> NodeInve
 def load_topology(name_or_path: str, node_name: str = "") -> NodeInventory:
     """Load a built-in topology by name (see BUILTIN_TOPOLOGIES) or a file by path."""
     if name_or_path in BUILTIN_TOPOLOGIES:
-        text = (resources.files("tessera") / "topologies" / f"{name_or_path}.yaml").read_text()
+        text = (resources.files("tessera_edge") / "topologies" / f"{name_or_path}.yaml").read_text()
         return parse_topology_text(text, f"builtin:{name_or_path}", node_name)
     path = Path(name_or_path)
     try:

@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 from tessera.resources import DEFAULT_POLICY
-from tessera.sim.metrics import Summary
-from tessera.sim.replay import TIE_RULES
-from tessera.sim.runner import (
+from tessera_sim.metrics import Summary
+from tessera_sim.replay import TIE_RULES
+from tessera_sim.runner import (
     DEFAULT_SEEDS,
     Job,
     parse_seeds,
@@ -26,7 +26,7 @@ from tessera.sim.runner import (
     run_jobs,
     summarize_jobs,
 )
-from tessera.sim.trace import TraceError, load_nodes, load_pods
+from tessera_sim.trace import TraceError, load_nodes, load_pods
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,8 +29,8 @@ from tessera.fragmentation import FragmentMeasure, Workload
 from tessera.placement import NoFit
 from tessera.policy import Policy
 from tessera.request import PodRequest
-from tessera.sim.trace import GPU_MEMORY_MIB, TraceNode, TracePod
 from tessera.state import ClusterState
+from tessera_sim.trace import GPU_MEMORY_MIB, TraceNode, TracePod
 
 FloatArray = npt.NDArray[np.float64]
 INFLATION = 1.3

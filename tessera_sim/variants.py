@@ -17,7 +17,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tessera.sim.trace import TraceNode, TracePod
+from tessera_sim.trace import TraceNode, TracePod
 
 MODEL_SETS: tuple[tuple[tuple[str, ...], int], ...] = (
     (("T4",), 1291),

@@ -12,18 +12,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera import keys_cli, record
+from tessera import record
 from tessera.errors import IntegrityError, TesseraError
-from tessera.keys import (
-    KeyFileError,
-    KeyringSource,
-    generate_key_files,
-    load_keyring,
-    private_pem,
-    public_pem,
-)
-
-from .test_record import ALLOC
+from tessera.record_keys import KeyFileError, private_pem, public_pem
+from tessera_edge import keys_cli
+from tessera_edge.keyfiles import KeyringSource, generate_key_files, load_keyring
+from tests.core.test_record import ALLOC
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -251,7 +245,7 @@ def test_a_failed_reload_keeps_the_last_good_keys_and_logs_once(tmp_path, caplog
     source = KeyringSource(volume.path, interval=0.0)
     text = record.encode(ALLOC, k1)
     volume.publish({"k1.pem": b"garbage"})
-    with caplog.at_level(logging.ERROR, logger="tessera.keys"):
+    with caplog.at_level(logging.ERROR, logger="tessera_edge.keyfiles"):
         for _ in range(3):
             assert record.decode(text, source) == ALLOC
     assert len([r for r in caplog.records if "keeping the previous" in r.message]) == 1

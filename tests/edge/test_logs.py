@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from tessera.logs import add_log_flags, setup_logging
+from tessera_edge.logs import add_log_flags, setup_logging
 
 
 @pytest.fixture(autouse=True)

@@ -12,9 +12,9 @@ import sys
 from collections.abc import Sequence
 
 from tessera.resources import DEFAULT_POLICY
-from tessera.sim.metrics import Summary, summarize
-from tessera.sim.runner import Trace, run_one
-from tessera.sim.trace import TraceNode, TracePod
+from tessera_sim.metrics import Summary, summarize
+from tessera_sim.runner import Trace, run_one
+from tessera_sim.trace import TraceNode, TracePod
 
 SYNTHETIC_POLICIES = ("random", "bestfit", "fgd", DEFAULT_POLICY)
 
@@ -88,7 +88,7 @@ def run_synthetic(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tessera.sim.cli import format_table
+    from tessera_sim.cli import format_table
 
     del argv
     print(format_table(run_synthetic()))

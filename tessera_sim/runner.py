@@ -14,8 +14,8 @@ from tessera.fragmentation import FragmentationPolicy, PodClass, Workload
 from tessera.policies import POLICIES
 from tessera.policy import Policy
 from tessera.resources import DEFAULT_POLICY
-from tessera.sim.metrics import Summary, summarize
-from tessera.sim.reference import (
+from tessera_sim.metrics import Summary, summarize
+from tessera_sim.reference import (
     FGD_COVERAGE,
     REFERENCE_POLICIES,
     BestFitPolicy,
@@ -23,9 +23,9 @@ from tessera.sim.reference import (
     FgdPolicy,
     RandomPolicy,
 )
-from tessera.sim.replay import Replayer, RunResult, arrival_order
-from tessera.sim.trace import TraceNode, TracePod, load_nodes, load_pods
-from tessera.sim.variants import constrain_models, cpu_heavy, cpu_variant_name, variant_name
+from tessera_sim.replay import Replayer, RunResult, arrival_order
+from tessera_sim.trace import TraceNode, TracePod, load_nodes, load_pods
+from tessera_sim.variants import constrain_models, cpu_heavy, cpu_variant_name, variant_name
 
 DEFAULT_SEEDS = tuple(range(42, 52))
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -158,7 +158,7 @@ class Job:
     memory_mode: str = "share"
     ties: str = "order"
     gpuspec: int = 0
-    """Percent of GPU pods given a GPU model allow-list (`tessera.sim.variants`); 0: none."""
+    """Percent of GPU pods given a GPU model allow-list (`tessera_sim.variants`); 0: none."""
     cpu: int = 0
     """CPU-only pods' CPU request in percent of the trace's (`variants.cpu_heavy`); 0: as is."""
 

@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tessera.keys import KeyFileError, fingerprint, generate_key_files, public_key_of, public_pem
+from tessera.record_keys import KeyFileError, fingerprint, public_pem
+from tessera_edge.keyfiles import generate_key_files, public_key_of
 
 EXIT_BAD_INPUT = 2
 
