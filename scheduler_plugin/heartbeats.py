@@ -26,7 +26,7 @@ def parse_time(text: Any) -> float | None:
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Beat:
     renew_text: str
     observed: float
@@ -42,6 +42,8 @@ class HeartbeatTracker:
     has been renewed while we watch. The first sighting (e.g. right after a restart) uses
     the written renewTime, capped at now.
     """
+
+    __slots__ = ("_beats", "grace", "namespace")
 
     def __init__(self, namespace: str, grace: float) -> None:
         self.namespace = namespace
