@@ -315,7 +315,16 @@ class Cluster(RuleBasedStateMachine):
     @precondition(lambda self: not self.undelivered)
     @rule()
     def restart(self) -> None:
+        """A restart rebuilds from full lists what the watch built step by step (except
+        that a bad NodeDevices no longer has the last good one to keep)."""
+        before = self.cache.snapshot()
         self._start()
+        after = self.cache.snapshot()
+        assert {**after.allocations, **after.pending} == {**before.allocations, **before.pending}
+        good = [[g for g in snap.gpus if g.node not in self.bad] for snap in (before, after)]
+        assert good[0] == good[1]
+        assert after.fences == before.fences and after.problems == before.problems
+        assert after.invalid_records == before.invalid_records
 
     # --- invariants -------------------------------------------------------------------------
 
