@@ -42,7 +42,13 @@ from nri_hook.mux import HEADER_LEN as MUX_HEADER_LEN
 from nri_hook.mux import MAX_PAYLOAD, Mux, MuxDecoder, MuxError, encode_frames
 from nri_hook.netdev import NetdevMove
 from nri_hook.plugin import PLUGIN_SERVICE, RUNTIME_SERVICE, Backoff, NriPlugin
-from nri_hook.ttrpc import (
+from protos.nri import api_pb2 as api
+from protos.ttrpc import ttrpc_pb2
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.record import Keyring, decode, encode
+from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.keyfiles import KeyringSource
+from tessera_ttrpc import (
     HEADER_LEN,
     MAX_DATA_LEN,
     CallContext,
@@ -56,12 +62,6 @@ from nri_hook.ttrpc import (
     encode_frame,
     unary,
 )
-from protos.nri import api_pb2 as api
-from protos.ttrpc import ttrpc_pb2
-from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.record import Keyring, decode, encode
-from tessera.resources import ALLOCATION_ANNOTATION
-from tessera_edge.keyfiles import KeyringSource
 
 VECTORS = Path(__file__).resolve().parent.parent / "tests" / "vectors" / "nri-wire"
 NODE = "fuzz-node"

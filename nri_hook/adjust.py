@@ -46,7 +46,7 @@ HAMI_MEMORY_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT_"
 HAMI_SM_ENV: Final = "CUDA_DEVICE_SM_LIMIT"
 PRELOAD_ENV: Final = "LD_PRELOAD"
 
-# gRPC status codes the runtime gets back (nri_hook.ttrpc.Code, repeated here so that this
+# gRPC status codes the runtime gets back (tessera_ttrpc.Code, repeated here so that this
 # module stays free of the transport).
 CODE_INVALID_ARGUMENT: Final = 3
 CODE_PERMISSION_DENIED: Final = 7

@@ -35,11 +35,11 @@ from nri_hook.adjust import (
 )
 from nri_hook.netdev import NetdevError, NetdevMove, NetdevMover, network_namespace, plan_moves
 from nri_hook.plugin import Handler
-from nri_hook.ttrpc import RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import PodAllocation
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_edge.keyfiles import KeyringSource
+from tessera_ttrpc import RpcError
 
 log = logging.getLogger(__name__)
 

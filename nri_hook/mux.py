@@ -33,7 +33,7 @@ import logging
 import struct
 from typing import Final
 
-from nri_hook.ttrpc.stream import MAX_WRITE_BUFFER
+from tessera_ttrpc.stream import MAX_WRITE_BUFFER
 
 log = logging.getLogger(__name__)
 

@@ -42,10 +42,10 @@ from typing import Any, Final
 from google.protobuf.message import DecodeError, Message
 
 from nri_hook.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
-from nri_hook.ttrpc import CallContext, Client, Code, RpcError, Server
-from nri_hook.ttrpc import Handler as TtrpcHandler
-from nri_hook.ttrpc.budget import MAX_DECODED_ITEMS, within_budget
 from protos.nri import api_pb2 as api
+from tessera_ttrpc import CallContext, Client, Code, RpcError, Server
+from tessera_ttrpc import Handler as TtrpcHandler
+from tessera_ttrpc.budget import MAX_DECODED_ITEMS, within_budget
 
 log = logging.getLogger(__name__)
 

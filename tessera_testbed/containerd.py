@@ -31,8 +31,8 @@ from nri_hook.plugin import (
     check_identity,
     event_bit,
 )
-from nri_hook.ttrpc import CallContext, Client, Code, RpcError, Server, unary
 from protos.nri import api_pb2 as api
+from tessera_ttrpc import CallContext, Client, Code, RpcError, Server, unary
 
 log = logging.getLogger(__name__)
 

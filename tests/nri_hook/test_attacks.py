@@ -29,7 +29,7 @@ from fuzz.surface_nri import (
     ttrpc_attack,
 )
 from nri_hook.mux import MAX_PAYLOAD, encode_frames
-from nri_hook.ttrpc import MAX_DATA_LEN
+from tessera_ttrpc import MAX_DATA_LEN
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -19,7 +19,6 @@ from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, OnInvalid
 from nri_hook.netdev import NetdevMover
 from nri_hook.plugin import NriPlugin
-from nri_hook.ttrpc import Code, RpcError
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.record import Keyring, encode
@@ -34,6 +33,7 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
+from tessera_ttrpc import Code, RpcError
 from tests.keyfiles import write_public
 from tests.nri_hook.netns_helpers import links, netlab
 from tests.nri_hook.vectors import Session

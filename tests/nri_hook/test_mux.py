@@ -19,7 +19,9 @@ from nri_hook.mux import (
     encode_frames,
     split_payload,
 )
-from nri_hook.ttrpc import (
+from protos.nri import api_pb2
+from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc import (
     HEADER_LEN,
     CallContext,
     Client,
@@ -28,8 +30,6 @@ from nri_hook.ttrpc import (
     encode_frame,
     unary,
 )
-from protos.nri import api_pb2
-from protos.ttrpc import ttrpc_pb2
 
 
 def test_split_rule_whole_up_to_4096_then_4096_and_the_rest() -> None:

@@ -24,7 +24,6 @@ from nri_hook.plugin import (
     event_mask,
     valid_events_for,
 )
-from nri_hook.ttrpc import CallContext, Code, RpcError
 from protos.nri import api_pb2 as api
 from tessera_testbed.containerd import (
     CONTAINERD_1_7,
@@ -34,6 +33,7 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
+from tessera_ttrpc import CallContext, Code, RpcError
 
 
 class Recorder(Handler):

@@ -21,10 +21,10 @@ from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.mux import MuxDecoder
 from nri_hook.plugin import NriPlugin, valid_events_for
-from nri_hook.ttrpc import Frame, FrameDecoder, MessageType
 from protos.nri import api_pb2 as api
 from protos.ttrpc import ttrpc_pb2
 from tessera_edge.keyfiles import KeyringSource
+from tessera_ttrpc import Frame, FrameDecoder, MessageType
 from tests.nri_hook.vectors import Session
 
 

@@ -15,10 +15,10 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
 from nri_hook.mux import MuxDecoder, encode_frames
-from nri_hook.ttrpc import Frame, FrameDecoder, MessageType, encode_frame
-from nri_hook.ttrpc.frame import decode_header
 from protos.nri import api_pb2
 from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc import MAX_DATA_LEN, Frame, FrameDecoder, Limits, MessageType, encode_frame
+from tessera_ttrpc.frame import decode_header
 from tests.nri_hook.vectors import Session
 
 
@@ -151,3 +151,18 @@ def test_split_messages_in_the_capture_are_4096_then_rest(sessions: list[Session
                 assert lengths == [total]
             else:
                 assert lengths == [4096, total - 4096]
+
+
+def test_the_default_limits_admit_what_containerd_sends(sessions: list[Session]) -> None:
+    """Every request in the captured sessions is within every default limit."""
+    limits = Limits()
+    for session in sessions:
+        for m in session.messages("r2p"):
+            if m["ttrpc_type"] != "request":
+                continue
+            request = ttrpc_pb2.Request.FromString(session.body(m))
+            assert len(request.metadata) <= limits.max_metadata_entries
+            assert sum(len(kv.key) + len(kv.value) for kv in request.metadata) <= (
+                limits.max_metadata_bytes
+            )
+            assert len(session.body(m)) <= MAX_DATA_LEN

@@ -15,7 +15,7 @@ Behaviour mirrors the Go server (containerd/ttrpc) where a peer can observe it:
 Limits (`Limits`, each a named constant below): requests handled at once and the request
 bytes they hold, metadata entries and bytes per request. A request over a limit is
 answered RESOURCE_EXHAUSTED on its own stream and the connection carries on; frames over
-4 MiB are skipped by the frame reader, never buffered (nri_hook.ttrpc.frame).
+4 MiB are skipped by the frame reader, never buffered (tessera_ttrpc.frame).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from typing import Final, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from nri_hook.ttrpc.budget import MAX_DECODED_ITEMS, within_budget
-from nri_hook.ttrpc.frame import (
+from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc.budget import MAX_DECODED_ITEMS, within_budget
+from tessera_ttrpc.frame import (
     FrameDecoder,
     FrameTooLargeError,
     MessageType,
     OversizedFrame,
     encode_frame,
 )
-from nri_hook.ttrpc.status import Code, RpcError
-from nri_hook.ttrpc.stream import ByteStream
-from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc.status import Code, RpcError
+from tessera_ttrpc.stream import ByteStream
 
 log = logging.getLogger(__name__)
 

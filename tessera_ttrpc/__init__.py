@@ -5,8 +5,8 @@ socket via AsyncioStream, or a multiplexed connection). Unary calls only, which 
 that NRI uses; streaming frames are answered or ignored as the Go implementation does.
 """
 
-from nri_hook.ttrpc.client import Client
-from nri_hook.ttrpc.frame import (
+from tessera_ttrpc.client import Client
+from tessera_ttrpc.frame import (
     FLAG_NO_DATA,
     FLAG_REMOTE_CLOSED,
     FLAG_REMOTE_OPEN,
@@ -19,9 +19,9 @@ from nri_hook.ttrpc.frame import (
     OversizedFrame,
     encode_frame,
 )
-from nri_hook.ttrpc.server import CallContext, Handler, Limits, Server, unary
-from nri_hook.ttrpc.status import Code, ConnectionClosedError, RpcError
-from nri_hook.ttrpc.stream import AsyncioStream, ByteStream
+from tessera_ttrpc.server import CallContext, Handler, Limits, Server, unary
+from tessera_ttrpc.status import Code, ConnectionClosedError, RpcError
+from tessera_ttrpc.stream import AsyncioStream, ByteStream
 
 __all__ = [
     "FLAG_NO_DATA",

@@ -14,10 +14,10 @@ from typing import TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
-from nri_hook.ttrpc.frame import FrameDecoder, MessageType, OversizedFrame, encode_frame
-from nri_hook.ttrpc.status import Code, ConnectionClosedError, RpcError
-from nri_hook.ttrpc.stream import ByteStream
 from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc.frame import FrameDecoder, MessageType, OversizedFrame, encode_frame
+from tessera_ttrpc.status import Code, ConnectionClosedError, RpcError
+from tessera_ttrpc.stream import ByteStream
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from typing import Final, Protocol
 
-from nri_hook.ttrpc.frame import HEADER_LEN, MAX_DATA_LEN
+from tessera_ttrpc.frame import HEADER_LEN, MAX_DATA_LEN
 
 READ_CHUNK: Final = 64 * 1024
 MAX_WRITE_BUFFER: Final = 4 * (HEADER_LEN + MAX_DATA_LEN)
