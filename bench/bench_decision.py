@@ -17,13 +17,13 @@ import resource
 import time
 
 from bench.common import BenchContext, Result, percentile
-from tessera.decision import Decider
+from tessera.cluster_decision import Decider
+from tessera.cluster_state import ClusterState
 from tessera.model import Gpu, NodeInventory
-from tessera.placement import Placement
-from tessera.policies import make_policy
+from tessera.node_placement import Placement
+from tessera.policy_registry import make_policy
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_POLICY, POLICY_BINPACK
-from tessera.state import ClusterState
 from tessera_sim.trace import TracePod
 
 MODELS = (("G2", 20000), ("V100M32", 32768), ("T4", 16384))

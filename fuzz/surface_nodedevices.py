@@ -17,10 +17,10 @@ from typing import Any, Final
 
 from fuzz.common import Tally, mutate
 from tessera.boundedjson import JsonLimitError, loads
+from tessera.cluster_index import ClusterIndex
+from tessera.cluster_state import ClusterState
 from tessera.errors import InventoryError
-from tessera.index import ClusterIndex
 from tessera.model import NodeInventory
-from tessera.state import ClusterState
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
 SLOW_SECONDS: Final = 1.0

@@ -3,7 +3,7 @@
 The cluster state is rebuilt the way tessera-scheduler rebuilds it (NodeDevices for the
 devices; the records of bound, unfinished pods, oldest first, for what is taken) and the
 pod's request is evaluated with the scheduler's own core (`tessera.request.parse_pod`,
-`tessera.decision.Decider`). Two differences, said in the output: records are decoded
+`tessera.cluster_decision.Decider`). Two differences, said in the output: records are decoded
 without verifying their integrity proof, and only tessera's devices are judged (taints,
 CPU, memory and affinity are kube-scheduler's business; `kubectl describe pod` shows them).
 """
@@ -26,14 +26,14 @@ from kubectl_tessera.objects import (
 )
 from kubectl_tessera.pods import decode_unverified
 from kubectl_tessera.table import clean, render
-from tessera.decision import Decider
+from tessera.cluster_decision import Decider
+from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, RequestError, StateError, TesseraError
 from tessera.model import NodeInventory
-from tessera.placement import NoFit
-from tessera.policies import make_policies
+from tessera.node_placement import NoFit
+from tessera.policy_registry import make_policies
 from tessera.request import ContainerRequest, PodRequest, parse_pod
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
-from tessera.state import ClusterState
 
 NOTE = (
     "estimated from the NodeDevices and allocation records read now (records not verified); "

@@ -55,15 +55,15 @@ from scheduler_plugin.views import (
     Stats,
 )
 from tessera.allocation import PodAllocation
-from tessera.decision import Decider, Evaluation
+from tessera.cluster_decision import Decider, Evaluation
+from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
 from tessera.model import NodeInventory
-from tessera.placement import NoFit
-from tessera.policies import make_policies
-from tessera.policy import Policy
+from tessera.node_placement import NoFit
+from tessera.policy_registry import make_policies
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, UNITS_PER_DEVICE
-from tessera.state import ClusterState
+from tessera.scoring_policy import Policy
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from scheduler_plugin import limits
-from tessera.policies import POLICIES
+from tessera.policy_registry import POLICIES
 from tessera.record_keys import KeyFileError
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,

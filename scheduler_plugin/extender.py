@@ -34,10 +34,10 @@ import numpy as np
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
-from tessera.decision import UNKNOWN_NODE
+from tessera.cluster_decision import UNKNOWN_NODE
 from tessera.errors import RequestError
+from tessera.node_placement import Placement, place_pod
 from tessera.node_state import NodeState
-from tessera.placement import Placement, place_pod
 from tessera.request import PodRequest, parse_pod
 
 log = logging.getLogger(__name__)

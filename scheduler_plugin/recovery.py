@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.allocation import PodAllocation
+from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, StateError
 from tessera.model import NodeInventory
 from tessera.record import KeySource, decode
 from tessera.resources import ALLOCATION_ANNOTATION, TESSERA_RESOURCES
-from tessera.state import ClusterState
 
 log = logging.getLogger(__name__)
 

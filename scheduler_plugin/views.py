@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tessera.allocation import PodAllocation
-from tessera.decision import Evaluation
+from tessera.cluster_decision import Evaluation
 from tessera.model import NodeInventory
-from tessera.policy import Policy
+from tessera.scoring_policy import Policy
 
 
 @dataclass(frozen=True, slots=True)

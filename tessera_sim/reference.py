@@ -35,7 +35,9 @@ import numpy.typing as npt
 
 from tessera.fragmentation import FragmentMeasure, ShapeCache, Workload
 from tessera.node_state import NodeState
-from tessera.policy import (
+from tessera.request import PodRequest
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.scoring_policy import (
     FloatArray,
     HostCase,
     IntArray,
@@ -46,11 +48,9 @@ from tessera.policy import (
     WholeCase,
     restrict_case,
 )
-from tessera.request import PodRequest
-from tessera.resources import UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
-    from tessera.index import ClusterIndex
+    from tessera.cluster_index import ClusterIndex
 
 MAX_CPU_MILLI = 128_000
 """The largest node's CPU in the paper's normalization."""

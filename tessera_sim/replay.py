@@ -24,12 +24,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.allocation import PodAllocation
-from tessera.decision import Decider
+from tessera.cluster_decision import Decider
+from tessera.cluster_state import ClusterState
 from tessera.fragmentation import FragmentMeasure, Workload
-from tessera.placement import NoFit
-from tessera.policy import Policy
+from tessera.node_placement import NoFit
 from tessera.request import PodRequest
-from tessera.state import ClusterState
+from tessera.scoring_policy import Policy
 from tessera_sim.trace import GPU_MEMORY_MIB, TraceNode, TracePod
 
 FloatArray = npt.NDArray[np.float64]

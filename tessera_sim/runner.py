@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.fragmentation import FragmentationPolicy, PodClass, Workload
-from tessera.policies import POLICIES
-from tessera.policy import Policy
+from tessera.policy_registry import POLICIES
 from tessera.resources import DEFAULT_POLICY
+from tessera.scoring_policy import Policy
 from tessera_sim.metrics import Summary, summarize
 from tessera_sim.reference import (
     FGD_COVERAGE,

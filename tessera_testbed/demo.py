@@ -49,7 +49,7 @@ from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
-from tessera.policies import POLICIES
+from tessera.policy_registry import POLICIES
 from tessera.record import decode as decode_record
 from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer

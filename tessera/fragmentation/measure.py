@@ -13,19 +13,19 @@ import numpy as np
 
 from tessera.model import model_matches
 from tessera.node_state import NodeState
-from tessera.policy import (
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.scoring_policy import (
     FloatArray,
     HostCase,
     IntArray,
     VectorCase,
     WholeCase,
 )
-from tessera.resources import UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
-    from tessera.index import ClusterIndex
+    from tessera.cluster_index import ClusterIndex
 from tessera.fragmentation.workload import GpuShape, Workload
-from tessera.policy import BoolArray
+from tessera.scoring_policy import BoolArray
 
 _FULL = UNITS_PER_DEVICE
 _BIG = np.iinfo(np.int64).max // 4

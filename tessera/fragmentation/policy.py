@@ -10,7 +10,9 @@ import numpy as np
 
 from tessera.model import model_matches
 from tessera.node_state import NodeState
-from tessera.policy import (
+from tessera.request import PodRequest
+from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
+from tessera.scoring_policy import (
     FloatArray,
     HostCase,
     IntArray,
@@ -22,19 +24,17 @@ from tessera.policy import (
     case_positions,
     restrict_case,
 )
-from tessera.request import PodRequest
-from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
-    from tessera.index import ClusterIndex
+    from tessera.cluster_index import ClusterIndex
+from tessera.cluster_index import UNTRACKED
 from tessera.fragmentation.measure import FragmentMeasure
 from tessera.fragmentation.shape_cache import ShapeCache
 from tessera.fragmentation.workload import (
     OnlineWorkload,
     Workload,
 )
-from tessera.index import UNTRACKED
-from tessera.policy import BoolArray
+from tessera.scoring_policy import BoolArray
 
 _FULL = UNITS_PER_DEVICE
 _MAX_GPUS = 8.0

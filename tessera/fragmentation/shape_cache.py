@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tessera.policy import (
+from tessera.scoring_policy import (
     FloatArray,
     IntArray,
 )
 
 if TYPE_CHECKING:
-    from tessera.index import ClusterIndex
+    from tessera.cluster_index import ClusterIndex
 
 
 @dataclass

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tessera import resources as rn
-from tessera.decision import Decider
+from tessera.cluster_decision import Decider
+from tessera.cluster_state import ClusterState
 from tessera.fragmentation import (
     FragmentationPolicy,
     FragmentMeasure,
@@ -23,11 +24,10 @@ from tessera.fragmentation import (
     squash,
 )
 from tessera.model import Gpu, NodeInventory
-from tessera.placement import Placement, place_pod
-from tessera.policies import POLICIES, make_policies, make_policy
-from tessera.policy import BinpackPolicy, Policy, SpreadPolicy
+from tessera.node_placement import Placement, place_pod
+from tessera.policy_registry import POLICIES, make_policies, make_policy
 from tessera.request import PodRequest, parse_pod
-from tessera.state import ClusterState
+from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
 
 MODELS = (("A10", 24576), ("T4", 16384), ("NVIDIA H100 80GB HBM3", 81920))
 

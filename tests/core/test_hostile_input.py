@@ -11,12 +11,12 @@ import pytest
 
 from tessera import record
 from tessera import resources as rn
+from tessera.cluster_index import ClusterIndex
+from tessera.cluster_state import ClusterState
 from tessera.errors import InventoryError, RecordError, RequestError
-from tessera.index import ClusterIndex
 from tessera.model import NodeInventory
 from tessera.quantity import QuantityError, parse_quantity
 from tessera.request import parse_pod
-from tessera.state import ClusterState
 
 from .builders import pod
 from .test_record import GOLDEN_UNSIGNED, KEY

@@ -15,11 +15,11 @@ from fuzz.common import mutate
 from fuzz.surface_nodedevices import paths
 from tessera import record
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.cluster_index import ClusterIndex
+from tessera.cluster_state import ClusterState
 from tessera.errors import InventoryError, RecordError
-from tessera.index import ClusterIndex
 from tessera.model import NodeInventory
 from tessera.quantity import QuantityError, cpu_millis, memory_mib, parse_quantity, whole_count
-from tessera.state import ClusterState
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
 SIGNER = record.Keyring.generate("k1")

@@ -8,7 +8,7 @@ import sys
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
-from tessera.policies import POLICIES
+from tessera.policy_registry import POLICIES
 from tessera.record import Keyring
 from tests.keyfiles import write_private
 from tests.scheduler.helpers import (

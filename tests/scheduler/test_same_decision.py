@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessera import resources as rn
-from tessera.policies import make_policy
+from tessera.policy_registry import make_policy
 from tessera_sim.replay import Replayer, arrival_order
 from tessera_sim.runner import Trace, measure_workload
 from tessera_sim.synthetic import synthetic_trace

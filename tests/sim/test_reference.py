@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.decision import Decider
-from tessera.placement import Placement, place_pod
-from tessera.state import ClusterState
+from tessera.cluster_decision import Decider
+from tessera.cluster_state import ClusterState
+from tessera.node_placement import Placement, place_pod
 from tessera_sim.reference import (
     BestFitPolicy,
     DotProdPolicy,

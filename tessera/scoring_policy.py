@@ -21,7 +21,7 @@ from tessera.request import PodRequest
 from tessera.resources import POLICY_BINPACK, POLICY_SPREAD, UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
-    from tessera.index import ClusterIndex
+    from tessera.cluster_index import ClusterIndex
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from tessera.cluster_state import ClusterState
 from tessera.node_state import NodeState
 from tessera.resources import UNITS_PER_DEVICE
-from tessera.state import ClusterState
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

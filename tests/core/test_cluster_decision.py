@@ -5,11 +5,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera import resources as rn
-from tessera.decision import UNKNOWN_NODE, Decider
-from tessera.placement import Placement, place_pod
-from tessera.policies import POLICIES
+from tessera.cluster_decision import UNKNOWN_NODE, Decider
+from tessera.cluster_state import ClusterState
+from tessera.node_placement import Placement, place_pod
+from tessera.policy_registry import POLICIES
 from tessera.request import parse_pod
-from tessera.state import ClusterState
 from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, node, pod

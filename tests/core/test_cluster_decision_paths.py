@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.decision import Decider
-from tessera.index import ClusterIndex
-from tessera.placement import NoFit, Placement, place_pod
-from tessera.policy import BinpackPolicy, FloatArray, IntArray, Policy, VectorCase
+from tessera.cluster_decision import Decider
+from tessera.cluster_index import ClusterIndex
+from tessera.cluster_state import ClusterState
+from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import PodRequest
-from tessera.state import ClusterState
+from tessera.scoring_policy import BinpackPolicy, FloatArray, IntArray, Policy, VectorCase
 from tests.core.test_fragmentation_policy import inventory, pod
 
 

@@ -7,12 +7,12 @@ from hypothesis import strategies as st
 
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.cluster_index import UNTRACKED, ClusterIndex
+from tessera.cluster_state import ClusterState
 from tessera.errors import StateError
-from tessera.index import UNTRACKED, ClusterIndex
-from tessera.placement import Placement, place_pod
-from tessera.policy import BinpackPolicy, SpreadPolicy
+from tessera.node_placement import Placement, place_pod
 from tessera.request import parse_pod
-from tessera.state import ClusterState
+from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
 from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, node, pod

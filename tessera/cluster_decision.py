@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessera.index import BoolArray, ClusterIndex, IntArray
-from tessera.placement import NoFit, Placement, place_pod
-from tessera.policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
+from tessera.cluster_index import BoolArray, ClusterIndex, IntArray
+from tessera.cluster_state import ClusterState
+from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
-from tessera.state import ClusterState
+from tessera.scoring_policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
 
 _CACHE_SHAPES = 256
 UNKNOWN_NODE = NoFit("node has no tessera device inventory", unresolvable=True)

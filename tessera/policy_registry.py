@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from tessera.fragmentation import FragmentationPolicy
-from tessera.policy import BinpackPolicy, Policy, SpreadPolicy
 from tessera.resources import DEFAULT_POLICY
+from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
 
 POLICIES: dict[str, type[Policy]] = {
     BinpackPolicy.name: BinpackPolicy,

@@ -17,9 +17,9 @@ from math import comb
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.model import model_matches
 from tessera.node_state import NodeState
-from tessera.policy import Option, Policy
 from tessera.request import ContainerRequest, PodHints, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
+from tessera.scoring_policy import Option, Policy
 from tessera.topology import Tier, nic_gpu_tier
 
 _FULL = UNITS_PER_DEVICE

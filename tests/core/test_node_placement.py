@@ -1,10 +1,10 @@
 import pytest
 
 from tessera import resources as rn
+from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import NodeState
-from tessera.placement import NoFit, Placement, place_pod
-from tessera.policy import BinpackPolicy, SpreadPolicy
 from tessera.request import parse_pod
+from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
 from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, nic, node, pod
