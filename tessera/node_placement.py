@@ -16,7 +16,7 @@ from math import comb
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.model import model_matches
-from tessera.node_state import NodeState
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import ContainerRequest, PodHints, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import Option, Policy
@@ -59,6 +59,10 @@ class _Scratch:
         self.mem = list(node.free_mem)
         self.nic = list(node.nic_free)
         self.vf = [list(v) for v in node.vf_free]
+
+    def gpu(self) -> GpuCapacity:
+        """The GPU vectors as they stand now, as a value."""
+        return GpuCapacity(tuple(self.core), tuple(self.mem))
 
 
 def eligible_gpu_slots(node: NodeState, hints: PodHints) -> tuple[list[int], NoFit | None]:
@@ -110,11 +114,7 @@ def place_pod(
     except _NoFitError as exc:
         return exc.nofit
     score = (
-        policy.placement_score(
-            node, request, node.free_core, node.free_mem, scratch.core, scratch.mem
-        )
-        if scored
-        else math.nan
+        policy.placement_score(node, request, node.gpu_free, scratch.gpu()) if scored else math.nan
     )
     alloc = PodAllocation(
         pod_uid=request.uid,
@@ -270,6 +270,7 @@ def _choose_share(
     unit = node.inventory.memory_unit_mib
     best: tuple[float, int, int] | None = None
     seen: set[tuple[int, int, int]] = set()
+    free = scratch.gpu()
     for s in slots:
         need = c.memory_mib_on(node.total_mem[s], unit)
         if scratch.core[s] < c.core or scratch.mem[s] < need:
@@ -286,7 +287,7 @@ def _choose_share(
             request.memory_mib,
             request.hints.models,
         )
-        score = policy.option_score(node, scratch.core, scratch.mem, option)
+        score = policy.option_score(node, free, option)
         if best is None or score > best[0]:
             best = (score, s, need)
     if best is None:
@@ -353,11 +354,12 @@ def _choose_whole(
         raise _NoFitError(f"needs {k} whole GPUs, {len(free)} free")
     scope = hints.topology if k > 1 else None
     best: tuple[tuple[int, int, int, int], float, tuple[int, ...]] | None = None
+    gpu_free = scratch.gpu()
     for candidate in _candidate_sets(free, k, node):
         rank = node.tiers.set_rank(candidate)
         if scope is not None and rank[0] > scope:
             continue
-        score = policy.whole_set_score(node, scratch.core, candidate)
+        score = policy.whole_set_score(node, gpu_free, candidate)
         if best is None or rank < best[0] or (rank == best[0] and score > best[1]):
             best = (rank, score, candidate)
     if best is None:

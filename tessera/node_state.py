@@ -6,7 +6,7 @@ checked before anything changes, so a failed call leaves the state as it was.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from tessera.allocation import GpuGrant, PodAllocation, RdmaGrant
@@ -14,6 +14,26 @@ from tessera.errors import StateError
 from tessera.model import NodeInventory
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.topology import TierMatrix
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCapacity:
+    """Free GPU capacity of one node, one entry per GPU slot: compute in percent of a GPU
+    and memory in MiB. Policies score a placement by the node's capacity before and after
+    it; the two vectors travel as one value so that they cannot come apart."""
+
+    core: tuple[int, ...]
+    mem: tuple[int, ...]
+
+    def with_slots(
+        self, slots: Sequence[int], core: Sequence[int], mem: Sequence[int]
+    ) -> GpuCapacity:
+        """This capacity with `slots` set to new free amounts (what an option leaves)."""
+        new_core, new_mem = list(self.core), list(self.mem)
+        for s, c, m in zip(slots, core, mem, strict=True):
+            new_core[s] = c
+            new_mem[s] = m
+        return GpuCapacity(tuple(new_core), tuple(new_mem))
 
 
 @dataclass
@@ -70,6 +90,8 @@ class NodeState:
         gpus = self.inventory.gpus
         self.free_core = [UNITS_PER_DEVICE - u.gpu_core.get(g.uuid, 0) for g in gpus]
         self.free_mem = [g.memory_mib - u.gpu_mem.get(g.uuid, 0) for g in gpus]
+        self.gpu_free = GpuCapacity(tuple(self.free_core), tuple(self.free_mem))
+        """`free_core` and `free_mem` as one value, for the policies."""
         nics = self.inventory.nics
         self.nic_free = [UNITS_PER_DEVICE - u.nic_share.get(n.pci_bus_id, 0) for n in nics]
         self.vf_free = [[bus not in u.vfs for bus in buses] for buses in self.nic_vf_bus]

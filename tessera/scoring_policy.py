@@ -4,7 +4,8 @@ A policy answers two questions with plain numbers, so placement stays policy-agn
 - `option_score`: among ways to place one container on a node, which is best (higher wins);
 - `node_score`: how good the node is after the whole pod is placed, in [0, 1].
 
-The free vectors passed in are scratch copies (placement tries options before committing).
+Free GPU capacity comes as `GpuCapacity` values (compute and memory per slot): the node's
+before a placement, and what placement would leave after it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from tessera.node_state import NodeState
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import POLICY_BINPACK, POLICY_SPREAD, UNITS_PER_DEVICE
 
@@ -96,40 +97,26 @@ class Policy:
     """Changes whenever the policy's scores for an unchanged node may change (a policy that
     learns its workload moved on); score caches include it in their key."""
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
+        """How good `option` is on `node`, whose GPUs have `free` left so far."""
         raise NotImplementedError
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
         raise NotImplementedError
 
-    def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
+    def whole_set_score(self, node: NodeState, free: GpuCapacity, slots: Sequence[int]) -> float:
         """Among whole-GPU sets with equal interconnect rank, which is best (higher wins)."""
         return 0.0
 
     def placement_score(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
     ) -> float:
         """The node score of a whole pod placement, in [0, 1]; `place_pod` calls this.
 
         The default is `node_score`; a policy that also weighs the pod's host CPU and
         memory (`request.cpu_milli`, `request.memory_mib` against `node.cpu_free`) overrides it.
         """
-        return self.node_score(node, core_before, mem_before, core_after, mem_after)
+        return self.node_score(node, before, after)
 
     def observe(self, request: PodRequest) -> None:
         """A pod asked to be placed (called once per decision, before scoring). Policies that
@@ -185,14 +172,14 @@ def _chosen_share_slot(
     return chosen
 
 
-def utilization(node: NodeState, core: Sequence[int], mem: Sequence[int]) -> float:
+def utilization(node: NodeState, free: GpuCapacity) -> float:
     """Share of a node's GPU capacity in use, compute and memory averaged, in [0, 1]."""
     if not node.total_mem:
         return 0.0
-    n = len(core)
-    core_used = (UNITS_PER_DEVICE * n - sum(core)) / (UNITS_PER_DEVICE * n)
+    n = len(free.core)
+    core_used = (UNITS_PER_DEVICE * n - sum(free.core)) / (UNITS_PER_DEVICE * n)
     total_mem = sum(node.total_mem)
-    mem_used = (total_mem - sum(mem)) / total_mem if total_mem else 0.0
+    mem_used = (total_mem - sum(free.mem)) / total_mem if total_mem else 0.0
     return (core_used + mem_used) / 2
 
 
@@ -218,23 +205,14 @@ class BinpackPolicy(Policy):
     name = POLICY_BINPACK
     pack_nics = True
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         return -_remaining(node, option)
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
-        return utilization(node, core_after, mem_after)
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
+        return utilization(node, after)
 
-    def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
-        return float(_busy_neighbours(node, core, slots))
+    def whole_set_score(self, node: NodeState, free: GpuCapacity, slots: Sequence[int]) -> float:
+        return float(_busy_neighbours(node, free.core, slots))
 
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
@@ -248,23 +226,14 @@ class SpreadPolicy(Policy):
     name = POLICY_SPREAD
     pack_nics = False
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         return _remaining(node, option)
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
-        return 1.0 - utilization(node, core_after, mem_after)
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
+        return 1.0 - utilization(node, after)
 
-    def whole_set_score(self, node: NodeState, core: Sequence[int], slots: Sequence[int]) -> float:
-        return -float(_busy_neighbours(node, core, slots))
+    def whole_set_score(self, node: NodeState, free: GpuCapacity, slots: Sequence[int]) -> float:
+        return -float(_busy_neighbours(node, free.core, slots))
 
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase

@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.fragmentation import FragmentMeasure, ShapeCache, Workload
-from tessera.node_state import NodeState
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import (
@@ -107,33 +107,18 @@ class ReferencePolicy(Policy):
 
     pack_nics = True
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         return _best_fit_option(node, option)
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
-        used = _gpu_free(node, core_before) - _gpu_free(node, core_after)
-        return self._score(node, core_before, node.cpu_free, 0, used)
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
+        used = _gpu_free(node, before.core) - _gpu_free(node, after.core)
+        return self._score(node, before.core, node.cpu_free, 0, used)
 
     def placement_score(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
     ) -> float:
         return self._score(
-            node, core_before, node.cpu_free, request.cpu_milli, _request_demand(request)
+            node, before.core, node.cpu_free, request.cpu_milli, _request_demand(request)
         )
 
     def _score(
@@ -183,24 +168,17 @@ class RandomPolicy(ReferencePolicy):
         return key
 
     def placement_score(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
     ) -> float:
         pod = _key(f"{self.seed}|{request.uid}|{request.key}")
         keys = np.asarray([self._name_key(node.name) ^ pod], dtype=np.uint64)
         return float(_uniform(keys)[0])
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         # place_pod scores one GPU per group of identical GPUs; the largest of n uniform
         # draws (u ** (1/n)) makes each GPU equally likely, as a uniform pick over GPUs.
         slot = option.slots[0]
+        core, mem = free.core, free.mem
         total = node.total_mem
         same = sum(
             1
@@ -295,47 +273,19 @@ class FgdPolicy(Policy):
     def _value(self, delta: float) -> float:
         return math.floor(_sigmoid(delta / UNITS_PER_DEVICE) * 100 + 1e-9) / 100
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
-        after_core, after_mem = list(core), list(mem)
-        for s, c, m in zip(option.slots, option.core_after, option.mem_after, strict=True):
-            after_core[s] = c
-            after_mem[s] = m
-        delta = self.measure.delta(
-            node, core, mem, after_core, after_mem, option.cpu_milli, option.memory_mib
-        )
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
+        after = free.with_slots(option.slots, option.core_after, option.mem_after)
+        delta = self.measure.delta(node, free, after, option.cpu_milli, option.memory_mib)
         return self._value(delta)
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
-        delta = self.measure.delta(node, core_before, mem_before, core_after, mem_after, 0, 0)
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
+        delta = self.measure.delta(node, before, after, 0, 0)
         return self._value(delta)
 
     def placement_score(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
     ) -> float:
-        delta = self.measure.delta(
-            node,
-            core_before,
-            mem_before,
-            core_after,
-            mem_after,
-            request.cpu_milli,
-            request.memory_mib,
-        )
+        delta = self.measure.delta(node, before, after, request.cpu_milli, request.memory_mib)
         return self._value(delta)
 
     def vector_node_scores(

@@ -246,7 +246,7 @@ def node_order(names: Sequence[str], seed: int, ties: str = "order") -> dict[str
 
 def _node_fragment(measure: FragmentMeasure, state: ClusterState, name: str) -> float:
     node = state.nodes[name]
-    return measure.fragment(node, node.free_core, node.free_mem, node.cpu_free, None)
+    return measure.fragment(node, node.gpu_free, node.cpu_free, None)
 
 
 def reference_gpu_memory(nodes: Sequence[TraceNode]) -> int:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tessera.model import model_matches
-from tessera.node_state import NodeState
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import (
     FloatArray,
@@ -133,14 +133,10 @@ class FragmentMeasure:
         return entry
 
     def fragment(
-        self,
-        node: NodeState,
-        core: Sequence[int],
-        mem: Sequence[int],
-        cpu_free: int | None,
-        mem_free: int | None,
+        self, node: NodeState, free: GpuCapacity, cpu_free: int | None, mem_free: int | None
     ) -> float:
-        """Expected fragment of `node` with these free vectors and host CPU / memory."""
+        """Expected fragment of `node` with this free GPU capacity and host CPU / memory."""
+        core, mem = free.core, free.mem
         c = self._c
         slots = self._slots(node)
         idle = sum(core[s] for s in slots.healthy)
@@ -168,24 +164,21 @@ class FragmentMeasure:
     def delta(
         self,
         node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        before: GpuCapacity,
+        after: GpuCapacity,
         cpu_milli: int,
         memory_mib: int,
     ) -> float:
         """How much a placement lowers the node's expected fragment (negative: raises it)."""
         cpu, mem = node.cpu_free, node.mem_free
-        before = self.fragment(node, core_before, mem_before, cpu, mem)
-        after = self.fragment(
+        fragment_before = self.fragment(node, before, cpu, mem)
+        fragment_after = self.fragment(
             node,
-            core_after,
-            mem_after,
+            after,
             None if cpu is None else cpu - cpu_milli,
             None if mem is None else mem - memory_mib,
         )
-        return before - after
+        return fragment_before - fragment_after
 
     # --- many nodes (the vector path) -----------------------------------------------------
 

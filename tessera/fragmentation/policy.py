@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tessera.model import model_matches
-from tessera.node_state import NodeState
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
 from tessera.scoring_policy import (
@@ -212,17 +212,14 @@ class FragmentationPolicy(Policy):
     def _exact(
         self,
         node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        before: GpuCapacity,
+        after: GpuCapacity,
         cpu_milli: int,
         memory_mib: int,
         base: float = 0.0,
     ) -> float:
-        delta = self.measure.delta(
-            node, core_before, mem_before, core_after, mem_after, cpu_milli, memory_mib
-        )
+        delta = self.measure.delta(node, before, after, cpu_milli, memory_mib)
+        core_before, core_after, mem_after = before.core, after.core, after.mem
         gpus = node.inventory.gpus
         healthy = [s for s in range(len(core_before)) if gpus[s].healthy]
         idle_b = float(sum(core_before[s] for s in healthy))
@@ -262,22 +259,14 @@ class FragmentationPolicy(Policy):
             raw = raw - self.scarcity * cost
         return float(squash(self._final(raw, np.asarray([self._priority(node.name)])), 4.0)[0])
 
-    def option_score(
-        self, node: NodeState, core: Sequence[int], mem: Sequence[int], option: Option
-    ) -> float:
-        after_core = list(core)
-        after_mem = list(mem)
-        for s, c, m in zip(option.slots, option.core_after, option.mem_after, strict=True):
-            after_core[s] = c
-            after_mem[s] = m
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
+        after = free.with_slots(option.slots, option.core_after, option.mem_after)
         # the same base as the node's score (placement_score) and the vector form: with
         # coarse score steps, another base could pick another GPU among the options
         score = self._exact(
             node,
-            core,
-            mem,
-            after_core,
-            after_mem,
+            free,
+            after,
             option.cpu_milli,
             option.memory_mib,
             self._base_by_name(option.models),
@@ -286,31 +275,16 @@ class FragmentationPolicy(Policy):
         leftover = sum(option.core_after) / (_FULL * max(len(option.slots), 1))
         return score - 1e-9 * leftover
 
-    def node_score(
-        self,
-        node: NodeState,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
-    ) -> float:
-        return self._exact(node, core_before, mem_before, core_after, mem_after, 0, 0)
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
+        return self._exact(node, before, after, 0, 0)
 
     def placement_score(
-        self,
-        node: NodeState,
-        request: PodRequest,
-        core_before: Sequence[int],
-        mem_before: Sequence[int],
-        core_after: Sequence[int],
-        mem_after: Sequence[int],
+        self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
     ) -> float:
         return self._exact(
             node,
-            core_before,
-            mem_before,
-            core_after,
-            mem_after,
+            before,
+            after,
             request.cpu_milli,
             request.memory_mib,
             self._base_by_name(request.hints.models),

@@ -60,10 +60,10 @@ class Learning(Policy):
         self.level = 0.25 if len(self.seen) > 1 else 0.5
         self.generation = len(self.seen)
 
-    def option_score(self, node, core, mem, option):  # type: ignore[no-untyped-def]
+    def option_score(self, node, free, option):  # type: ignore[no-untyped-def]
         return 0.0
 
-    def node_score(self, node, core_before, mem_before, core_after, mem_after):  # type: ignore[no-untyped-def]
+    def node_score(self, node, before, after):  # type: ignore[no-untyped-def]
         return self.level
 
     def vector_node_scores(
@@ -86,7 +86,7 @@ def test_observe_generation_and_nan_rows() -> None:
 
 def test_placement_score_sees_the_pod() -> None:
     class HostAware(BinpackPolicy):
-        def placement_score(self, node, request, core_before, mem_before, core_after, mem_after):  # type: ignore[no-untyped-def]
+        def placement_score(self, node, request, before, after):  # type: ignore[no-untyped-def]
             return request.cpu_milli / 10_000
 
     state = small_state()

@@ -25,6 +25,7 @@ from tessera.fragmentation import (
 )
 from tessera.model import Gpu, NodeInventory
 from tessera.node_placement import Placement, place_pod
+from tessera.node_state import GpuCapacity
 from tessera.policy_registry import POLICIES, make_policies, make_policy
 from tessera.request import PodRequest, parse_pod
 from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
@@ -135,7 +136,7 @@ def test_measure_follows_the_papers_definition(
     node = state.nodes["n"]
     mem = [node.total_mem[s] * f // 100 for s, f in enumerate(free)]
     measure = FragmentMeasure(WORKLOAD, count_host_classes=count_host)
-    got = measure.fragment(node, free, mem, cpu, None)
+    got = measure.fragment(node, GpuCapacity(tuple(free), tuple(mem)), cpu, None)
     assert math.isclose(got, naive_fragment(WORKLOAD, free, cpu, count_host), abs_tol=1e-9)
 
 
@@ -145,7 +146,9 @@ def test_fragment_of_an_empty_node_is_zero_and_a_leftover_counts() -> None:
     node = state.nodes["n"]
     measure = FragmentMeasure(WORKLOAD)
     assert math.isclose(
-        measure.fragment(node, [100, 100], node.total_mem, None, None), 0.0, abs_tol=1e-9
+        measure.fragment(node, GpuCapacity((100, 100), tuple(node.total_mem)), None, None),
+        0.0,
+        abs_tol=1e-9,
     )
     # 20% left on one GPU: no class fits there; the other GPU is free for everyone
     mem = [node.total_mem[0] // 5, node.total_mem[1]]
@@ -156,7 +159,9 @@ def test_fragment_of_an_empty_node_is_zero_and_a_leftover_counts() -> None:
     )
     two_gpu = WORKLOAD.weight_of(PodClass(gpu_count=2, cpu_milli=16000))
     expected = 20 * classes_needing_more + 120 * two_gpu
-    assert math.isclose(measure.fragment(node, [20, 100], mem, None, None), expected)
+    assert math.isclose(
+        measure.fragment(node, GpuCapacity((20, 100), tuple(mem)), None, None), expected
+    )
 
 
 def test_a_node_without_cpu_is_all_fragment() -> None:
@@ -167,7 +172,7 @@ def test_a_node_without_cpu_is_all_fragment() -> None:
     gpu_weight = sum(
         w for c, w in zip(WORKLOAD.classes, WORKLOAD.weights, strict=True) if c.wants_gpu
     )
-    got = measure.fragment(node, [100, 100], node.total_mem, 1000, None)
+    got = measure.fragment(node, GpuCapacity((100, 100), tuple(node.total_mem)), 1000, None)
     assert math.isclose(got, 200 * gpu_weight)
 
 
