@@ -162,7 +162,7 @@ def _rss_with_inventory() -> Result:
         "MB",
         target=60.0,
         note="kubeconfig auth; the client's REST layer and config loader only "
-        "(deviceplugin/lean_kubernetes.py); in-cluster auth loads less",
+        "(kube_edge/lean.py); in-cluster auth loads less",
     )
 
 

@@ -41,8 +41,8 @@ def _kubeconfig(url: str, directory: str) -> str:
 
 
 def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
+    from kube_edge.client import KubeClient
     from kubectl_tessera.cli import main
-    from scheduler_plugin.kube import Connection, KubeClient
     from tessera import resources as rn
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera.record import Keyring, encode
@@ -50,7 +50,7 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
-        setup = KubeClient(Connection(url))
+        setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
         shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
         for node in names:

@@ -67,7 +67,7 @@ def lease(name: str) -> dict[str, Any]:
 def create_nodes(client: Any, count: int) -> list[str]:
     """`count` Nodes with their NodeDevices and fresh heartbeat Leases, created through
     `client` on an API server; returns the node names."""
-    from scheduler_plugin.kube import lease_path
+    from kube_edge.client import lease_path
 
     names = [f"node-{n:04d}" for n in range(count)]
     for name in names:
@@ -118,11 +118,11 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
 
 def serving(cache: Any) -> Any:
     """A Service around `cache`, serving HTTP on a free port, without an API server."""
-    from scheduler_plugin.kube import Connection, KubeClient
+    from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
     from tessera.record import Keyring
 
-    client = KubeClient(Connection("http://127.0.0.1:9"))
+    client = KubeClient.for_host("http://127.0.0.1:9")
     service = Service(
         Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
         client,
@@ -212,14 +212,14 @@ def _start_fake_api() -> tuple[subprocess.Popen[str], str]:
 
 def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
     """(binds per CPU-second of this process, binds per wall-clock second)."""
-    from scheduler_plugin.kube import Connection, KubeClient, lease_path
+    from kube_edge.client import KubeClient, lease_path
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.record import Keyring
 
     proc, url = _start_fake_api()
     try:
-        setup = KubeClient(Connection(url))
+        setup = KubeClient.for_host(url)
         for n in range(nodes):
             name = f"node-{n:03d}"
             setup.create("/api/v1/nodes", {"metadata": {"name": name}})
@@ -238,7 +238,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
             created.append(setup.create("/api/v1/namespaces/default/pods", obj))
         service = Service(
             Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
-            KubeClient(Connection(url), pool_size=workers * 2),
+            KubeClient.for_host(url, pool_size=workers * 2),
             Keyring.generate("bench"),
         ).start()
         assert service.wait_ready(60)
@@ -288,11 +288,11 @@ def client_cost(calls: int = 300) -> tuple[float, float]:
     sequentially: (our thin urllib3 client, the `kubernetes` package's CoreV1Api)."""
     from kubernetes import client as kclient
 
-    from scheduler_plugin.kube import Connection, KubeClient, pod_path
+    from kube_edge.client import KubeClient, pod_path
 
     proc, url = _start_fake_api()
     try:
-        thin = KubeClient(Connection(url))
+        thin = KubeClient.for_host(url)
         names = [f"c{i}" for i in range(2 * calls)]
         for name in names:
             spec = {"containers": [{"name": "main", "image": "busybox"}]}

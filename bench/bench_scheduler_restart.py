@@ -29,7 +29,7 @@ POISONS = [
 
 def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, set[str]]:
     """(seconds from start to ready, fenced nodes)."""
-    from scheduler_plugin.kube import Connection, KubeClient
+    from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
@@ -38,7 +38,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
     keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
-        setup = KubeClient(Connection(url))
+        setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
         shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
         records: list[str] = []
@@ -86,7 +86,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
         started = time.monotonic()
         service = Service(
             Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
-            KubeClient(Connection(url)),
+            KubeClient.for_host(url),
             keyring,
         ).start()
         try:

@@ -25,7 +25,6 @@ from pathlib import Path
 from deviceplugin.backend import GpuBackend, NicSource, XidEvent
 from deviceplugin.health import HealthTracker, XidPolicy
 from deviceplugin.inventory import InventoryPublisher
-from deviceplugin.kubeapi import KubeError
 from deviceplugin.rdma import port_health
 from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
 from deviceplugin.units import (
@@ -35,6 +34,7 @@ from deviceplugin.units import (
     check_limits,
     validate_resource_name,
 )
+from kube_edge.errors import ApiError
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory
 
@@ -318,7 +318,7 @@ class Agent:
 
 
 def _log_api_failure(what: str, exc: Exception) -> None:
-    if isinstance(exc, KubeError):
+    if isinstance(exc, ApiError):
         log.warning("%s: %s; retrying", what, exc)
     else:
         log.exception("%s: unexpected failure; retrying", what)

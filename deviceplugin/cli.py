@@ -405,12 +405,17 @@ def _run(args: argparse.Namespace) -> int:
         backend.close()
         return 0
     if not args.no_inventory:
-        from deviceplugin.inventory import InventoryConfig, InventoryPublisher
-        from deviceplugin.kubeapi import KubernetesClientApi
+        from deviceplugin.inventory import MAX_ANSWER_BYTES, InventoryConfig, InventoryPublisher
+        from kube_edge.client import KubeClient
 
         try:
-            api = KubernetesClientApi.connect(args.kubeconfig, args.kube_context)
-        except Exception as exc:  # the kubernetes config loaders raise several types
+            api = KubeClient.connect(
+                args.kubeconfig,
+                args.kube_context,
+                user_agent="tessera-device-plugin",
+                max_response_bytes=MAX_ANSWER_BYTES,
+            )
+        except Exception as exc:  # ApiError; anything else the loaders may raise
             backend.close()
             flag = "--kubeconfig" if args.kubeconfig else "--kubeconfig (in-cluster)"
             detail = " ".join(str(exc).split())[:300]

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from deviceplugin.kubeapi import STRATEGIC_MERGE_PATCH, KubeApi, KubeError
+from kube_edge.client import STRATEGIC_MERGE_PATCH, KubeClient
+from kube_edge.errors import ApiError
 from tessera.model import NodeInventory
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
@@ -36,6 +37,11 @@ from tessera.resources import (
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
 )
+
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+"""Largest API answer the agent reads: it reads one Node, its Lease and its NodeDevices
+object, each at most 1.5 MiB (etcd's default request limit); a longer answer is refused
+(ApiError) without being read to the end."""
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +192,7 @@ class InventoryPublisher:
     """Writes the NodeDevices object, the node labels and the heartbeat Lease."""
 
     def __init__(
-        self, api: KubeApi, config: InventoryConfig, clock: Callable[[], float] = time.time
+        self, api: KubeClient, config: InventoryConfig, clock: Callable[[], float] = time.time
     ) -> None:
         self.api = api
         self.config = config
@@ -252,7 +258,7 @@ class InventoryPublisher:
         for _ in range(self.config.conflict_retries + 1):
             try:
                 current = self.api.request("GET", cr_path(name))
-            except KubeError as exc:
+            except ApiError as exc:
                 if exc.status != 404:
                     raise
                 current = None
@@ -265,7 +271,7 @@ class InventoryPublisher:
                 }
                 try:
                     self.api.request("POST", cr_path(), body)
-                except KubeError as exc:
+                except ApiError as exc:
                     if exc.status == 409:  # created meanwhile: read it and compare again
                         continue
                     raise
@@ -283,7 +289,7 @@ class InventoryPublisher:
                 body.pop("status", None)  # the scheduler's; a replace ignores it anyway
                 try:
                     self.api.request("PUT", cr_path(name), body)
-                except KubeError as exc:
+                except ApiError as exc:
                     if exc.status in (404, 409):
                         log.info(
                             "%s/%s changed meanwhile (%d); retrying",
@@ -297,7 +303,9 @@ class InventoryPublisher:
             self._written = spec
             self.writes += 1
             return True
-        raise KubeError(409, "Conflict", f"gave up after {self.config.conflict_retries} retries")
+        raise ApiError(
+            409, reason="Conflict", message=f"gave up after {self.config.conflict_retries} retries"
+        )
 
     # --- heartbeat --------------------------------------------------------------------------
 
@@ -336,14 +344,14 @@ class InventoryPublisher:
             if self._lease is None:
                 try:
                     self._lease = self.api.request("GET", path)
-                except KubeError as exc:
+                except ApiError as exc:
                     if exc.status != 404:
                         raise
                     try:
                         self._lease = self.api.request(
                             "POST", lease_path(cfg.heartbeat_namespace), self._lease_body(now, None)
                         )
-                    except KubeError as exc2:
+                    except ApiError as exc2:
                         if exc2.status == 409:
                             continue
                         raise
@@ -351,9 +359,9 @@ class InventoryPublisher:
             try:
                 self._lease = self.api.request("PUT", path, self._lease_body(now, self._lease))
                 return
-            except KubeError as exc:
+            except ApiError as exc:
                 self._lease = None
                 if exc.status in (404, 409):
                     continue
                 raise
-        raise KubeError(409, "Conflict", "could not renew the heartbeat Lease")
+        raise ApiError(409, reason="Conflict", message="could not renew the heartbeat Lease")

@@ -211,7 +211,7 @@ def _inventory(node: str) -> dict[str, Any]:
 @contextmanager
 def target() -> Iterator[Any]:
     """A ready Service on a loopback port over a simulated API server."""
-    from scheduler_plugin.kube import Connection, KubeClient
+    from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.record import Keyring
@@ -244,7 +244,7 @@ def target() -> Iterator[Any]:
         )
         service = Service(
             options,
-            KubeClient(Connection(host=fake.url), timeout=5),
+            KubeClient.for_host(fake.url, timeout=5),
             Keyring.generate("fuzz"),
         ).start()
         try:

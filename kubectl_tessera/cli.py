@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 from urllib.parse import quote
 
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from kubectl_tessera import explain as explain_view
 from kubectl_tessera import nodes as nodes_view
 from kubectl_tessera import pods as pods_view
-from kubectl_tessera.kube import ApiError, Kube, connect
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_POLICY,
@@ -82,23 +83,23 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _leases(kube: Kube, namespace: str) -> list[dict[str, Any]] | None:
+def _leases(kube: KubeClient, namespace: str) -> list[dict[str, Any]] | None:
     """The heartbeat Leases, or None when this user may not read them (403) or the
     namespace does not exist (404): the rest still prints."""
     path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
     try:
-        return list(kube.list(path))
+        return list(kube.list_items(path))
     except ApiError as exc:
         if exc.status in (403, 404):
             return None
         raise
 
 
-def _nodes(kube: Kube) -> list[dict[str, Any]]:
+def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
     """The Node objects, or none when this user may not list them: the table then has only
     the nodes that published NodeDevices."""
     try:
-        return list(kube.list("/api/v1/nodes"))
+        return list(kube.list_items("/api/v1/nodes"))
     except ApiError as exc:
         if exc.status in (403, 404):
             return []
@@ -112,10 +113,10 @@ def _emit(args: argparse.Namespace, doc: Any, table: Callable[[], str]) -> None:
         print(table())
 
 
-def run(args: argparse.Namespace, kube: Kube, namespace: str, now: float) -> int:
+def run(args: argparse.Namespace, kube: KubeClient, namespace: str, now: float) -> int:
     if args.command == "nodes":
         node_rows = nodes_view.rows(
-            kube.list(INVENTORY_PATH),
+            kube.list_items(INVENTORY_PATH),
             _leases(kube, args.heartbeat_namespace),
             now,
             args.heartbeat_namespace,
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace, kube: Kube, namespace: str, now: float) -> int
             if args.all_namespaces
             else f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
         )
-        pod_rows = pods_view.rows(kube.list(path))
+        pod_rows = pods_view.rows(kube.list_items(path))
         _emit(args, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
         return 0
     pod = kube.get(
@@ -139,8 +140,8 @@ def run(args: argparse.Namespace, kube: Kube, namespace: str, now: float) -> int
         raise ApiError(200, "the pod answer is not an object")
     result = explain_view.explain(
         pod,
-        list(kube.list(INVENTORY_PATH)),
-        kube.list("/api/v1/pods"),
+        list(kube.list_items(INVENTORY_PATH)),
+        kube.list_items("/api/v1/pods"),
         _leases(kube, args.heartbeat_namespace),
         now,
         policy=args.policy,
@@ -159,9 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     try:
-        target = connect(args.kubeconfig, args.context)
-        kube = Kube(target.api_client, timeout_s=args.request_timeout)
-        return run(args, kube, args.namespace or target.namespace, time.time())
+        kube = KubeClient.connect(
+            args.kubeconfig,
+            args.context,
+            timeout=args.request_timeout,
+            user_agent="kubectl-tessera",
+        )
+        return run(args, kube, args.namespace or kube.namespace, time.time())
     except ApiError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1

@@ -17,8 +17,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from scheduler_plugin import limits
-from scheduler_plugin.kube import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kube_edge.client import KubeClient, pod_path
+from kube_edge.errors import ApiError
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import Extender, allocation_summary, get_field
-from scheduler_plugin.kube import ApiError, KubeClient, pod_path
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
 from tessera.allocation import PodAllocation

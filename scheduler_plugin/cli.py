@@ -329,15 +329,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
 
-    from scheduler_plugin.kube import KubeClient, load_connection
+    from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
 
     try:
-        conn, cfg = load_connection(args.kubeconfig, args.context)
+        client = KubeClient.connect(
+            args.kubeconfig,
+            args.context,
+            timeout=args.api_timeout,
+            pool_size=32,
+            user_agent="tessera-scheduler",
+        )
     except Exception as exc:
         log.error("cannot load the cluster configuration: %s", exc)
         return 2
-    client = KubeClient(conn, timeout=args.api_timeout, refresh=cfg, pool_size=32)
     options = Options(
         host=args.listen[0],
         port=args.listen[1],

@@ -1,10 +1,8 @@
 """Watches that keep the Cache equal to the cluster: NodeDevices, Leases, Nodes, Pods.
 
-Each resource has an Informer: list, then watch from the list's resourceVersion; a watch
-that ends is resumed from the last resourceVersion seen (bookmarks included); a 410 Gone
-(history compacted) or any error leads to a fresh list, whose items *replace* what the
-handler knew (objects missing from the list count as deleted). The service is ready only
-after every informer has listed once.
+Each resource has a kube_edge Informer (list, then watch; a 410 Gone or any error leads to
+a fresh list whose items *replace* what the handler knew) feeding one of the handlers here.
+The service is ready only after every informer has listed once.
 
 Every handler processes each object on its own: whatever one object holds (a poison
 record, a NodeDevices past every bound, a wrong shape), its failure is recorded against
@@ -22,14 +20,13 @@ back by `Reconciler.expire_assumed`).
 from __future__ import annotations
 
 import logging
-import random
-import threading
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kube_edge.client import KubeClient, lease_path, pod_path
+from kube_edge.errors import ApiError
+from kube_edge.informer import Handler, Informer
 from scheduler_plugin.cache import INTERNAL_ERROR, Cache
-from scheduler_plugin.kube import ApiError, KubeClient, lease_path, pod_path
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import (
     Verdict,
@@ -53,139 +50,6 @@ from tessera.resources import (
 log = logging.getLogger(__name__)
 
 INVENTORY_PATH = f"/apis/{INVENTORY_GROUP}/{INVENTORY_VERSION}/{INVENTORY_PLURAL}"
-WATCH_TIMEOUT = 290
-"""Seconds a watch asks the server to keep the stream open (the server may end it sooner)."""
-
-
-class Handler:
-    """Receives an informer's changes."""
-
-    def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        """A full list: `items` (streamed page by page) is everything that exists."""
-        raise NotImplementedError
-
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-
-class Informer:
-    """List and watch one resource path, feeding a Handler (see the module doc)."""
-
-    def __init__(
-        self,
-        client: KubeClient,
-        path: str,
-        handler: Handler,
-        *,
-        name: str,
-        metrics: Metrics | None = None,
-        watch_timeout: int = WATCH_TIMEOUT,
-        page_size: int = 500,
-    ) -> None:
-        self.client = client
-        self.path = path
-        self.handler = handler
-        self.name = name
-        self.metrics = metrics
-        self.watch_timeout = watch_timeout
-        self.page_size = page_size
-        self.synced = threading.Event()
-        self.resource_version = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.relists = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{self.name}")
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        backoff = 0.2
-        need_list = True
-        while not self._stop.is_set():
-            try:
-                if need_list:
-                    self.list_once()
-                    need_list = False
-                    backoff = 0.2
-                need_list = self.watch_once()
-            except ApiError as exc:
-                if self._stop.is_set():
-                    return
-                log.warning("watch of %s failed (%s); relisting", self.name, exc)
-                need_list = True
-                self._stop.wait(backoff * (1 + random.random()))
-                backoff = min(backoff * 2, 10.0)
-            except Exception:
-                log.exception("informer %s crashed; relisting", self.name)
-                need_list = True
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-
-    def list_once(self) -> None:
-        """A full list, in pages of `page_size` (a big cluster's pods never sit in memory
-        as one response); the handler consumes the pages as they come."""
-        self.handler.replace(self._pages())
-        self.relists += 1
-        if self.metrics is not None:
-            self.metrics.watch_relists.labels(self.name).inc()
-        self.synced.set()
-
-    def _pages(self) -> Iterator[dict[str, Any]]:
-        token = ""
-        while True:
-            query: dict[str, Any] = {"limit": self.page_size}
-            if token:
-                query["continue"] = token
-            result = self.client.list(self.path, **query)
-            meta = result.get("metadata") or {}
-            if not token:
-                # a paged list is one snapshot, at the first page's resourceVersion
-                self.resource_version = str(meta.get("resourceVersion") or "")
-            for item in result.get("items") or []:
-                if isinstance(item, dict):
-                    yield item
-            token = str(meta.get("continue") or "")
-            if not token:
-                return
-
-    def watch_once(self) -> bool:
-        """Follow the watch until it ends. Returns True when a relist is needed."""
-        query = {
-            "watch": "true",
-            "resourceVersion": self.resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": self.watch_timeout,
-        }
-        for event in self.client.stream(self.path, query, read_timeout=self.watch_timeout + 30):
-            if self._stop.is_set():
-                return False
-            kind = event.get("type")
-            obj = event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if kind == "ERROR":
-                code = obj.get("code")
-                log.info("watch of %s: %s (%s); relisting", self.name, obj.get("message"), code)
-                return True
-            rv = section(obj, "metadata").get("resourceVersion")
-            if rv:
-                self.resource_version = str(rv)
-            if kind == "BOOKMARK":
-                continue
-            if kind in ("ADDED", "MODIFIED", "DELETED"):
-                try:
-                    self.handler.event(str(kind), obj)
-                except Exception:
-                    log.exception("handling a %s event of %s failed", kind, self.name)
-        return False
 
 
 def _name(obj: Mapping[str, Any]) -> str:
@@ -395,31 +259,27 @@ def informers(
     metrics: Metrics | None = None,
 ) -> list[Informer]:
     """The informers in sync order: nodes and inventories first, then leases, then pods."""
+
+    def relisted(name: str) -> None:
+        if metrics is not None:
+            metrics.watch_relists.labels(name).inc()
+
     result = []
     if watch_nodes:
         result.append(
-            Informer(client, "/api/v1/nodes", NodeHandler(cache), name="nodes", metrics=metrics)
+            Informer(client, "/api/v1/nodes", NodeHandler(cache), name="nodes", on_relist=relisted)
         )
     result += [
         Informer(
-            client, INVENTORY_PATH, InventoryHandler(cache), name="nodedevices", metrics=metrics
+            client, INVENTORY_PATH, InventoryHandler(cache), name="nodedevices", on_relist=relisted
         ),
         Informer(
             client,
             lease_path(heartbeat_namespace),
             LeaseHandler(cache),
             name="leases",
-            metrics=metrics,
+            on_relist=relisted,
         ),
-        Informer(client, "/api/v1/pods", reconciler, name="pods", metrics=metrics),
+        Informer(client, "/api/v1/pods", reconciler, name="pods", on_relist=relisted),
     ]
     return result
-
-
-def wait_synced(items: Iterable[Informer], timeout: float | None = None) -> bool:
-    deadline = None if timeout is None else time.monotonic() + timeout
-    for informer in items:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not informer.synced.wait(left):
-            return False
-    return True

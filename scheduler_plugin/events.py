@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from scheduler_plugin.kube import ApiError, KubeClient
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 
 log = logging.getLogger(__name__)
 

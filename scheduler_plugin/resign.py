@@ -14,7 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Final
 
-from scheduler_plugin.kube import ApiError, KubeClient, pod_path
+from kube_edge.client import KubeClient, pod_path
+from kube_edge.errors import ApiError
 from scheduler_plugin.recovery import Holds, judge, pod_identity, record_text
 from tessera.errors import TesseraError
 from tessera.record import LEGACY_MAC_ALGORITHM, KeySource, encode, signature_algorithm

@@ -20,16 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from kube_edge.client import KubeClient
+from kube_edge.informer import Informer
+from kube_edge.leader import LeaderElector
 from scheduler_plugin import limits
 from scheduler_plugin.auth import TokenAuthorizer
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
-from scheduler_plugin.cluster import Informer, Reconciler, informers
+from scheduler_plugin.cluster import Reconciler, informers
 from scheduler_plugin.events import UNTRUSTED_RECORD, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
 from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
-from scheduler_plugin.kube import KubeClient
-from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter

@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import INVENTORY_PATH
-from scheduler_plugin.kube import ApiError, KubeClient
 from scheduler_plugin.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -39,13 +39,12 @@ from typing import Any, TextIO
 from deviceplugin.agent import Agent, AgentConfig
 from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher
-from deviceplugin.kubeapi import KubernetesClientApi
+from kube_edge.client import KubeClient
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
 from protos.nri import api_pb2 as nri
-from scheduler_plugin.kube import Connection, KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
@@ -181,7 +180,7 @@ def _start_node(api: FakeApiServer, work: Path, name: str, topology: str) -> Sim
         backend,
         backend,
         publisher=InventoryPublisher(
-            KubernetesClientApi.for_host(api.url, timeout_s=5), InventoryConfig(name)
+            KubeClient.for_host(api.url, timeout=5), InventoryConfig(name)
         ),
     )
     agent.discover()
@@ -437,7 +436,7 @@ def _start_scheduler(
     nodes: Sequence[str],
 ) -> Service:
     options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False, open_debug=True)
-    service = Service(options, KubeClient(Connection(host=api.url)), keyring).start()
+    service = Service(options, KubeClient.for_host(api.url), keyring).start()
     stack.callback(service.stop)
     if not service.wait_ready(20):
         raise RuntimeError("the scheduler extender did not become ready")

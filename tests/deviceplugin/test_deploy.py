@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, cr_spec
-from deviceplugin.kubeapi import KubernetesClientApi
+from kube_edge.client import KubeClient
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     INVENTORY_GROUP,
@@ -149,9 +149,7 @@ def test_rbac_grants_exactly_what_the_agent_calls() -> None:
     inventory = load_topology("t4-4x", "node-a")
     with FakeApiServer() as server:
         server.create("nodes", {"metadata": {"name": "node-a"}})
-        publisher = InventoryPublisher(
-            KubernetesClientApi.for_host(server.url), InventoryConfig("node-a")
-        )
+        publisher = InventoryPublisher(KubeClient.for_host(server.url), InventoryConfig("node-a"))
         publisher.heartbeat()
         publisher.publish(inventory)
         publisher.update_labels(inventory)

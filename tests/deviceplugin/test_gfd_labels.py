@@ -13,8 +13,8 @@ from deviceplugin.inventory import (
     gfd_labels,
     node_labels,
 )
-from deviceplugin.kubeapi import KubernetesClientApi
 from deviceplugin.nvml_backend import NvmlBackend
+from kube_edge.client import KubeClient
 from tessera.model import NodeInventory
 from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
@@ -63,7 +63,7 @@ def test_the_publisher_writes_them_only_when_asked():
     t4 = load_topology("t4-4x", NODE)
     with FakeApiServer() as server:
         server.create("nodes", {"metadata": {"name": NODE, "labels": {"zone": "a"}}})
-        api = KubernetesClientApi.for_host(server.url, timeout_s=5)
+        api = KubeClient.for_host(server.url, timeout=5)
         InventoryPublisher(api, InventoryConfig(NODE)).update_labels(t4)
         labels = server.get("nodes", NODE)["metadata"]["labels"]
         assert not any(k.startswith("nvidia.com/") for k in labels)

@@ -17,7 +17,8 @@ from deviceplugin.inventory import (
     micro_time,
     sanitize_label_value,
 )
-from deviceplugin.kubeapi import KubeError, KubernetesClientApi
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from tessera.model import NodeInventory
 from tessera.resources import (
     GPU_COUNT_LABEL,
@@ -70,7 +71,7 @@ class Clock:
 
 
 def _publisher(server: FakeApiServer, clock: Clock | None = None) -> InventoryPublisher:
-    api = KubernetesClientApi.for_host(server.url, timeout_s=5)
+    api = KubeClient.for_host(server.url, timeout=5)
     return InventoryPublisher(api, InventoryConfig(NODE), clock=clock or Clock())
 
 
@@ -166,12 +167,12 @@ def test_api_errors_surface_and_the_next_attempt_works(
 ) -> None:
     publisher = _publisher(apiserver)
     apiserver.fail(CR, method="GET", status=500)
-    with pytest.raises(KubeError) as err:
+    with pytest.raises(ApiError) as err:
         publisher.publish(h100)
     assert err.value.status == 500
     assert publisher.publish(h100)
     apiserver.stop()
-    with pytest.raises(KubeError) as err:
+    with pytest.raises(ApiError) as err:
         publisher.publish(h100.with_gpu_health(h100.gpus[0].uuid, False, "x"))
     assert err.value.status == 0  # no answer at all
 

@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, cr_path, lease_path
-from deviceplugin.kubeapi import KubeError, KubernetesClientApi
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from tessera.model import NodeInventory
 from tessera_edge.topology_file import load_topology
 from tests.deviceplugin.conftest import ROOT
@@ -24,11 +25,11 @@ NODE = "tessera-e2e-node"
 
 
 @pytest.fixture
-def api() -> Iterator[KubernetesClientApi]:
+def api() -> Iterator[KubeClient]:
     kubeconfig = os.environ.get("TESSERA_E2E_KUBECONFIG")
     if not kubeconfig:
         pytest.skip("set TESSERA_E2E_KUBECONFIG to run against a real kube-apiserver")
-    client = KubernetesClientApi.connect(kubeconfig)
+    client = KubeClient.connect(kubeconfig)
     crd = yaml.safe_load((ROOT / "deploy" / "crds" / "nodedevices.yaml").read_text())
     for path, body in [
         ("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd),
@@ -37,7 +38,7 @@ def api() -> Iterator[KubernetesClientApi]:
     ]:
         try:
             client.request("POST", path, body)
-        except KubeError as exc:
+        except ApiError as exc:
             if exc.status != 409:
                 raise
     deadline = time.monotonic() + 30
@@ -54,11 +55,11 @@ def api() -> Iterator[KubernetesClientApi]:
         time.sleep(0.5)
     yield client
     for path in (cr_path(NODE), f"/api/v1/nodes/{NODE}"):
-        with contextlib.suppress(KubeError):
+        with contextlib.suppress(ApiError):
             client.request("DELETE", path)
 
 
-def test_publish_labels_and_heartbeat(api: KubernetesClientApi, tmp_path: Path) -> None:
+def test_publish_labels_and_heartbeat(api: KubeClient, tmp_path: Path) -> None:
     inventory = load_topology("h100-sxm-8x", NODE)
     publisher = InventoryPublisher(api, InventoryConfig(NODE))
     publisher.publish(inventory)

@@ -29,7 +29,9 @@ from typing import Any
 
 import yaml
 
-from scheduler_plugin.kube import ApiError, Connection, KubeClient
+from kube_edge import config as kube_config
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_edge.keyfiles import generate_key_files, load_keyring
@@ -241,14 +243,14 @@ class ControlPlane:
     # --- plumbing --------------------------------------------------------------------------
 
     def client(self, token: str | None = None, pair: pki.Pair | None = None) -> KubeClient:
-        conn = Connection(
+        cluster = kube_config.for_host(
             self.server,
             ca_file=str(self.cluster_ca.path),
-            token=f"Bearer {token}" if token else None,
+            token=token,
             cert_file=str(pair.cert) if pair else None,
             key_file=str(pair.key) if pair else None,
         )
-        return KubeClient(conn, timeout=30, user_agent="tessera-e2e")
+        return KubeClient(cluster, timeout=30, user_agent="tessera-e2e")
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> Proc:
         proc = Proc(self.work, name, cmd, env).start()

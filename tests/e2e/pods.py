@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from scheduler_plugin.kube import KubeClient, pod_path
+from kube_edge.client import KubeClient, pod_path
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.record import Keyring, decode

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.kube import ApiError, pod_path
+from kube_edge.client import pod_path
+from kube_edge.errors import ApiError
 from tessera import resources as rn
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.kube import pod_path
+from kube_edge.client import pod_path
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation
 from tests.e2e import binaries

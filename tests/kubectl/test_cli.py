@@ -270,17 +270,15 @@ def test_namespace_and_context_come_from_the_kubeconfig(fake, tmp_path, capsys):
 def test_in_a_pod_the_service_account_and_its_namespace_are_used(
     fake, tmp_path, monkeypatch, capsys
 ):
-    import kubernetes.config
+    from kube_edge import config
 
-    from kubectl_tessera import kube
-
-    def incluster(client_configuration):
-        client_configuration.host = fake.url
+    def incluster(configuration):
+        configuration.host = fake.url
 
     namespace_file = tmp_path / "namespace"
     namespace_file.write_text("ml\n")
-    monkeypatch.setattr(kubernetes.config, "load_incluster_config", incluster)
-    monkeypatch.setattr(kube, "SERVICE_ACCOUNT_NAMESPACE", str(namespace_file))
+    monkeypatch.setattr(config, "load_incluster", incluster)
+    monkeypatch.setattr(config, "SERVICE_ACCOUNT_NAMESPACE", str(namespace_file))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     fake.create("pods", pod("p", share(10, 10), namespace="ml"))

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from scheduler_plugin.kube import Connection, KubeClient
+from kube_edge.client import KubeClient
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
@@ -124,7 +124,7 @@ def populate(fake: FakeApiServer, nodes: list[str], **kw: Any) -> None:
 
 
 def client_for(fake: FakeApiServer, timeout: float = 5.0) -> KubeClient:
-    return KubeClient(Connection(host=fake.url), timeout=timeout)
+    return KubeClient.for_host(fake.url, timeout=timeout)
 
 
 def options(**kw: Any) -> Options:

@@ -1,4 +1,4 @@
-"""Leader election on a Lease, high availability of two replicas, and the command line."""
+"""High availability of two replicas (Lease leader election) and the command line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 from scheduler_plugin.cli import build_parser
-from scheduler_plugin.leader import LeaderElector
 from scheduler_plugin.service import Service
 from tessera.policy_registry import POLICIES
 from tessera.record import Keyring
@@ -23,50 +22,6 @@ from tests.scheduler.helpers import (
     share,
     wait_for,
 )
-
-
-def elector(fake, identity, clock, **kw):
-    return LeaderElector(
-        client_for(fake),
-        "tessera-system",
-        "tessera-scheduler",
-        identity,
-        lease_duration=10,
-        renew_deadline=6,
-        retry_period=1,
-        clock=lambda: clock[0],
-        **kw,
-    )
-
-
-def test_one_leader_takeover_after_expiry_and_on_release(fake):
-    clock = [100.0]
-    a, b = elector(fake, "a", clock), elector(fake, "b", clock)
-    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
-    clock[0] += 5
-    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
-    # a stops renewing; b takes over only once the lease has not changed for its duration
-    clock[0] += 9
-    assert not b.try_acquire_or_renew()
-    assert not a.leading  # a's renew deadline has passed: it stopped answering first
-    clock[0] += 2
-    assert b.try_acquire_or_renew() and b.leading
-    lease = fake.get("leases", "tessera-scheduler", "tessera-system")
-    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
-    assert not a.try_acquire_or_renew() and not a.is_leader
-    # release hands over at once
-    b.release()
-    assert a.try_acquire_or_renew()
-
-
-def test_a_lost_update_race_makes_no_second_leader(fake):
-    clock = [0.0]
-    a, b = elector(fake, "a", clock), elector(fake, "b", clock)
-    assert a.try_acquire_or_renew()
-    a.release()
-    fake.fail("/leases/tessera-scheduler", method="PUT", status=409)
-    assert not b.try_acquire_or_renew()
-    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
 
 
 def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake):

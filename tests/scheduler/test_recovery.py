@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_plugin.kube import Connection, KubeClient
+from kube_edge import config
+from kube_edge.client import KubeClient
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, judge, rebuild
 from scheduler_plugin.service import Service
 from tessera import resources as rn
@@ -169,12 +170,12 @@ def test_a_restart_makes_exactly_the_decisions_it_would_have_made():
     for restart_at in (None, 7):
         with FakeApiServer() as fake:
             populate(fake, NODES, gpus=4)
-            service = Service(options(), KubeClient(Connection(fake.url)), KEYRING).start()
+            service = Service(options(), KubeClient.for_host(fake.url), KEYRING).start()
             assert service.wait_ready()
             for i, obj in enumerate(pods):
                 if i == restart_at:
                     service.stop(release=False)
-                    service = Service(options(), KubeClient(Connection(fake.url)), KEYRING).start()
+                    service = Service(options(), KubeClient.for_host(fake.url), KEYRING).start()
                     assert service.wait_ready()
                     check_accounts_exactly(fake, service)
                 schedule(Http(service.server.port), fake, dict(obj), NODES)
@@ -195,7 +196,7 @@ class CrashingClient(KubeClient):
     """Dies at the n-th pod write; with `land`, that write reaches the API server first."""
 
     def __init__(self, url: str, crash_at: int, land: bool) -> None:
-        super().__init__(Connection(url))
+        super().__init__(config.for_host(url))
         self.crash_at = crash_at
         self.land = land
         self.writes = 0

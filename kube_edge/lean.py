@@ -1,9 +1,9 @@
-"""The parts of the official `kubernetes` client the node agent uses, without the rest.
+"""The parts of the official `kubernetes` client tessera uses, without the rest.
 
 `import kubernetes` (or any of its submodules) runs the package's `__init__`, which imports
 every API class and the generated models package: with kubernetes 37 (pydantic models) that
-is about 20 MB of resident memory, a third of the agent's budget, for a program that needs
-`Configuration`, the REST client and one config loader.
+is about 20 MB of resident memory, a third of the node agent's budget, for programs that
+need `Configuration` and one config loader.
 
 `load()` installs the packages `kubernetes`, `kubernetes.client`, `kubernetes.client.models`,
 `kubernetes.config` and `kubernetes.utils` as lazy stand-ins: empty modules with the real
@@ -130,7 +130,7 @@ def _loader(module: str, function: str) -> Any:
     (and its OAuth and requests dependencies)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_config_module(module), function)(*args, **kwargs)
+        return getattr(config_module(module), function)(*args, **kwargs)
 
     return call
 
@@ -141,7 +141,8 @@ def _api_client(*args: Any, **kwargs: Any) -> Any:
     return importlib.import_module("kubernetes.client.api_client").ApiClient(*args, **kwargs)
 
 
-def _config_module(module: str) -> ModuleType:
+def config_module(module: str) -> ModuleType:
+    """`kubernetes.config.<module>`, imported without the rest of the package."""
     name = f"kubernetes.config.{module}"
     with _lock:
         if name in sys.modules:

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from scheduler_plugin.kube import ApiError, KubeClient, lease_path
+from kube_edge.client import KubeClient, lease_path
+from kube_edge.errors import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""The agent's Kubernetes client: configuration and auth from the official client, only the
-modules it needs loaded, and answers read within bounds."""
+"""The Kubernetes client: configuration and auth from the official client, only the modules
+it needs loaded, and answers read within bounds."""
 
 from __future__ import annotations
 
@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubeapi import MAX_RESPONSE_BYTES, MAX_RESPONSE_DEPTH, KubeError
-from deviceplugin.kubeapi import KubernetesClientApi as Api
+from kube_edge.client import MAX_RESPONSE_DEPTH
+from kube_edge.client import KubeClient as Api
+from kube_edge.errors import ApiError
 from tests.deviceplugin.conftest import ROOT
+
+SMALL = 4 * 1024 * 1024  # the node agent's bound
 
 
 class _Server(ThreadingHTTPServer):
@@ -76,7 +79,7 @@ def _kubeconfig(tmp_path: Path, url: str) -> str:
 
 def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    api = Api.connect(_kubeconfig(tmp_path, url), timeout_s=5)
+    api = Api.connect(_kubeconfig(tmp_path, url), timeout=5)
     server.answers["/api/v1/nodes/n"] = (200, b'{"metadata": {"name": "n"}}')
     assert api.request("GET", "/api/v1/nodes/n") == {"metadata": {"name": "n"}}
     patch = {"metadata": {"labels": {"a": "b"}}}
@@ -86,42 +89,44 @@ def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path
     assert get_headers["authorization"] == "Bearer s3cret"
     assert method == "PATCH" and headers["content-type"] == "application/merge-patch+json"
     assert json.loads(body) == patch
-    with pytest.raises(KubeError) as missing:
+    with pytest.raises(ApiError) as missing:
         api.request("GET", "/api/v1/nodes/gone")
     assert missing.value.status == 404
 
 
 def test_answers_are_read_within_bounds(server: _Server) -> None:
-    api = Api.for_host(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5)
-    server.answers["/big"] = (200, b'"' + b"x" * MAX_RESPONSE_BYTES + b'"')
-    with pytest.raises(KubeError, match="too large"):
+    api = Api.for_host(
+        f"http://127.0.0.1:{server.server_address[1]}", timeout=5, max_response_bytes=SMALL
+    )
+    server.answers["/big"] = (200, b'"' + b"x" * SMALL + b'"')
+    with pytest.raises(ApiError, match="too large"):
         api.request("GET", "/big")
     server.answers["/deep"] = (
         200,
         b"[" * (MAX_RESPONSE_DEPTH + 1) + b"]" * (MAX_RESPONSE_DEPTH + 1),
     )
-    with pytest.raises(KubeError, match="unreadable answer"):
+    with pytest.raises(ApiError, match="unreadable answer"):
         api.request("GET", "/deep")
     server.answers["/junk"] = (200, b"{not json")
-    with pytest.raises(KubeError, match="unreadable answer"):
+    with pytest.raises(ApiError, match="unreadable answer"):
         api.request("GET", "/junk")
     server.answers["/ok"] = (200, b'{"a": 1}')
     assert api.request("GET", "/ok") == {"a": 1}  # the connection pool survived
 
 
 def test_no_answer_is_a_kube_error_with_status_0() -> None:
-    api = Api.for_host("http://127.0.0.1:1", timeout_s=2)
-    with pytest.raises(KubeError) as down:
+    api = Api.for_host("http://127.0.0.1:1", timeout=2)
+    with pytest.raises(ApiError) as down:
         api.request("GET", "/api/v1/nodes/n")
     assert down.value.status == 0
 
 
 _PROBE = """
 import json, sys
-from deviceplugin.kubeapi import KubernetesClientApi
-from deviceplugin import lean_kubernetes
-api = KubernetesClientApi.connect(sys.argv[1])
-lean_kubernetes._config_module("incluster_config")
+from kube_edge import lean
+from kube_edge.client import KubeClient
+api = KubeClient.connect(sys.argv[1])
+lean.config_module("incluster_config")
 loaded = sorted(sys.modules)
 # the stand-ins still give the whole package on demand
 from kubernetes.client import ApiClient, CoreV1Api
@@ -162,14 +167,15 @@ def test_only_the_needed_parts_of_the_client_are_imported(tmp_path: Path) -> Non
 
 _IN_CLUSTER = """
 import json, sys
-from deviceplugin import lean_kubernetes
-from deviceplugin.kubeapi import KubernetesClientApi
-incluster = lean_kubernetes._config_module("incluster_config")
+from kube_edge import lean
+from kube_edge.client import KubeClient
+incluster = lean.config_module("incluster_config")
 incluster.SERVICE_TOKEN_FILENAME, incluster.SERVICE_CERT_FILENAME = sys.argv[1], sys.argv[2]
-api = KubernetesClientApi.connect()
+api = KubeClient.connect()
 print(json.dumps({
     "host": api.configuration.host,
-    "headers": api._headers(None, "application/json"),
+    "headers": api.headers(),
+    "namespace": api.namespace,
     "kubeconfig loader": "kubernetes.config.kube_config" in sys.modules,
     "requests": "requests" in sys.modules,
 }))
@@ -186,6 +192,7 @@ def test_in_cluster_auth_without_the_kubeconfig_loader(tmp_path: Path) -> None:
         PYTHONPATH=str(ROOT),
         KUBERNETES_SERVICE_HOST="10.0.0.1",
         KUBERNETES_SERVICE_PORT="443",
+        KUBECONFIG=str(tmp_path / "absent"),
     )
     out = subprocess.run(
         [sys.executable, "-c", _IN_CLUSTER, str(token), str(ca)],

@@ -1,0 +1,7 @@
+"""tessera's one Kubernetes edge: configuration, the API client, informers, leader election.
+
+Every component talks to the API server through this package (kube_edge.config loads the
+configuration, kube_edge.client sends requests, kube_edge.informer lists and watches,
+kube_edge.leader elects on a Lease) and sees one error type, kube_edge.errors.ApiError.
+It imports no component.
+"""
