@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--leader-elect-identity",
         default="",
-        help="this replica's identity in the Lease (default: hostname_pid)",
+        help="this replica's identity in the Lease (default: $POD_NAME_hostname when POD_NAME"
+        " is set, as the shipped Deployment does, else hostname_pid)",
     )
     g.add_argument(
         "--leader-elect-lease-duration",

@@ -69,6 +69,12 @@ class Options:
 
 
 def default_identity() -> str:
+    """The pod's name where the manifest passes it (POD_NAME, from the downward API):
+    replicas with hostNetwork share the host name, and each is pid 1 in its own PID
+    namespace, so hostname_pid alone would give two replicas one identity."""
+    pod = os.environ.get("POD_NAME", "").strip()
+    if pod:
+        return f"{pod}_{socket.gethostname()}"
     return f"{socket.gethostname()}_{os.getpid()}"
 
 

@@ -194,7 +194,8 @@ class LeaderProxy:
 
     def _serve(self, client: socket.socket) -> None:
         holder = self.holder()
-        port = next((p for name, p in self.ports.items() if holder.startswith(name + "-")), None)
+        ports = self.ports.items()
+        port = next((p for n, p in ports if holder == n or holder.startswith(n + "-")), None)
         if port is None:
             client.close()
             return

@@ -101,3 +101,20 @@ def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
     assert half.returncode == 2 and "go together" in half.stderr
     usage = run("--listen", "nope")
     assert usage.returncode == 2 and "HOST:PORT" in usage.stderr
+
+
+def test_replicas_sharing_a_host_and_a_pid_get_distinct_identities(monkeypatch):
+    """Two hostNetwork replicas on one host are both pid 1 in their PID namespaces."""
+    import os
+    import socket
+
+    from scheduler_plugin.service import default_identity
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    monkeypatch.setenv("POD_NAME", "tessera-scheduler-7f9c-abcde")
+    first = default_identity()
+    monkeypatch.setenv("POD_NAME", "tessera-scheduler-7f9c-fghij")
+    second = default_identity()
+    assert first != second and first.startswith("tessera-scheduler-7f9c-abcde")
+    monkeypatch.delenv("POD_NAME")
+    assert default_identity() == f"{socket.gethostname()}_1"
