@@ -39,3 +39,12 @@ def test_the_image_copies_every_package_its_programs_import() -> None:
             needed.add(package)
             todo += sorted(_local_imports(package))
     assert needed - copied == set()
+
+
+def test_the_image_copies_every_package_pip_installs() -> None:
+    """Also the packages no program imports (kubectl_tessera, the testbed): their console
+    scripts are installed too, and would fail in the image."""
+    from tests.e2e.image import shipped_packages
+
+    copied = set(re.findall(r"^COPY (\w+) ", (ROOT / "deploy" / "Dockerfile").read_text(), re.M))
+    assert set(shipped_packages()) - copied == set()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tomllib
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -30,14 +31,19 @@ from tests.e2e.node import _desc, _sha
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "tessera"
-PACKAGES = ("tessera", "scheduler_plugin", "deviceplugin", "nri_hook", "protos", "kubectl_tessera")
-"""What deploy/Dockerfile copies (the testbed is left out: nothing shipped imports it)."""
 STDLIB_SKIP = frozenset(
     {"idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "pydoc_data"}
 )
 """Top-level stdlib folders no program uses (and site-packages, filled below); folders
 named test or tests anywhere, and the static library under config-*, are left out too."""
 SCRIPT = "#!{python}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
+
+
+def shipped_packages() -> list[str]:
+    """The top-level packages `pip install .` installs (pyproject's packages.find)."""
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = found["packages"]["find"]["include"]
+    return sorted({pattern.split(".")[0].rstrip("*") for pattern in include})
 
 
 def runtime_distributions() -> list[metadata.Distribution]:
@@ -83,7 +89,7 @@ def _files() -> Iterator[tuple[str, Path]]:
             host = Path(str(dist.locate_file(f))).resolve()
             if host.is_file() and not str(f).startswith(".."):
                 yield f"{site}/{f}", host
-    for package in PACKAGES:
+    for package in shipped_packages():
         for path in sorted((ROOT / package).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 yield f"{site}/{path.relative_to(ROOT)}", path
