@@ -54,12 +54,14 @@ test nothing about double allocation)."""
 
 
 class MemoryApi:
-    """The three pod calls the Binder makes, on a dict of pod objects by name."""
+    """The pod calls the Binder makes (read a pod, create its Binding), on a dict of pod
+    objects by name; a Binding sets the node and its annotations in one step, as the API
+    server does."""
 
     def __init__(self) -> None:
         self.pods: dict[str, dict[str, Any]] = {}
         self.fail_binding = False
-        """Answer the next Bindings with a conflict (a bind that fails after its record)."""
+        """Answer the next Bindings with a conflict (a bind that fails)."""
 
     @staticmethod
     def _name(path: str) -> str:
@@ -71,20 +73,12 @@ class MemoryApi:
             raise ApiError(404, "not found")
         return copy.deepcopy(obj)
 
-    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        obj = self.pods[self._name(path)]
-        annotations = obj["metadata"]["annotations"]
-        for key, value in patch["metadata"]["annotations"].items():
-            if value is None:
-                annotations.pop(key, None)
-            else:
-                annotations[key] = value
-        return copy.deepcopy(obj)
-
     def create(self, path: str, binding: Mapping[str, Any]) -> dict[str, Any]:
         if self.fail_binding:
             raise ApiError(409, "conflict")
-        self.pods[self._name(path)]["spec"]["nodeName"] = binding["target"]["name"]
+        obj = self.pods[self._name(path)]
+        obj["metadata"]["annotations"].update(binding["metadata"].get("annotations") or {})
+        obj["spec"]["nodeName"] = binding["target"]["name"]
         return {}
 
 

@@ -1,18 +1,21 @@
-"""Bind: choose the devices, write the allocation record, then create the Binding.
+"""Bind: choose the devices, then one API write: the Binding, carrying the signed record.
+
+The API server applies a Binding's `metadata.annotations` to the pod in the same update
+that sets `spec.nodeName`, with the pod's UID as precondition. So the record and the node
+land together or not at all: there is no pod with a record but no node, and a bind costs
+one write. (Pods bound by older versions, record first and Binding second, are still read
+as before: an unbound pod's record holds nothing, see recovery.py.)
 
 There is no per-node lock. The only serialized step is a short in-memory section
 (`Cache.assume`, under the cache's lock) that computes the exact placement on the chosen
-node and adds it to the state as *assumed*; the two API calls happen outside it, so binds
-on one node overlap.
-Because the placement is assumed before any I/O, a concurrent bind on the same node sees
-those devices as taken: two pods can never get the same share between bind and watch.
+node and adds it to the state as *assumed*; the API call happens outside it, so binds on
+one node overlap. Because the placement is assumed before any I/O, a concurrent bind on
+the same node sees those devices as taken: two pods can never get the same share between
+bind and watch.
 
-Failure handling, so that nothing stays allocated when a bind fails:
-- the record patch fails: the assumed allocation is removed;
-- the Binding fails: the assumed allocation is removed and the record is deleted from the
-  pod (best effort; an unbound pod's record holds nothing anyway, see recovery.py). When
-  the Binding's answer was lost (timeout, 5xx), the pod is read back first: if it is
-  bound to our node, the bind succeeded after all.
+When the Binding fails the assumed allocation is removed. When its answer was lost
+(timeout, 5xx), the pod is read back first: if it is bound to our node, the bind (and so
+the record) landed after all.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import Extender, allocation_summary, get_field
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
-from tessera.allocation import PodAllocation
 from tessera.errors import RequestError
 from tessera.record import KeySource, encode
 from tessera.request import PodRequest
@@ -145,24 +147,15 @@ class Binder:
                 f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
             )
         alloc = outcome.allocation
-        record_written = False
         try:
             text = encode(alloc, self.keyring)
-            patch = {"metadata": {"uid": args.uid, "annotations": {ALLOCATION_ANNOTATION: text}}}
-            try:
-                self.client.merge_patch(pod_path(args.namespace, args.name), patch)
-            except ApiError as exc:
-                self._failed("write_record")
-                record_written = exc.transient  # the patch may have landed
-                raise BindRefusedError(f"writing the allocation record failed: {exc}") from None
-            record_written = True
-            self._create_binding(args)
+            self._create_binding(args, {ALLOCATION_ANNOTATION: text})
         except BindRefusedError:
-            self._undo(args, alloc, record_written)
+            self.cache.forget(args.uid, alloc)
             raise
         except Exception as exc:
             log.exception("bind of %s/%s failed", args.namespace, args.name)
-            self._undo(args, alloc, record_written)
+            self.cache.forget(args.uid, alloc)
             raise BindRefusedError(f"bind failed: {exc}") from None
         self.cache.bind(args.uid)
         self.extender.forget(args.uid)
@@ -174,11 +167,16 @@ class Binder:
             allocation_summary(alloc),
         )
 
-    def _create_binding(self, args: BindArgs) -> None:
+    def _create_binding(self, args: BindArgs, annotations: dict[str, str] | None = None) -> None:
+        """Bind the pod (UID as precondition), setting `annotations` on it in the same
+        update."""
+        meta: dict[str, Any] = {"name": args.name, "namespace": args.namespace, "uid": args.uid}
+        if annotations:
+            meta["annotations"] = annotations
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": args.name, "namespace": args.namespace, "uid": args.uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
         }
         path = pod_path(args.namespace, args.name) + "/binding"
@@ -197,19 +195,3 @@ class Binder:
             return False
         meta = pod.get("metadata") or {}
         return meta.get("uid") == args.uid and (pod.get("spec") or {}).get("nodeName") == args.node
-
-    def _undo(self, args: BindArgs, alloc: PodAllocation, record_written: bool) -> None:
-        self.cache.forget(args.uid, alloc)
-        if record_written:
-            # Best effort: an unbound pod's record holds nothing (recovery.py), so a failure
-            # here leaks nothing; the next bind of this pod overwrites the record anyway.
-            patch = {"metadata": {"uid": args.uid, "annotations": {ALLOCATION_ANNOTATION: None}}}
-            try:
-                self.client.merge_patch(pod_path(args.namespace, args.name), patch)
-            except ApiError as exc:
-                log.warning(
-                    "could not remove the record of %s/%s after a failed bind: %s",
-                    args.namespace,
-                    args.name,
-                    exc,
-                )

@@ -13,7 +13,9 @@ the API that tessera uses, with the semantics that matter for correctness:
   a resourceVersion older than the kept history gets an ERROR event with a 410 status,
   as the real server does;
 - binding: sets spec.nodeName once (a second binding is 409), checks metadata.uid when
-  given; a patch whose metadata.uid differs from the stored one is 409;
+  given, and applies the Binding's metadata.annotations and labels to the pod in the same
+  update, as the real server does; a patch whose metadata.uid differs from the stored one
+  is 409;
 - faults for recovery tests: `fail(...)` makes matching requests answer an error status
   (optionally after the change was applied, to imitate a lost answer), `latency`,
   `drop_watches()` ends every open watch, `compact()` forgets history (watchers then get
@@ -554,6 +556,13 @@ class FakeApiServer:
             if pod["metadata"].get("deletionTimestamp"):
                 raise ApiProblemError(409, "Conflict", f"pod {name} is being deleted")
             pod["spec"]["nodeName"] = target
+            # the real server applies the Binding's annotations and labels to the pod in
+            # this same update
+            meta = binding.get("metadata") or {}
+            for field in ("annotations", "labels"):
+                extra = meta.get(field)
+                if isinstance(extra, dict) and extra:
+                    pod["metadata"].setdefault(field, {}).update(extra)
             conditions = pod.setdefault("status", {}).setdefault("conditions", [])
             conditions.append({"type": "PodScheduled", "status": "True"})
             key = self._key("pods", namespace, name)

@@ -34,29 +34,27 @@ def record_of(fake, name):
     return obj["metadata"].get("annotations", {}).get(rn.ALLOCATION_ANNOTATION), obj
 
 
-def test_a_failed_record_write_leaves_nothing_allocated(fake):
+def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake):
     populate(fake, ["n"], gpus=1)
     with running(fake) as service:
         http = Http(service.server.port)
         created = fake.create("pods", pod("p", share(100, 100)))
-        fake.fail("/pods/p", method="PATCH", status=500, times=1)
+        before = len(fake.writes())
         status, result = http.post("/bind", bind_body(created, "n"))
-        assert status == 200 and "writing the allocation record failed" in result["Error"]
-        assert service.cache.allocation(created["metadata"]["uid"]) is None
+        assert status == 200 and result["Error"] == ""
+        writes = fake.writes()[before:]
+        assert [m for m, _ in writes] == ["POST"] and writes[0][1].endswith("/pods/p/binding")
         text, obj = record_of(fake, "p")
-        assert text is None and not obj["spec"].get("nodeName")
-        # the devices are free again: the retry gets them
-        status, result = http.post("/bind", bind_body(created, "n"))
-        assert result["Error"] == ""
-        assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
+        assert obj["spec"]["nodeName"] == "n"
+        assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
 
 
-def test_a_failed_binding_removes_the_record_and_the_allocation(fake):
+def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake):
     populate(fake, ["n"], gpus=1)
     with running(fake) as service:
         http = Http(service.server.port)
-        created = fake.create("pods", pod("p", share(50, 50)))
-        fake.fail("/pods/p/binding", status=403)
+        created = fake.create("pods", pod("p", share(100, 100)))
+        fake.fail("/pods/p/binding", status=500, times=1)
         _status, result = http.post("/bind", bind_body(created, "n"))
         assert "creating the Binding failed" in result["Error"]
         assert service.cache.allocation(created["metadata"]["uid"]) is None
@@ -64,6 +62,10 @@ def test_a_failed_binding_removes_the_record_and_the_allocation(fake):
         assert text is None and not obj["spec"].get("nodeName")
         summary = service.cache.node_summary("n")
         assert summary["gpus"][0]["core"]["used"] == 0
+        # the devices are free again: the retry gets them
+        _status, result = http.post("/bind", bind_body(created, "n"))
+        assert result["Error"] == ""
+        assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
 
 
 def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):

@@ -81,7 +81,7 @@ def test_filter_and_prioritize_with_node_cache(fake):
         assert all(0 <= s["Score"] <= 10 for s in scores)
 
 
-def test_bind_vector_writes_a_verifiable_record_then_binds(fake):
+def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake):
     _cluster(fake)
     filter_body = vector("filter-001.json")
     created = _create_captured_pod(fake, filter_body)
@@ -103,10 +103,10 @@ def test_bind_vector_writes_a_verifiable_record_then_binds(fake):
     (container,) = record.containers
     (grant,) = container.gpus
     assert (container.name, grant.core, grant.memory_mib) == ("main", 50, 81920 // 2)
-    # the record was written before the Binding was created
+    # one write: the Binding, carrying the record
     writes = [(m, p) for m, p in fake.requests if m in ("PATCH", "POST") and "/pods/" in p]
-    assert [m for m, _ in writes] == ["PATCH", "POST"]
-    assert writes[1][1].endswith("/binding")
+    assert [m for m, _ in writes] == ["POST"]
+    assert writes[0][1].endswith("/binding")
 
 
 def test_without_node_cache_the_full_nodes_come_back(fake):
