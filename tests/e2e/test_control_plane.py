@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -90,8 +92,27 @@ def _wait_bound(cp: ControlPlane, name: str, timeout: float = BIND_TIMEOUT) -> d
     return wait_for(check, timeout, f"pod {name} bound", every=0.5)
 
 
+def _pod_writes(cp: ControlPlane) -> Counter[str]:
+    """The API server's own count of pod PATCHes and Binding POSTs so far."""
+    import urllib3
+
+    http = urllib3.PoolManager(ca_certs=str(cp.cluster_ca.path))
+    text = http.request(
+        "GET", f"{cp.server}/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ).data.decode()
+    counts: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("apiserver_request_total{") or 'resource="pods"' not in line:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+        key = f"{labels['verb']} pods{'/' + labels['subresource'] if labels['subresource'] else ''}"
+        counts[key] += int(float(line.rsplit(" ", 1)[1]))
+    return counts
+
+
 def test_every_request_kind_is_placed_and_recorded(control_plane: ControlPlane) -> None:
     cp = control_plane
+    before = _pod_writes(cp)
     for name, args in KINDS.items():
         cp.admin.create(pod_path(P.NS), P.pod(name, **args))
     keys = keyring(cp.integrity_dir)
@@ -122,6 +143,10 @@ def test_every_request_kind_is_placed_and_recorded(control_plane: ControlPlane) 
             assert not got["sidecar"].reuses
     _, _, conflicts = P.ledger(allocs)
     assert conflicts == []
+    # one API write per bind, counted by the API server: the Binding carries the record
+    writes = _pod_writes(cp) - before
+    assert writes["PATCH pods"] == 0, writes
+    assert writes["POST pods/binding"] == len(KINDS), writes
 
 
 def test_impossible_pods_stay_pending_with_tessera_reasons(control_plane: ControlPlane) -> None:
