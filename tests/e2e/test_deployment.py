@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_plugin.kube import pod_path
+from kube_edge.client import pod_path
 from tessera import resources as rn
 from tests.e2e import binaries, image
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
