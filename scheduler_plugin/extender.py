@@ -47,6 +47,7 @@ REASON_PREFIX = "tessera: "
 _REQUEST_CACHE = 4096
 _PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")
 """Node names are DNS subdomains: when all are plain, they need no JSON escaping."""
+_HEAD = '{"Host":"'
 _TAILS = [f'","Score":{k}}}' for k in range(MAX_PRIORITY + 1)]
 _PREEMPT_BUDGET = 512
 """Subset evaluations per node before preempt falls back to a greedy minimal set."""
@@ -189,7 +190,7 @@ class Extender:
         # failures share a few NoFit objects: one text per object, then C-level passes
         failures = evaluation.failures
         ids = list(map(id, failures.values()))
-        nofit_of = {id(nofit): nofit for nofit in failures.values()}
+        nofit_of = dict(zip(ids, failures.values(), strict=True))
         text_of = {key: REASON_PREFIX + nofit.reason for key, nofit in nofit_of.items()}
         texts = map(text_of.__getitem__, ids)
         if any(nofit.unresolvable for nofit in nofit_of.values()):
@@ -267,7 +268,9 @@ class Extender:
         names = nodes.names
         priorities = rank_priorities(scores, names)
         if _PLAIN_NAMES.fullmatch("".join(names)):
-            parts = ['{"Host":"' + n + _TAILS[k] for n, k in zip(names, priorities, strict=True)]
+            # C-level maps: this list has an entry per node
+            tails = map(_TAILS.__getitem__, priorities)
+            parts = list(map(_HEAD.__add__, map(str.__add__, names, tails)))
         else:
             parts = [
                 '{"Host":' + json.dumps(n) + _TAILS[k][1:]

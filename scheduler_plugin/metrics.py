@@ -128,6 +128,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._cache: Cache | None = None
+        self._latency: dict[str, Any] = {}
+        self._decided: dict[tuple[str, str], Any] = {}
         r = self.registry
         self.requests = Histogram(
             "tessera_scheduler_request_duration_seconds",
@@ -178,8 +180,15 @@ class Metrics:
         self._cache = cache
 
     def observe(self, verb: str, seconds: float, outcome: str) -> None:
-        self.requests.labels(verb).observe(seconds)
-        self.decisions.labels(verb, outcome).inc()
+        # the labelled children are looked up once (labels() costs a lock and a tuple)
+        latency = self._latency.get(verb)
+        if latency is None:
+            latency = self._latency[verb] = self.requests.labels(verb)
+        counter = self._decided.get((verb, outcome))
+        if counter is None:
+            counter = self._decided[(verb, outcome)] = self.decisions.labels(verb, outcome)
+        latency.observe(seconds)
+        counter.inc()
 
     def node_failures(self, reasons: Mapping[str, int]) -> None:
         for reason, count in reasons.items():
