@@ -338,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.kubeconfig,
             args.context,
             timeout=args.api_timeout,
-            pool_size=32,
+            pool_size=limits.API_CONNECTIONS,
             user_agent="tessera-scheduler",
         )
     except Exception as exc:

@@ -163,3 +163,36 @@ def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
         assert "already holds devices on n" in refused
         assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 50
         assert service.cache.node_summary("m")["gpus"][0]["core"]["used"] == 0
+
+
+def test_a_burst_of_binds_never_overflows_the_api_connection_pool(fake, caplog):
+    """kube-scheduler sends binds in parallel: the verb pool bounds how many run at once,
+    and the API client's pool is sized for them plus the watches, so no connection is
+    opened beyond it and thrown away (urllib3 logs each such one)."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kube_edge.client import KubeClient
+    from scheduler_plugin import limits
+    from scheduler_plugin.service import Service
+    from tests.scheduler.helpers import options
+
+    populate(fake, [f"n{i}" for i in range(8)], gpus=8)
+    pods = [fake.create("pods", pod(f"b{i}", share(10, 10))) for i in range(200)]
+    client = KubeClient.for_host(fake.url, timeout=10, pool_size=limits.API_CONNECTIONS)
+    service = Service(options(), client, KEYRING).start()
+    caplog.set_level(logging.WARNING, logger="urllib3.connectionpool")
+    try:
+        assert service.wait_ready(10)
+
+        def bind(i: int) -> str:
+            return Http(service.server.port).post("/bind", bind_body(pods[i], f"n{i % 8}"))[1][
+                "Error"
+            ]
+
+        with ThreadPoolExecutor(64) as burst:
+            errors = list(burst.map(bind, range(200)))
+    finally:
+        service.stop()
+    assert errors == [""] * 200
+    assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
