@@ -44,7 +44,7 @@ test: $(PROTO_STAMP)
 lint: $(PROTO_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy tessera tessera_edge kube_edge tessera_sim tessera_ttrpc deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz
+	$(VENV)/bin/mypy tessera tessera_cli tessera_edge kube_edge tessera_sim tessera_ttrpc deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz
 	$(VENV)/bin/lint-imports
 
 bench: $(PROTO_STAMP)

@@ -5,16 +5,16 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
-import math
 import signal
 import ssl
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from scheduler_plugin import limits
+from scheduler_plugin.config import SchedulerConfig
 from tessera.policy_registry import POLICIES
 from tessera.record_keys import KeyFileError
 from tessera.resources import (
@@ -23,66 +23,19 @@ from tessera.resources import (
     DEFAULT_POLICY,
     HEARTBEAT_LEASE_PREFIX,
 )
+from tessera_cli import CliParser, ConfigError
+from tessera_cli.paths import check_readable_file
+from tessera_cli.values import listen_address, seconds
 from tessera_edge.keyfiles import KeyringSource, load_legacy_hmac_keys
 from tessera_edge.logs import add_log_flags, setup_logging
 
 log = logging.getLogger("scheduler_plugin")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Every usage error is one line on stderr naming the flag, and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    if int(port) > 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is not in 0..65535")
-    host = host.strip("[]") or "0.0.0.0"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if host != "localhost":
-            raise argparse.ArgumentTypeError(
-                f"HOST must be an IP address or localhost, got {host!r}"
-            ) from None
-        host = "127.0.0.1"
-    return host, int(port)
-
-
-def _unreadable(text: str) -> str | None:
-    """Why the file cannot be read, or None."""
-    path = Path(text)
-    if not path.exists():
-        return f"{text} does not exist"
-    if not path.is_file():
-        return f"{text} is not a file"
-    try:
-        with path.open("rb") as f:
-            f.read(1)
-    except OSError as exc:
-        return f"cannot read {text}: {exc.strerror}"
-    return None
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
-
-
 def _body_size(text: str) -> int:
     if not text.isdigit() or not 1024 <= int(text) <= limits.MAX_BODY_LIMIT:
         raise argparse.ArgumentTypeError(
-            f"expected a number of bytes from 1024 to {limits.MAX_BODY_LIMIT}, got {text!r}"
+            f"expected a number of bytes from 1024 to {limits.MAX_BODY_LIMIT}, got {text[:80]!r}"
         )
     return int(text)
 
@@ -91,10 +44,10 @@ def is_loopback(host: str) -> bool:
     return ipaddress.ip_address(host).is_loopback
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> CliParser:
     policies = sorted(POLICIES)
     default_policy = DEFAULT_POLICY
-    p = _Parser(
+    p = CliParser(
         prog="tessera-scheduler",
         description=(
             "The tessera kube-scheduler extender: decides which GPUs and RDMA NICs every "
@@ -113,14 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--listen",
-        type=_listen,
+        type=listen_address,
         default=("0.0.0.0", 8888),
         metavar="HOST:PORT",
         help="address for the extender verbs and /debug/ (also /healthz, /readyz, /metrics)",
     )
     g.add_argument(
         "--health-listen",
-        type=_listen,
+        type=listen_address,
         default=("0.0.0.0", 8081),
         metavar="HOST:PORT",
         help="plain-HTTP address for /healthz, /readyz and /metrics only (kubelet probes, "
@@ -159,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context", help="kubeconfig context (default: its current context)")
     g.add_argument(
         "--api-timeout",
-        type=_positive,
+        type=seconds(),
         default=10.0,
         help="seconds one API request may take (keep below the extender httpTimeout)",
     )
@@ -170,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--heartbeat-grace",
-        type=_positive,
+        type=seconds(),
         default=5.0,
         help="seconds past a heartbeat Lease's duration before its node takes no new pods",
     )
@@ -188,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--status-interval",
-        type=_positive,
+        type=seconds(),
         default=2.0,
         help="seconds between batched writes of allocation summaries to NodeDevices status",
     )
@@ -252,19 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--leader-elect-lease-duration",
-        type=_positive,
+        type=seconds(),
         default=15.0,
         help="seconds a standby waits after the last renewal before taking over",
     )
     g.add_argument(
         "--leader-elect-renew-deadline",
-        type=_positive,
+        type=seconds(),
         default=10.0,
         help="seconds the leader keeps leading without a successful renewal",
     )
     g.add_argument(
         "--leader-elect-retry-period",
-        type=_positive,
+        type=seconds(),
         default=2.0,
         help="seconds between election attempts and renewals",
     )
@@ -273,100 +226,93 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ssl.SSLContext | None:
-    """Flag combinations and TLS material (parser.error on any problem); the TLS context."""
+def check_config(config: SchedulerConfig) -> ssl.SSLContext | None:
+    """Flag combinations and TLS material (a `ConfigError` on any problem); the TLS context."""
     from scheduler_plugin.http import tls_context
 
-    for flag in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
-        value = getattr(args, flag)
-        problem = value is not None and _unreadable(value)
-        if problem:
-            parser.error(f"argument --{flag.replace('_', '-')}: {problem}")
-    if bool(args.tls_cert_file) != bool(args.tls_key_file):
-        parser.error("--tls-cert-file and --tls-key-file go together")
-    if args.tls_client_ca_file and not args.tls_cert_file:
-        parser.error("--tls-client-ca-file needs --tls-cert-file and --tls-key-file")
-    if args.listen[1] != 0 and args.listen[1] == args.health_listen[1]:
-        parser.error("--listen and --health-listen need different ports")
-    if (
-        not args.tls_client_ca_file
-        and not args.insecure_allow_unauthenticated
-        and not is_loopback(args.listen[0])
+    cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+    for flag, value in (
+        ("--tls-cert-file", cert),
+        ("--tls-key-file", key),
+        ("--tls-client-ca-file", ca),
     ):
-        parser.error(
-            f"--listen {args.listen[0]} is not a loopback address: set --tls-client-ca-file "
-            "(with --tls-cert-file/--tls-key-file) so only kube-scheduler can bind pods, or "
-            "--insecure-allow-unauthenticated"
+        if value is not None:
+            check_readable_file(flag, Path(value))
+    if bool(cert) != bool(key):
+        missing = "--tls-key-file" if cert else "--tls-cert-file"
+        raise ConfigError(missing, "--tls-cert-file and --tls-key-file go together")
+    if ca and not cert:
+        raise ConfigError("--tls-client-ca-file", "needs --tls-cert-file and --tls-key-file")
+    options = config.service
+    if options.port != 0 and options.port == options.health_port:
+        raise ConfigError("--health-listen", "--listen and --health-listen need different ports")
+    if not ca and not options.open_debug and not is_loopback(options.host):
+        raise ConfigError(
+            f"--listen {options.host}",
+            "not a loopback address: set --tls-client-ca-file (with "
+            "--tls-cert-file/--tls-key-file) so only kube-scheduler can bind pods, or "
+            "--insecure-allow-unauthenticated",
         )
-    if not args.tls_cert_file:
+    if not cert or not key:
         return None
     try:
-        tls_context(args.tls_cert_file, args.tls_key_file, None)
+        tls_context(cert, key, None)
     except (OSError, ssl.SSLError, ValueError) as exc:
-        parser.error(
-            f"--tls-cert-file/--tls-key-file: not a PEM certificate and its key "
-            f"({getattr(exc, 'reason', None) or exc})"
-        )
+        raise ConfigError(
+            "--tls-cert-file",
+            f"with --tls-key-file: not a PEM certificate and its key "
+            f"({getattr(exc, 'reason', None) or exc})",
+        ) from None
     try:
-        return tls_context(args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+        return tls_context(cert, key, ca)
     except (OSError, ssl.SSLError, ValueError) as exc:
-        parser.error(
-            f"--tls-client-ca-file: not a PEM CA certificate "
-            f"({getattr(exc, 'reason', None) or exc})"
-        )
+        raise ConfigError(
+            "--tls-client-ca-file",
+            f"not a PEM CA certificate ({getattr(exc, 'reason', None) or exc})",
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    tls = check_args(parser, args)
-    setup_logging(args.log_format, args.log_level)
+    config = SchedulerConfig.from_args(parser.parse_args(argv))
     try:
-        legacy = (
-            load_legacy_hmac_keys(args.legacy_hmac_key_file) if args.legacy_hmac_key_file else {}
-        )
-        keyring = KeyringSource(args.integrity_key_file, "sign", legacy_hmac=legacy)
+        return run(config)
+    except ConfigError as exc:
+        return parser.fail(exc)
+
+
+def _keyring(config: SchedulerConfig) -> KeyringSource:
+    legacy = config.legacy_hmac_key_file
+    try:
+        old = load_legacy_hmac_keys(legacy) if legacy else {}
     except KeyFileError as exc:
-        log.error("%s", exc)
-        return 2
+        raise ConfigError("--legacy-hmac-key-file", str(exc)) from None
+    try:
+        return KeyringSource(config.integrity_key_file, "sign", legacy_hmac=old)
+    except KeyFileError as exc:
+        raise ConfigError("--integrity-key-file", str(exc)) from None
+
+
+def run(config: SchedulerConfig) -> int:
+    """Serve until SIGTERM/SIGINT; a `ConfigError` for settings that cannot work."""
+    tls = check_config(config)
+    setup_logging(config.log_format, config.log_level)
+    keyring = _keyring(config)
 
     from kube_edge.client import KubeClient
-    from scheduler_plugin.service import Options, Service
+    from scheduler_plugin.service import Service
 
     try:
         client = KubeClient.connect(
-            args.kubeconfig,
-            args.context,
-            timeout=args.api_timeout,
+            config.kubeconfig,
+            config.context,
+            timeout=config.api_timeout,
             pool_size=limits.API_CONNECTIONS,
             user_agent="tessera-scheduler",
         )
     except Exception as exc:
-        log.error("cannot load the cluster configuration: %s", exc)
-        return 2
-    options = Options(
-        host=args.listen[0],
-        port=args.listen[1],
-        policy=args.policy,
-        leader_elect=args.leader_elect,
-        leader_namespace=args.leader_elect_namespace,
-        leader_name=args.leader_elect_lease_name,
-        identity=args.leader_elect_identity,
-        lease_duration=args.leader_elect_lease_duration,
-        renew_deadline=args.leader_elect_renew_deadline,
-        retry_period=args.leader_elect_retry_period,
-        heartbeat_namespace=args.heartbeat_namespace,
-        heartbeat_grace=args.heartbeat_grace,
-        require_heartbeat=args.require_heartbeat,
-        watch_nodes=args.watch_nodes,
-        status_interval=args.status_interval,
-        write_status=args.write_status,
-        manage_nvidia_gpu=args.manage_nvidia_gpu,
-        max_body=args.max_body_bytes,
-        health_host=args.health_listen[0],
-        health_port=args.health_listen[1],
-        open_debug=args.insecure_allow_unauthenticated,
-    )
+        raise ConfigError("--kubeconfig", f"cannot load the cluster configuration: {exc}") from None
+    options = config.service
     try:
         service = Service(options, client, keyring, tls=tls).start()
     except OSError as exc:

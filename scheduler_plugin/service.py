@@ -40,7 +40,7 @@ from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Options:
     host: str = "0.0.0.0"
     port: int = 8888

@@ -47,7 +47,7 @@ CASES = [
         "loopback",
     ),
     (["--tls-cert-file={missing}", "--tls-key-file={key}"], "--tls-cert-file", "does not exist"),
-    (["--tls-cert-file={crt}", "--tls-key-file={folder}"], "--tls-key-file", "not a file"),
+    (["--tls-cert-file={crt}", "--tls-key-file={folder}"], "--tls-key-file", "not a regular file"),
     (["--tls-cert-file={crt}"], "--tls-key-file", "go together"),
     (["--tls-client-ca-file={ca}"], "--tls-client-ca-file", "needs --tls-cert-file"),
     (["--tls-cert-file={garbage}", "--tls-key-file={key}"], "--tls-cert-file", "not a PEM"),
@@ -57,9 +57,9 @@ CASES = [
         "--tls-client-ca-file",
         "not a PEM CA",
     ),
-    (["--api-timeout", "-1"], "--api-timeout", "positive"),
-    (["--heartbeat-grace", "nan"], "--heartbeat-grace", "positive"),
-    (["--leader-elect-lease-duration", "inf"], "--leader-elect-lease-duration", "positive"),
+    (["--api-timeout", "-1"], "--api-timeout", "above 0"),
+    (["--heartbeat-grace", "nan"], "--heartbeat-grace", "finite"),
+    (["--leader-elect-lease-duration", "inf"], "--leader-elect-lease-duration", "finite"),
     (["--max-body-bytes", "12"], "--max-body-bytes", "1024"),
     (["--policy", "nope"], "--policy", "invalid choice"),
 ]
@@ -70,9 +70,11 @@ def test_bad_flags_are_one_line_naming_the_flag(files, capsys, argv, flag, why):
     argv = [a.format(**files) for a in argv]
     if not any(a.startswith("--listen") for a in argv) and "--tls-client-ca-file" not in flag:
         argv = ["--listen=127.0.0.1:8888", *argv]
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
+    try:
+        code = main(argv)
+    except SystemExit as exited:  # argparse's own checks
+        code = exited.code
+    assert code == 2
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err

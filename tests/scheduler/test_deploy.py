@@ -3,12 +3,14 @@ and RBAC allows exactly the API calls the scheduler makes (nothing unused)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 import yaml
 
-from scheduler_plugin.cli import build_parser, check_args
+from scheduler_plugin.cli import build_parser, check_config
+from scheduler_plugin.config import SchedulerConfig
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer, parse_path
@@ -100,12 +102,14 @@ def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki):
     with the Secret's files replaced by real ones."""
     (deployment,) = docs("deployment.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    parser = build_parser()
-    args = parser.parse_args(container["args"])
-    args.tls_cert_file = str(pki / "server.crt")
-    args.tls_key_file = str(pki / "server.key")
-    args.tls_client_ca_file = str(pki / "ca.crt")
-    assert check_args(parser, args) is not None
+    config = SchedulerConfig.from_args(build_parser().parse_args(container["args"]))
+    config = dataclasses.replace(
+        config,
+        tls_cert_file=str(pki / "server.crt"),
+        tls_key_file=str(pki / "server.key"),
+        tls_client_ca_file=str(pki / "ca.crt"),
+    )
+    assert check_config(config) is not None
 
 
 def test_kube_scheduler_tls_config_names_the_client_secret_files():

@@ -1,0 +1,10 @@
+"""Command-line plumbing shared by every tessera program.
+
+One parser (`CliParser`): each long flag has a `TESSERA_*` environment twin, checked by the
+same value check as the flag; usage errors are one line on stderr and exit status 2. The
+value checks for ports, addresses, durations, names and paths are in `tessera_cli.values`.
+"""
+
+from tessera_cli.parser import ENV_PREFIX, CliParser, ConfigError, env_name
+
+__all__ = ["ENV_PREFIX", "CliParser", "ConfigError", "env_name"]
