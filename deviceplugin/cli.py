@@ -23,21 +23,8 @@ from deviceplugin.backend import (
     TopologyError,
     open_backend,
 )
+from deviceplugin.config import DevicePluginConfig
 from deviceplugin.fake_backend import FakeBackend
-from deviceplugin.flags import (
-    MAX_MEMORY_UNIT_MIB,
-    ConfigError,
-    OneLineParser,
-    check_directory,
-    check_readable_file,
-    check_socket_dir,
-    check_socket_path,
-    namespace,
-    node_name,
-    non_empty,
-    seconds,
-    whole,
-)
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
 from deviceplugin.inventory import (
     DEFAULT_HEARTBEAT_INTERVAL_S,
@@ -59,6 +46,14 @@ from tessera.resources import (
     NVIDIA_GPU,
     RDMA,
 )
+from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.paths import (
+    check_directory,
+    check_readable_file,
+    check_socket_dir,
+    check_socket_path,
+)
+from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
 from tessera_edge.logs import add_log_flags, setup_logging
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
@@ -67,6 +62,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("deviceplugin")
 
+MAX_MEMORY_UNIT_MIB = 1 << 20
+"""Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
 ALL_RESOURCES = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA, NVIDIA_GPU)
 
 DESCRIPTION = """\
@@ -78,9 +75,11 @@ NodeDevices object, GPU labels and heartbeat Lease for the scheduler.
 
 EPILOG = f"""\
 built-in topologies: {", ".join(BUILTIN_TOPOLOGIES)}
+every flag FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 exit status: 0 after SIGTERM/SIGINT; 2 on a configuration error, printed as one line
-naming the flag (a bad value, a directory where no socket can be created, a missing,
-empty or unreadable topology file, no GPUs found, more unit IDs than the kubelet can take).
+naming the flag or its variable (a bad value, a directory where no socket can be created, a
+missing, empty or unreadable topology file, no GPUs found, more unit IDs than the kubelet
+can take).
 docs: docs/deviceplugin.md
 """
 
@@ -92,8 +91,8 @@ def _xids(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(
+def build_parser() -> CliParser:
+    p = CliParser(
         prog="tessera-device-plugin",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -176,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument(
         "--socket-poll-interval",
-        type=seconds(0),
+        type=seconds(),
         default=0.1,
         metavar="SECONDS",
         help="how often the sockets are checked for a kubelet restart. Default: %(default)s.",
@@ -200,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--health-query-interval",
-        type=seconds(0, allow_zero=True),
+        type=seconds(allow_zero=True),
         default=5.0,
         metavar="SECONDS",
         help="how often each GPU is queried and each NIC's ports re-read; 0 turns the queries "
@@ -208,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     h.add_argument(
         "--health-recovery-seconds",
-        type=seconds(0, allow_zero=True),
+        type=seconds(allow_zero=True),
         default=300.0,
         metavar="SECONDS",
         help="quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
@@ -240,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument(
         "--heartbeat-interval",
-        type=seconds(0),
+        type=seconds(),
         default=DEFAULT_HEARTBEAT_INTERVAL_S,
         metavar="SECONDS",
         help="how often the Lease is renewed. Default: %(default)s.",
@@ -262,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     i.add_argument(
         "--resync-interval",
-        type=seconds(0),
+        type=seconds(),
         default=300.0,
         metavar="SECONDS",
         help="how often the NodeDevices object and labels are compared with the API server "
@@ -280,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | None:
-    mode = args.rdma
+def _nic_source(config: DevicePluginConfig, backend: GpuBackend) -> NicSource | None:
+    mode = config.rdma
     if mode == "off":
         return None
     if mode == "auto":
@@ -290,12 +289,12 @@ def _nic_source(args: argparse.Namespace, backend: GpuBackend) -> NicSource | No
         if not isinstance(backend, FakeBackend):
             raise ConfigError("--rdma", "'topology' needs the fake backend (--backend fake)")
         return backend
-    check_directory("--sysfs-root", Path(args.sysfs_root))
+    check_directory("--sysfs-root", Path(config.sysfs_root))
     from deviceplugin.rdma import Pyroute2Links, SysfsRdma
     from deviceplugin.sysfs import Sysfs
 
     return SysfsRdma(
-        Sysfs(args.sysfs_root), link_source_factory=None if args.no_netlink else Pyroute2Links
+        Sysfs(config.sysfs_root), link_source_factory=None if config.no_netlink else Pyroute2Links
     )
 
 
@@ -306,96 +305,98 @@ def _driver_versions(backend: object) -> DriverVersions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    setup_logging(args.log_format, args.log_level)
+    parser = build_parser()
+    config = config_from(DevicePluginConfig, parser.parse_args(argv))
+    setup_logging(config.log_format, config.log_level)
     try:
-        return _run(args)
+        return _run(config)
     except ConfigError as exc:
-        print(f"tessera-device-plugin: error: {exc}", file=sys.stderr)
-        return 2
+        return parser.fail(exc)
 
 
-def _check_flags(args: argparse.Namespace) -> None:
+def _check_flags(config: DevicePluginConfig) -> None:
     """What the file system or several flags together must allow, before anything starts."""
-    if args.lease_duration <= args.heartbeat_interval and not args.no_inventory:
+    if config.lease_duration <= config.heartbeat_interval and not config.no_inventory:
         raise ConfigError(
             "--lease-duration",
-            f"{args.lease_duration} s is not longer than --heartbeat-interval "
-            f"({args.heartbeat_interval:g} s); the agent would look dead between renewals",
+            f"{config.lease_duration} s is not longer than --heartbeat-interval "
+            f"({config.heartbeat_interval:g} s); the agent would look dead between renewals",
         )
-    if args.topology and args.topology not in BUILTIN_TOPOLOGIES:
-        path = Path(args.topology)
+    if config.topology and config.topology not in BUILTIN_TOPOLOGIES:
+        path = Path(config.topology)
         check_readable_file("--topology", path)
         if path.stat().st_size == 0:
             raise ConfigError("--topology", f"{path} is empty")
-    if args.kubeconfig and not args.no_inventory and not args.print_inventory:
-        check_readable_file("--kubeconfig", Path(args.kubeconfig))
+    if config.kubeconfig and not config.no_inventory and not config.print_inventory:
+        check_readable_file("--kubeconfig", Path(config.kubeconfig))
 
 
-def _check_sockets(args: argparse.Namespace) -> None:
+def _check_sockets(config: DevicePluginConfig) -> None:
     """The socket directory is usable (created if missing) and the kubelet socket plausible;
     only once discovery succeeded, so a bad topology does not leave a directory behind."""
     longest = max((socket_name(r) for r in ALL_RESOURCES), key=len)
-    check_socket_dir("--device-plugin-dir", Path(args.device_plugin_dir), longest)
-    if args.kubelet_socket:
-        check_socket_path("--kubelet-socket", Path(args.kubelet_socket))
+    check_socket_dir("--device-plugin-dir", Path(config.device_plugin_dir), longest)
+    if config.kubelet_socket:
+        check_socket_path("--kubelet-socket", Path(config.kubelet_socket))
 
 
-def _open_backend(args: argparse.Namespace) -> GpuBackend:
+def _open_backend(config: DevicePluginConfig) -> GpuBackend:
     try:
-        backend = open_backend(args.backend, args.topology, args.sysfs_root)
+        backend = open_backend(config.backend, config.topology, config.sysfs_root)
     except TopologyError as exc:
         raise ConfigError("--topology", str(exc)) from None
     except BackendError as exc:
-        raise ConfigError(f"--backend {args.backend}", str(exc)) from None
+        raise ConfigError(f"--backend {config.backend}", str(exc)) from None
     if not isinstance(backend, FakeBackend):
-        check_directory("--sysfs-root", Path(args.sysfs_root))
+        check_directory("--sysfs-root", Path(config.sysfs_root))
     return backend
 
 
-def _discovery_flag(args: argparse.Namespace, backend: GpuBackend) -> str:
-    return "--topology" if isinstance(backend, FakeBackend) else f"--backend {args.backend}"
+def _discovery_flag(config: DevicePluginConfig, backend: GpuBackend) -> str:
+    return "--topology" if isinstance(backend, FakeBackend) else f"--backend {config.backend}"
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(config: DevicePluginConfig) -> int:
     from deviceplugin.agent import Agent, AgentConfig
     from deviceplugin.units import build_units
 
-    _check_flags(args)
+    _check_flags(config)
     units = UnitConfig(
-        memory_unit_mib=args.memory_unit_mib,
-        nvidia_gpu=args.nvidia_gpu,
-        rdma=not args.no_rdma_resource,
+        memory_unit_mib=config.memory_unit_mib,
+        nvidia_gpu=config.nvidia_gpu,
+        rdma=not config.no_rdma_resource,
     )
-    backend = _open_backend(args)
+    backend = _open_backend(config)
     try:
-        nics = _nic_source(args, backend)
-        config = AgentConfig(
-            node_name=args.node_name,
+        nics = _nic_source(config, backend)
+        agent_config = AgentConfig(
+            node_name=config.node_name,
             units=units,
-            plugin_dir=Path(args.device_plugin_dir),
-            kubelet_socket=Path(args.kubelet_socket) if args.kubelet_socket else None,
-            xid_policy=XidPolicy(ignored=args.health_ignore_xids, enabled=not args.no_xid_health),
-            quiet_period_s=args.health_recovery_seconds,
-            query_interval_s=args.health_query_interval,
-            poll_interval_s=args.socket_poll_interval,
-            resync_interval_s=args.resync_interval,
+            plugin_dir=Path(config.device_plugin_dir),
+            kubelet_socket=Path(config.kubelet_socket) if config.kubelet_socket else None,
+            xid_policy=XidPolicy(
+                ignored=config.health_ignore_xids, enabled=not config.no_xid_health
+            ),
+            quiet_period_s=config.health_recovery_seconds,
+            query_interval_s=config.health_query_interval,
+            poll_interval_s=config.socket_poll_interval,
+            resync_interval_s=config.resync_interval,
         )
-        agent = Agent(config, backend, nics)
+        agent = Agent(agent_config, backend, nics)
         try:
             inventory = agent.discover()
             for resource in units.resources(inventory):
                 validate_resource_name(resource)
         except LimitError as exc:
             flag = "--memory-unit-mib" if "--memory-unit-mib" in str(exc) else None
-            raise ConfigError(flag or _discovery_flag(args, backend), str(exc)) from None
-        _check_inventory(args, backend, inventory, agent.errors)
-        if not args.print_inventory:
-            _check_sockets(args)
+            raise ConfigError(flag or _discovery_flag(config, backend), str(exc)) from None
+        _check_inventory(config, backend, inventory, agent.errors)
+        if not config.print_inventory:
+            _check_sockets(config)
     except ConfigError:
         backend.close()
         raise
-    if args.print_inventory:
+    if config.print_inventory:
         report = {
             "spec": cr_spec(inventory),
             "units": {r: len(u.units) for r, u in build_units(inventory, units).items()},
@@ -404,20 +405,20 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         backend.close()
         return 0
-    if not args.no_inventory:
+    if not config.no_inventory:
         from deviceplugin.inventory import MAX_ANSWER_BYTES, InventoryConfig, InventoryPublisher
         from kube_edge.client import KubeClient
 
         try:
             api = KubeClient.connect(
-                args.kubeconfig,
-                args.kube_context,
+                config.kubeconfig,
+                config.kube_context,
                 user_agent="tessera-device-plugin",
                 max_response_bytes=MAX_ANSWER_BYTES,
             )
         except Exception as exc:  # ApiError; anything else the loaders may raise
             backend.close()
-            flag = "--kubeconfig" if args.kubeconfig else "--kubeconfig (in-cluster)"
+            flag = "--kubeconfig" if config.kubeconfig else "--kubeconfig (in-cluster)"
             detail = " ".join(str(exc).split())[:300]
             raise ConfigError(
                 flag,
@@ -427,30 +428,30 @@ def _run(args: argparse.Namespace) -> int:
         agent.publisher = InventoryPublisher(
             api,
             InventoryConfig(
-                node_name=args.node_name,
-                heartbeat_namespace=args.heartbeat_namespace,
-                lease_duration_s=args.lease_duration,
-                heartbeat_interval_s=args.heartbeat_interval,
-                gfd_labels=_driver_versions(backend) if args.gfd_labels else None,
+                node_name=config.node_name,
+                heartbeat_namespace=config.heartbeat_namespace,
+                lease_duration_s=config.lease_duration,
+                heartbeat_interval_s=config.heartbeat_interval,
+                gfd_labels=_driver_versions(backend) if config.gfd_labels else None,
             ),
         )
     return _serve(agent)
 
 
 def _check_inventory(
-    args: argparse.Namespace,
+    config: DevicePluginConfig,
     backend: GpuBackend,
     inventory: NodeInventory,
     errors: Sequence[InventoryError],
 ) -> None:
     if not inventory.gpus:
         note = f" ({len(errors)} broken entries skipped; first: {errors[0]})" if errors else ""
-        raise ConfigError(_discovery_flag(args, backend), f"no usable GPUs found{note}")
+        raise ConfigError(_discovery_flag(config, backend), f"no usable GPUs found{note}")
     smallest = min(g.memory_mib for g in inventory.gpus)
-    if args.memory_unit_mib > smallest:
+    if config.memory_unit_mib > smallest:
         raise ConfigError(
             "--memory-unit-mib",
-            f"{args.memory_unit_mib} MiB is more than the smallest GPU's memory ({smallest} "
+            f"{config.memory_unit_mib} MiB is more than the smallest GPU's memory ({smallest} "
             "MiB): that GPU would have no tessera.dev/gpu-memory units",
         )
 

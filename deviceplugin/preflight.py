@@ -9,7 +9,6 @@ the library path of the process itself.
 
 from __future__ import annotations
 
-import argparse
 import json
 import stat
 import sys
@@ -19,9 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from deviceplugin.flags import OneLineParser
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from tessera.errors import TesseraError
+from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.paths import check_directory
 from tessera_edge.topology_file import load_topology
 
 OK: Final = "ok"
@@ -47,7 +47,7 @@ class Check:
     fix: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Options:
     root: Path = Path("/")
     backend: str = "nvml"
@@ -348,8 +348,8 @@ def run_checks(opts: Options, nvml: Callable[[], Any] | None = None) -> list[Che
 # --- the command -------------------------------------------------------------------------
 
 
-def parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="tessera-node-check", description=__doc__.split("\n\n")[0])
+def parser() -> CliParser:
+    p = CliParser(prog="tessera-node-check", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--root",
         default="/",
@@ -402,26 +402,16 @@ def render(checks: Sequence[Check]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, nvml: Callable[[], Any] | None = None) -> int:
+    p = parser()
     try:
-        args = parser().parse_args(argv)
+        args = p.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
-    root = Path(args.root)
-    if not root.is_dir():
-        sys.stderr.write(f"tessera-node-check: error: --root: {args.root} is not a directory\n")
-        return 2
-    opts = Options(
-        root=root,
-        backend=args.backend,
-        topology=args.topology,
-        device_plugin_dir=args.device_plugin_dir,
-        nri_socket=args.nri_socket,
-        rdma=args.rdma,
-        fractional=not args.whole_gpus_only,
-        isolation=args.isolation,
-        mps_pipe_dir=args.mps_pipe_dir,
-        hami_core_library=args.hami_core_library,
-    )
+    try:
+        check_directory("--root", Path(args.root))
+    except ConfigError as exc:
+        return p.fail(exc)
+    opts = config_from(Options, args, root=Path(args.root), fractional=not args.whole_gpus_only)
     checks = run_checks(opts, nvml)
     if args.output == "json":
         print(json.dumps([asdict(c) for c in checks], indent=2))

@@ -9,10 +9,16 @@ Boolean flags take true/false (1/0, yes/no, on/off) in their variable.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    C = TypeVar("C", bound=DataclassInstance)
 
 ENV_PREFIX = "TESSERA_"
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -23,6 +29,17 @@ _NOT_TWINNED = (argparse._HelpAction, argparse._VersionAction, argparse._SubPars
 def env_name(flag: str) -> str:
     """`--metrics-port` -> `TESSERA_METRICS_PORT`."""
     return ENV_PREFIX + flag.lstrip("-").upper().replace("-", "_")
+
+
+def config_from(cls: type[C], args: argparse.Namespace, **given: Any) -> C:
+    """The config dataclass `cls` from parsed flags: each field from the flag with the same
+    destination (a field the parser lacks keeps its default), or from `given`."""
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.name not in given and hasattr(args, f.name)
+    }
+    return cls(**values, **given)
 
 
 class ConfigError(Exception):

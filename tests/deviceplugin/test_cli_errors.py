@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deviceplugin.cli import main
-from deviceplugin.flags import MAX_SOCKET_PATH_BYTES
+from tessera_cli.paths import MAX_SOCKET_PATH_BYTES
 from tests.deviceplugin.conftest import ROOT
 
 
@@ -52,7 +52,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
 CASES: list[tuple[str, list[str], str, str]] = [
     # (id, flags, the flag named, what the line says)
     ("empty topology", ["--topology", "{f}/empty.yaml"], "--topology", "is empty"),
-    ("missing topology", ["--topology", "{f}/nope.yaml"], "--topology", "No such file"),
+    ("missing topology", ["--topology", "{f}/nope.yaml"], "--topology", "does not exist"),
     ("topology is a dir", ["--topology", "{f}"], "--topology", "not a regular file"),
     ("no GPUs", ["--topology", "{f}/no-gpus.yaml"], "--topology", "no usable GPUs"),
     ("only rdma", ["--topology", "{f}/only-rdma.yaml"], "--topology", "no usable GPUs"),
@@ -104,7 +104,7 @@ CASES: list[tuple[str, list[str], str, str]] = [
         "--backend",
         "NVML",
     ),
-    ("kubeconfig missing", ["--kubeconfig", "{f}/nope"], "--kubeconfig", "No such file"),
+    ("kubeconfig missing", ["--kubeconfig", "{f}/nope"], "--kubeconfig", "does not exist"),
     ("kubeconfig garbage", ["--kubeconfig", "{f}/list.yaml"], "--kubeconfig", "cannot configure"),
     ("kube context", ["--kube-context", " "], "--kube-context", "may not be empty"),
     ("unknown flag", ["--metrics-port", "99999"], "--metrics-port", "unrecognized"),
