@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import gc
 import logging
-import math
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Final, NoReturn
 
 from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
+from nri_hook.config import NriHookConfig
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics
 from nri_hook.netdev import IFNAMSIZ, NetdevMover
@@ -32,6 +32,9 @@ from nri_hook.plugin import (
 )
 from tessera.record_keys import KeyFileError
 from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
+from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.paths import check_directory, check_socket_path
+from tessera_cli.values import absolute_path, node_name, port, seconds
 from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.logs import add_log_flags, setup_logging
 
@@ -41,42 +44,18 @@ DEFAULT_PLUGIN_NAME = "tessera"
 DEFAULT_PLUGIN_INDEX = "50"
 MAX_REGISTRATION_TIMEOUT: Final = 3600.0
 """Seconds; containerd's own registration timeout is 5 s, so anything near an hour is a typo."""
-UNIX_PATH_MAX: Final = 107
-"""Longest unix socket path Linux accepts (sun_path is 108 bytes with the terminating NUL)."""
-_NODE_NAME_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _IFNAME_RE: Final = re.compile(r"^[A-Za-z0-9_.-]*$")
 
 
-class UsageError(ValueError):
-    """A flag, path or environment variable that cannot work; the message names it."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line on stderr, exit 2: the usage text would bury the one line that matters."""
-        self.exit(2, f"{self.prog}: {message} (see --help)\n")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0 < value <= MAX_REGISTRATION_TIMEOUT:
+def _vf_prefix(text: str) -> str:
+    """A prefix for interface names: PREFIX and a two-digit index fit in IFNAMSIZ."""
+    if len(text) + 2 >= IFNAMSIZ:
         raise argparse.ArgumentTypeError(
-            f"{text} must be more than 0 and at most {MAX_REGISTRATION_TIMEOUT:g} seconds"
+            f"{text[:40]!r} is too long for an interface name (at most {IFNAMSIZ - 3} characters)"
         )
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535; 0 is off)")
-    return value
+    if not _IFNAME_RE.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use only letters, digits, '_', '.' and '-'")
+    return text
 
 
 DESCRIPTION = f"""\
@@ -92,14 +71,15 @@ runtime restarts), or, when containerd launches it from its plugin directory, on
 connection passed in {PLUGIN_SOCKET_ENV}."""
 
 EPILOG = """\
+Every flag FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 exit status: 0 after SIGTERM/SIGINT or when a launching runtime closes the connection;
-2 for an invalid flag, path or NRI_PLUGIN_* variable, or an unreadable integrity key
+2 for an invalid flag, TESSERA_* or NRI_PLUGIN_* variable or path, or an unreadable integrity key
 (one line on stderr naming it).
 See docs/nri_hook.md for what is injected and how to deploy it."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+def build_parser() -> CliParser:
+    p = CliParser(
         prog="tessera-nri-hook",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -129,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conn.add_argument(
         "--registration-timeout",
-        type=_seconds,
+        type=seconds(high=MAX_REGISTRATION_TIMEOUT),
         default=DEFAULT_REGISTRATION_TIMEOUT,
         metavar="SECONDS",
         help="how long to wait for the runtime to accept the registration (default: %(default)s)",
@@ -137,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     rec = p.add_argument_group("allocation records")
     rec.add_argument(
         "--node-name",
+        type=node_name,
         default=None,
         metavar="NAME",
         help="this node's Kubernetes name; a record for another node is refused "
@@ -186,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument(
         "--mps-pipe-dir",
+        type=absolute_path,
         default=DEFAULT_MPS_PIPE_DIR,
         metavar="DIR",
         help="host directory of the MPS control daemon's pipes, mounted at the same path "
@@ -193,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument(
         "--hami-core-library",
+        type=absolute_path,
         default="",
         metavar="PATH",
         help="host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD "
@@ -206,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     net.add_argument(
         "--vf-rename-prefix",
+        type=_vf_prefix,
         default="",
         metavar="PREFIX",
         help="inside the pod, name the VFs PREFIX0, PREFIX1, ... in record order "
@@ -222,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     obs.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         default=0,
         metavar="PORT",
         help="serve Prometheus metrics on this port (default: 0, off)",
@@ -250,73 +234,33 @@ def launched_identity(name: str, index: str) -> tuple[str, str]:
     return name, env_index or index
 
 
-def check_args(args: argparse.Namespace, name: str, index: str) -> Settings:
-    """Everything that can be checked before starting. Raises UsageError naming the flag
-    (or environment variable) and what is wrong."""
+def check_config(config: NriHookConfig, name: str, index: str) -> Settings:
+    """Everything that can be checked before starting: a `ConfigError` naming the flag (or
+    environment variable) and what is wrong."""
     env_name, env_index = os.environ.get(PLUGIN_NAME_ENV), os.environ.get(PLUGIN_IDX_ENV)
     try:
         check_identity(name, "00")
     except ValueError as exc:
-        raise UsageError(f"{PLUGIN_NAME_ENV if env_name else '--plugin-name'}: {exc}") from None
+        raise ConfigError(PLUGIN_NAME_ENV if env_name else "--plugin-name", str(exc)) from None
     try:
         check_identity("x", index)
     except ValueError as exc:
-        raise UsageError(f"{PLUGIN_IDX_ENV if env_index else '--plugin-index'}: {exc}") from None
-    if args.node_name is not None and not _NODE_NAME_RE.match(args.node_name):
-        raise UsageError(
-            f"--node-name {args.node_name!r}: not a Kubernetes node name "
-            "(lower-case letters, digits, '-' and '.')"
-        )
+        raise ConfigError(PLUGIN_IDX_ENV if env_index else "--plugin-index", str(exc)) from None
     fd_text = os.environ.get(PLUGIN_SOCKET_ENV, "")
     if fd_text:
         _check_inherited_socket(fd_text)
     else:
-        _check_socket_path(args.socket)
-    root = Path(args.device_root)
-    if not root.is_dir():
-        raise UsageError(f"--device-root {args.device_root}: not a directory")
-    for flag, value in (
-        ("--mps-pipe-dir", args.mps_pipe_dir),
-        ("--hami-core-library", args.hami_core_library),
-    ):
-        if value and not value.startswith("/"):
-            raise UsageError(f"{flag} {value}: must be an absolute host path (it is mounted)")
-    prefix = args.vf_rename_prefix
-    if len(prefix) + 2 >= IFNAMSIZ:
-        raise UsageError(
-            f"--vf-rename-prefix {prefix!r}: too long for an interface name "
-            f"(at most {IFNAMSIZ - 3} characters)"
-        )
-    if not _IFNAME_RE.match(prefix):
-        raise UsageError(
-            f"--vf-rename-prefix {prefix!r}: use only letters, digits, '_', '.' and '-'"
-        )
+        # the runtime may not be up yet (the plugin retries), but the directory must exist
+        check_socket_path("--socket", Path(config.socket), directory_must_exist=True)
+    check_directory("--device-root", Path(config.device_root))
     try:
         return Settings(
-            isolation=args.isolation,
-            mps_pipe_dir=args.mps_pipe_dir,
-            hami_core_library=args.hami_core_library,
+            isolation=config.isolation,
+            mps_pipe_dir=config.mps_pipe_dir,
+            hami_core_library=config.hami_core_library,
         )
     except ValueError as exc:
-        raise UsageError(f"--isolation: {exc}") from None
-
-
-def _check_socket_path(path: str) -> None:
-    """The runtime may not be up yet (the plugin retries until it is), but its socket's
-    directory must exist and the path must be usable as a unix socket."""
-    if len(os.fsencode(path)) > UNIX_PATH_MAX:
-        raise UsageError(f"--socket {path}: longer than {UNIX_PATH_MAX} bytes")
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise UsageError(f"--socket {path}: directory {parent} does not exist")
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UsageError(f"--socket {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISSOCK(mode):
-        raise UsageError(f"--socket {path}: exists and is not a socket")
+        raise ConfigError("--isolation", str(exc)) from None
 
 
 def _check_inherited_socket(fd_text: str) -> None:
@@ -324,74 +268,86 @@ def _check_inherited_socket(fd_text: str) -> None:
         fd = int(fd_text)
         mode = os.fstat(fd).st_mode
     except (ValueError, OSError):
-        raise UsageError(f"{PLUGIN_SOCKET_ENV}={fd_text!r}: not an open file descriptor") from None
+        raise ConfigError(
+            f"{PLUGIN_SOCKET_ENV}={fd_text[:40]!r}", "not an open file descriptor"
+        ) from None
     if not stat.S_ISSOCK(mode):
-        raise UsageError(f"{PLUGIN_SOCKET_ENV}={fd_text}: descriptor {fd} is not a socket")
+        raise ConfigError(f"{PLUGIN_SOCKET_ENV}={fd_text}", f"descriptor {fd} is not a socket")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    name, index = launched_identity(args.plugin_name, args.plugin_index)
+    config = config_from(NriHookConfig, parser.parse_args(argv))
+    name, index = launched_identity(config.plugin_name, config.plugin_index)
+    logging_set_up = False
+
+    def fail(exc: ConfigError) -> NoReturn:
+        if config.log_file and logging_set_up:  # the log file says why it did not start, too
+            log.error("%s: %s", parser.describe(exc.flag), exc.problem)
+        raise SystemExit(parser.fail(exc))
+
     try:
-        settings = check_args(args, name, index)
-    except UsageError as exc:
-        parser.error(str(exc))
+        settings = check_config(config, name, index)
+    except ConfigError as exc:
+        fail(exc)
     try:
-        setup_logging(args.log_format, args.log_level, args.log_file)
+        setup_logging(config.log_format, config.log_level, config.log_file)
     except OSError as exc:
-        parser.error(f"--log-file {args.log_file}: cannot open: {exc.strerror or exc}")
+        fail(ConfigError("--log-file", f"{config.log_file}: cannot open: {exc.strerror or exc}"))
+    logging_set_up = True
+    try:
+        return run(config, settings, name, index)
+    except ConfigError as exc:
+        fail(exc)
 
-    def fail(message: str) -> NoReturn:
-        if args.log_file:  # the log file says why the plugin did not start, too
-            log.error("%s", message)
-        parser.error(message)
 
-    node = args.node_name or default_node_name()
-    if args.no_integrity:
+def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int:
+    """Serve until SIGTERM/SIGINT or the launching runtime closes the connection."""
+    node = config.node_name or default_node_name()
+    if config.no_integrity:
         keys = KeyringSource.fixed(None)
     else:
         try:
-            keys = KeyringSource(args.integrity_key_file)
+            keys = KeyringSource(config.integrity_key_file)
         except KeyFileError as exc:
-            fail(
-                f"--integrity-key-file {args.integrity_key_file}: {exc} "
-                "(use --no-integrity only on test clusters)"
-            )
+            raise ConfigError(
+                "--integrity-key-file",
+                f"{config.integrity_key_file}: {exc} (use --no-integrity only on test clusters)",
+            ) from None
     metrics: Metrics | None = None
-    if args.metrics_port:
+    if config.metrics_port:
         metrics = Metrics()
         try:
-            metrics.serve(args.metrics_port, args.metrics_address)
+            metrics.serve(config.metrics_port, config.metrics_address)
         except OSError as exc:
-            where = f"{args.metrics_address or '0.0.0.0'}:{args.metrics_port}"
-            fail(
-                f"--metrics-port {args.metrics_port} / --metrics-address "
-                f"{args.metrics_address or '(all)'}: cannot listen on {where}: "
-                f"{getattr(exc, 'strerror', None) or exc}"
-            )
-    if args.no_integrity:
+            where = f"{config.metrics_address or '0.0.0.0'}:{config.metrics_port}"
+            raise ConfigError(
+                "--metrics-port",
+                f"{config.metrics_port} / --metrics-address {config.metrics_address or '(all)'}: "
+                f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc}",
+            ) from None
+    if config.no_integrity:
         log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
     enforcer = Enforcer(
         EnforcerConfig(
             node_name=node,
             settings=settings,
-            on_invalid=args.on_invalid_record,
-            require_integrity=not args.no_integrity,
-            move_vf_netdevs=not args.no_vf_netdevs,
-            vf_rename_prefix=args.vf_rename_prefix,
+            on_invalid=config.on_invalid_record,
+            require_integrity=not config.no_integrity,
+            move_vf_netdevs=not config.no_vf_netdevs,
+            vf_rename_prefix=config.vf_rename_prefix,
         ),
         keys,
-        HostDevices(args.device_root),
-        NetdevMover(args.device_root),
+        HostDevices(config.device_root),
+        NetdevMover(config.device_root),
         metrics,
     )
     plugin = NriPlugin(
         enforcer,
         name=name,
         index=index,
-        socket_path=args.socket,
-        registration_timeout=args.registration_timeout,
+        socket_path=config.socket,
+        registration_timeout=config.registration_timeout,
     )
     log.info(
         "tessera NRI plugin %s-%s starting: node %s, isolation %s, device root %s, "
@@ -400,8 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name,
         node,
         settings.isolation,
-        args.device_root,
-        args.on_invalid_record,
+        config.device_root,
+        config.on_invalid_record,
     )
     # Everything allocated so far (imports, protobuf descriptors) lives as long as the
     # process: keep it out of the collector's way so full collections stay short.
