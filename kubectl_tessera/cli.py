@@ -9,12 +9,11 @@ Exit status: 0 done, 1 the API server could not be read, 2 a usage error.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import quote
 
 from kube_edge.client import KubeClient
@@ -22,6 +21,7 @@ from kube_edge.errors import ApiError
 from kubectl_tessera import explain as explain_view
 from kubectl_tessera import nodes as nodes_view
 from kubectl_tessera import pods as pods_view
+from kubectl_tessera.config import KubectlConfig
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_POLICY,
@@ -30,28 +30,30 @@ from tessera.resources import (
     INVENTORY_VERSION,
     PLACEMENT_POLICIES,
 )
+from tessera_cli import CliParser, config_from
+from tessera_cli.values import seconds
 
 PROG = "kubectl tessera"
-MAX_TIMEOUT_S = 3600
+MAX_TIMEOUT_S = 3600.0
 """A request timeout beyond an hour is a typo, not a wish."""
 INVENTORY_PATH = f"/apis/{INVENTORY_GROUP}/{INVENTORY_VERSION}/{INVENTORY_PLURAL}"
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line and exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see `{PROG} --help`)\n")
-        raise SystemExit(2)
-
-
-def _common() -> _Parser:
-    common = _Parser(add_help=False)
+def _common() -> CliParser:
+    common = CliParser(add_help=False)
     common.add_argument("--kubeconfig", help="path to the kubeconfig file")
     common.add_argument("--context", help="the kubeconfig context to use")
     common.add_argument("-n", "--namespace", help="namespace (default: the context's)")
-    common.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    common.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
+    common.add_argument(
+        "-o", "--output", choices=["table", "json"], default="table", help="output format"
+    )
+    common.add_argument(
+        "--request-timeout",
+        type=seconds(high=MAX_TIMEOUT_S),
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds one API request may take",
+    )
     common.add_argument(
         "--heartbeat-namespace",
         default=DEFAULT_HEARTBEAT_NAMESPACE,
@@ -60,13 +62,17 @@ def _common() -> _Parser:
     return common
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> CliParser:
     common = _common()
-    top = _Parser(prog=PROG, description="Inspect tessera's GPU and RDMA sharing.")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    top = CliParser(
+        prog=PROG,
+        description="Inspect tessera's GPU and RDMA sharing.",
+        epilog="Every flag --FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.",
+    )
+    sub = top.add_subparsers(dest="command", required=True, parser_class=CliParser)
     sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")
     p = sub.add_parser("pods", parents=[common], help="pods holding tessera devices")
-    p.add_argument("-A", "--all-namespaces", action="store_true")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     e = sub.add_parser("explain", parents=[common], help="why a pending pod fits nowhere")
     e.add_argument("pod", metavar="POD")
     e.add_argument(
@@ -106,35 +112,35 @@ def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
         raise
 
 
-def _emit(args: argparse.Namespace, doc: Any, table: Callable[[], str]) -> None:
-    if args.output == "json":
+def _emit(config: KubectlConfig, doc: Any, table: Callable[[], str]) -> None:
+    if config.output == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
         print(table())
 
 
-def run(args: argparse.Namespace, kube: KubeClient, namespace: str, now: float) -> int:
-    if args.command == "nodes":
+def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> int:
+    if config.command == "nodes":
         node_rows = nodes_view.rows(
             kube.list_items(INVENTORY_PATH),
-            _leases(kube, args.heartbeat_namespace),
+            _leases(kube, config.heartbeat_namespace),
             now,
-            args.heartbeat_namespace,
+            config.heartbeat_namespace,
             _nodes(kube),
         )
-        _emit(args, nodes_view.as_json(node_rows), lambda: nodes_view.render_rows(node_rows))
+        _emit(config, nodes_view.as_json(node_rows), lambda: nodes_view.render_rows(node_rows))
         return 0
-    if args.command == "pods":
+    if config.command == "pods":
         path = (
             "/api/v1/pods"
-            if args.all_namespaces
+            if config.all_namespaces
             else f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
         )
         pod_rows = pods_view.rows(kube.list_items(path))
-        _emit(args, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
+        _emit(config, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
         return 0
     pod = kube.get(
-        f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(args.pod, safe='')}"
+        f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(config.pod, safe='')}"
     )
     if not isinstance(pod, dict):
         raise ApiError(200, "the pod answer is not an object")
@@ -142,31 +148,29 @@ def run(args: argparse.Namespace, kube: KubeClient, namespace: str, now: float) 
         pod,
         list(kube.list_items(INVENTORY_PATH)),
         kube.list_items("/api/v1/pods"),
-        _leases(kube, args.heartbeat_namespace),
+        _leases(kube, config.heartbeat_namespace),
         now,
-        policy=args.policy,
-        nvidia_gpu=args.manage_nvidia_gpu,
-        lease_namespace=args.heartbeat_namespace,
+        policy=config.policy,
+        nvidia_gpu=config.manage_nvidia_gpu,
+        lease_namespace=config.heartbeat_namespace,
     )
-    _emit(args, explain_view.as_json(result), lambda: explain_view.render_explanation(result))
+    _emit(config, explain_view.as_json(result), lambda: explain_view.render_explanation(result))
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = parser().parse_args(argv)
-        if not 0 < args.request_timeout <= MAX_TIMEOUT_S:
-            parser().error(f"--request-timeout must be in (0, {MAX_TIMEOUT_S}] seconds")
+        config = config_from(KubectlConfig, parser().parse_args(argv))
     except SystemExit as exc:  # usage errors (2) and --help (0)
         return exc.code if isinstance(exc.code, int) else 2
     try:
         kube = KubeClient.connect(
-            args.kubeconfig,
-            args.context,
-            timeout=args.request_timeout,
+            config.kubeconfig,
+            config.context,
+            timeout=config.request_timeout,
             user_agent="kubectl-tessera",
         )
-        return run(args, kube, args.namespace or kube.namespace, time.time())
+        return run(config, kube, config.namespace or kube.namespace, time.time())
     except ApiError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 1

@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tessera.record_keys import KeyFileError, fingerprint, public_pem
+from tessera_cli import CliParser, config_from
 from tessera_edge.keyfiles import generate_key_files, public_key_of
 
 EXIT_BAD_INPUT = 2
@@ -30,16 +32,29 @@ verifies it with the public key. Give each side only its half:
 To rotate, generate a new key ID into the same DIR, update the verify Secret first, then
 the signing Secret with signing-key-id naming the new key; both sides pick the change up
 without a restart. See docs/record.md.
+
+Every flag --FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 """
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+@dataclass(frozen=True, slots=True)
+class KeysConfig:
+    command: str
+    """generate or public."""
+    out: str = ""
+    key_id: str = "default"
+    private_key: str = ""
+
+
+def _parser() -> CliParser:
+    parser = CliParser(
         prog="tessera-keys",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=CliParser
+    )
     gen = sub.add_parser(
         "generate",
         help="write a new key pair: DIR/private/ID.pem and DIR/public/ID.pem",
@@ -66,15 +81,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    config = config_from(KeysConfig, _parser().parse_args(argv))
     try:
-        if args.command == "generate":
-            private, public = generate_key_files(args.out, args.key_id)
+        if config.command == "generate":
+            private, public = generate_key_files(config.out, config.key_id)
             print(f"wrote {private} (private: the scheduler's Secret only)")
             print(f"wrote {public} (public: the nodes' Secret)")
             print(f"fingerprint {fingerprint(public_key_of(public))}")
         else:
-            sys.stdout.write(public_pem(public_key_of(args.private_key)).decode())
+            sys.stdout.write(public_pem(public_key_of(config.private_key)).decode())
     except KeyFileError as exc:
         print(f"tessera-keys: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,0 +1,28 @@
+"""kubectl tessera's settings: one frozen object built from the command line (or the
+flags' `TESSERA_*` twins); the views read this, not argparse."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_POLICY
+
+
+@dataclass(frozen=True, slots=True)
+class KubectlConfig:
+    command: str
+    """nodes, pods or explain."""
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    output: str = "table"
+    request_timeout: float = 30.0
+    heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
+    all_namespaces: bool = False
+    """pods: every namespace."""
+    pod: str = ""
+    """explain: the pod's name."""
+    policy: str = DEFAULT_POLICY
+    """explain: the scheduler's --policy."""
+    manage_nvidia_gpu: bool = False
+    """explain: the scheduler runs with --manage-nvidia-gpu."""
