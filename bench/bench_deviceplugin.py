@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
 from tessera_testbed.apiserver import FakeApiServer
-from tessera_testbed.kubelet import KubeletSimulator
+from tessera_testbed.kubelet import KubeletSimulator, fake_agent_command
 
 ROOT = Path(__file__).resolve().parent.parent
 TESSERA = (
@@ -35,27 +34,10 @@ TESSERA = (
 
 
 def _start_agent(plugin_dir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "deviceplugin.cli",
-            "--backend",
-            "fake",
-            "--topology",
-            "h100-sxm-8x",
-            "--device-plugin-dir",
-            str(plugin_dir),
-            "--node-name",
-            "bench-node",
-            "--log-level",
-            "error",
-            *extra,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
+    argv, env = fake_agent_command(
+        plugin_dir, "h100-sxm-8x", "--node-name", "bench-node", "--log-level", "error", *extra
     )
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

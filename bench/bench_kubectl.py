@@ -14,9 +14,8 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from bench.bench_scheduler import _start_fake_api, create_nodes
+from bench.bench_scheduler import _start_fake_api, create_nodes, create_signed_pods
 from bench.common import BenchContext, Result
 
 TARGET_S = 10.0
@@ -44,43 +43,14 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     from kube_edge.client import KubeClient
     from kubectl_tessera.cli import main
     from tessera import resources as rn
-    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-    from tessera.record import Keyring, encode
+    from tessera.record import Keyring
 
     keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
         setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
-        shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
-        for node in names:
-            for i in range(pods_per_node):
-                name = f"{node}-p{i}"
-                alloc = PodAllocation(
-                    f"uid-{name}",
-                    "default",
-                    name,
-                    node,
-                    (
-                        ContainerAllocation(
-                            "main", (GpuGrant(f"GPU-{node}-{i % 8}", i % 8, i % 8, 25, 20480),)
-                        ),
-                    ),
-                )
-                obj: dict[str, Any] = {
-                    "metadata": {
-                        "name": name,
-                        "namespace": "default",
-                        "uid": f"uid-{name}",
-                        "annotations": {rn.ALLOCATION_ANNOTATION: encode(alloc, keyring)},
-                    },
-                    "spec": {
-                        "nodeName": node,
-                        "containers": [{"name": "main", "resources": {"limits": shape}}],
-                    },
-                    "status": {"phase": "Running"},
-                }
-                setup.create("/api/v1/namespaces/default/pods", obj)
+        create_signed_pods(setup, names, pods_per_node, keyring)
         setup.create(
             "/api/v1/namespaces/default/pods",
             {

@@ -80,6 +80,47 @@ def create_nodes(client: Any, count: int) -> list[str]:
     return names
 
 
+def create_running_pod(client: Any, name: str, node: str, record: str | None) -> None:
+    """A Running pod bound to `node` with one 25% GPU share and `record` as its allocation
+    annotation (None: no annotation)."""
+    from tessera import resources as rn
+
+    shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
+    obj: dict[str, Any] = {
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "uid": f"uid-{name}",
+            "annotations": {} if record is None else {rn.ALLOCATION_ANNOTATION: record},
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "resources": {"limits": shape}}],
+        },
+        "status": {"phase": "Running"},
+    }
+    client.create("/api/v1/namespaces/default/pods", obj)
+
+
+def create_signed_pods(client: Any, nodes: list[str], per_node: int, keyring: Any) -> list[str]:
+    """`per_node` Running pods on each node, each with a valid record signed by `keyring`
+    for a 25% share of one of the node's 8 GPUs; returns the records."""
+    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+    from tessera.record import encode
+
+    records = []
+    for node in nodes:
+        for i in range(per_node):
+            name = f"{node}-p{i}"
+            grant = GpuGrant(f"GPU-{node}-{i % 8}", i % 8, i % 8, 25, 20480)
+            alloc = PodAllocation(
+                f"uid-{name}", "default", name, node, (ContainerAllocation("main", (grant,)),)
+            )
+            records.append(encode(alloc, keyring))
+            create_running_pod(client, name, node, records[-1])
+    return records
+
+
 def half_full_cache(nodes: int, seed: int = 1) -> Any:
     """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
     mix of whole GPUs and shares."""

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
-from bench.bench_scheduler import _start_fake_api, create_nodes
+from bench.bench_scheduler import (
+    _start_fake_api,
+    create_nodes,
+    create_running_pod,
+    create_signed_pods,
+)
 from bench.common import BenchContext, Result
 
 POISONS = [
@@ -31,50 +35,14 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
     """(seconds from start to ready, fenced nodes)."""
     from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
-    from tessera import resources as rn
-    from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-    from tessera.record import Keyring, encode
+    from tessera.record import Keyring
 
     keyring = Keyring.generate("bench")
     proc, url = _start_fake_api()
     try:
         setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
-        shape = {rn.GPU_CORE: "25", rn.GPU_MEMORY_RATIO: "25"}
-        records: list[str] = []
-
-        def create(name: str, node: str, record: str | None) -> None:
-            obj: dict[str, Any] = {
-                "metadata": {
-                    "name": name,
-                    "namespace": "default",
-                    "uid": f"uid-{name}",
-                    "annotations": {} if record is None else {rn.ALLOCATION_ANNOTATION: record},
-                },
-                "spec": {
-                    "nodeName": node,
-                    "containers": [{"name": "main", "resources": {"limits": shape}}],
-                },
-                "status": {"phase": "Running"},
-            }
-            setup.create("/api/v1/namespaces/default/pods", obj)
-
-        for node in names:
-            for i in range(pods_per_node):
-                name = f"{node}-p{i}"
-                alloc = PodAllocation(
-                    pod_uid=f"uid-{name}",
-                    namespace="default",
-                    name=name,
-                    node=node,
-                    containers=(
-                        ContainerAllocation(
-                            "main", (GpuGrant(f"GPU-{node}-{i % 8}", i % 8, i % 8, 25, 20480),)
-                        ),
-                    ),
-                )
-                records.append(encode(alloc, keyring))
-                create(name, node, records[-1])
+        records = create_signed_pods(setup, names, pods_per_node, keyring)
         for i in range(poison):
             kind = i % (len(POISONS) + 2)
             record = (
@@ -82,7 +50,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
                 if kind < len(POISONS)
                 else (records[i % len(records)] if kind == len(POISONS) else None)
             )
-            create(f"poison-{i}", names[0], record)
+            create_running_pod(setup, f"poison-{i}", names[0], record)
         started = time.monotonic()
         service = Service(
             Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),

@@ -37,14 +37,9 @@ from deviceplugin.units import LimitError, UnitConfig, socket_name, validate_res
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory
 from tessera.resources import (
+    ALL_RESOURCES,
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_MEMORY_UNIT_MIB,
-    GPU,
-    GPU_CORE,
-    GPU_MEMORY,
-    GPU_MEMORY_RATIO,
-    NVIDIA_GPU,
-    RDMA,
 )
 from tessera_cli import CliParser, ConfigError, config_from
 from tessera_cli.paths import (
@@ -64,7 +59,6 @@ log = logging.getLogger("deviceplugin")
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
 """Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
-ALL_RESOURCES = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA, NVIDIA_GPU)
 
 DESCRIPTION = """\
 tessera's node agent. Discovers the node's GPUs (NVML, or a topology file) and RDMA NICs

@@ -7,6 +7,7 @@ import argparse
 from dataclasses import dataclass
 
 from scheduler_plugin.service import Options
+from tessera_cli import config_from
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,10 @@ class SchedulerConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SchedulerConfig:
-        return cls(
+        """The rest of the fields come from the flags of the same name."""
+        return config_from(
+            cls,
+            args,
             service=Options(
                 host=args.listen[0],
                 port=args.listen[1],
@@ -50,14 +54,4 @@ class SchedulerConfig:
                 health_port=args.health_listen[1],
                 open_debug=args.insecure_allow_unauthenticated,
             ),
-            kubeconfig=args.kubeconfig,
-            context=args.context,
-            api_timeout=args.api_timeout,
-            tls_cert_file=args.tls_cert_file,
-            tls_key_file=args.tls_key_file,
-            tls_client_ca_file=args.tls_client_ca_file,
-            integrity_key_file=args.integrity_key_file,
-            legacy_hmac_key_file=args.legacy_hmac_key_file,
-            log_format=args.log_format,
-            log_level=args.log_level,
         )

@@ -97,24 +97,25 @@ def ip_address(text: str) -> str:
         ) from None
 
 
-def node_name(text: str) -> str:
-    """A Kubernetes node name: a DNS-1123 subdomain (it goes into API paths and the Lease)."""
-    if not text or len(text) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(text):
+def _dns_name(text: str, pattern: re.Pattern[str], longest: int, what: str, rule: str) -> str:
+    if not text or len(text) > longest or not pattern.fullmatch(text):
         raise argparse.ArgumentTypeError(
-            f"{text[:80]!r} is not a valid node name (lowercase letters, digits, '-' and '.', "
-            "at most 253 characters)"
+            f"{text[:80]!r} is not a valid {what} ({rule}, at most {longest} characters)"
         )
     return text
+
+
+def node_name(text: str) -> str:
+    """A Kubernetes node name: a DNS-1123 subdomain (it goes into API paths and the Lease)."""
+    return _dns_name(
+        text, _DNS1123_SUBDOMAIN, 253, "node name", "lowercase letters, digits, '-' and '.'"
+    )
 
 
 def namespace(text: str) -> str:
     """A Kubernetes namespace: a DNS-1123 label."""
-    if not text or len(text) > 63 or not _LABEL.fullmatch(text):
-        raise argparse.ArgumentTypeError(
-            f"{text[:80]!r} is not a valid namespace (a DNS-1123 label: lowercase letters, "
-            "digits and '-', at most 63 characters)"
-        )
-    return text
+    rule = "a DNS-1123 label: lowercase letters, digits and '-'"
+    return _dns_name(text, _LABEL, 63, "namespace", rule)
 
 
 def non_empty(text: str) -> str:

@@ -15,7 +15,9 @@ What it does, as the kubelet does:
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -273,3 +275,16 @@ class KubeletSimulator:
         self.endpoint(resource).stub.PreStartContainer(
             pb.PreStartContainerRequest(devices_ids=ids), timeout=30
         )
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def fake_agent_command(
+    plugin_dir: Path | str, topology: str, *flags: str
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment to run the real node agent as its own process, on the fake backend
+    (a topology file or built-in name), serving in `plugin_dir`: this checkout's code first."""
+    argv = [sys.executable, "-m", "deviceplugin.cli", "--backend", "fake", "--topology", topology]
+    argv += ["--device-plugin-dir", str(plugin_dir), *flags]
+    return argv, dict(os.environ, PYTHONPATH=str(CHECKOUT))

@@ -3,10 +3,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +13,7 @@ import yaml
 
 from deviceplugin.cli import build_parser, main, setup_logging
 from tessera.model import NodeInventory
-from tessera_testbed.kubelet import KubeletSimulator
-from tests.deviceplugin.conftest import ROOT
+from tessera_testbed.kubelet import KubeletSimulator, fake_agent_command
 
 
 @pytest.fixture(autouse=True)
@@ -133,27 +130,9 @@ def test_json_logs() -> None:
 
 
 def test_the_command_serves_the_kubelet_and_stops_on_sigterm(sock_dir: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    argv, env = fake_agent_command(sock_dir, "t4-4x", "--no-inventory", "--log-format", "json")
     with KubeletSimulator(sock_dir) as kubelet:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "deviceplugin.cli",
-                "--backend",
-                "fake",
-                "--topology",
-                "t4-4x",
-                "--no-inventory",
-                "--device-plugin-dir",
-                str(sock_dir),
-                "--log-format",
-                "json",
-            ],
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
         try:
             kubelet.wait_registered(["tessera.dev/gpu-core", "tessera.dev/gpu"], timeout_s=20)
             snapshot = kubelet.endpoint("tessera.dev/gpu").wait_for(lambda m: len(m.devices) > 0)

@@ -4,9 +4,7 @@ traceback, nothing started."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import yaml
 
 from deviceplugin.cli import main
 from tessera_cli.paths import MAX_SOCKET_PATH_BYTES
-from tests.deviceplugin.conftest import ROOT
+from tessera_testbed.kubelet import fake_agent_command
 
 
 @pytest.fixture(autouse=True)
@@ -140,28 +138,8 @@ def test_a_bad_flag_is_one_line_and_status_2(
 
 
 def test_the_command_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "deviceplugin.cli",
-            "--backend",
-            "fake",
-            "--topology",
-            "t4-4x",
-            "--no-inventory",
-            "--device-plugin-dir",
-            "/proc",
-            "--log-level",
-            "warning",
-        ],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv, env = fake_agent_command("/proc", "t4-4x", "--no-inventory", "--log-level", "warning")
+    proc = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "tessera-device-plugin: error: --device-plugin-dir: cannot create a unix socket in "
