@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 
@@ -25,6 +28,31 @@ class Tally:
         setattr(self, kind, getattr(self, kind) + 1)
         if len(self.examples) < 5:
             self.examples.append(f"{kind}: {description[:200]}")
+
+
+@contextmanager
+def watched(tally: Tally, what: object, slow_s: float) -> Iterator[None]:
+    """One input through the surface: counts it, and counts as a crash any exception that
+    leaves the block (the surface's own typed errors are caught inside it) or a block that
+    takes longer than `slow_s` (unbounded work). `what` is the input, described on a crash."""
+    tally.inputs += 1
+    started = time.monotonic()
+    try:
+        yield
+    except Exception as exc:  # the point of the run: anything else is a crash
+        tally.fail("crashes", f"{type(exc).__name__}: {exc} on {_short(what)}")
+        return
+    elapsed = time.monotonic() - started
+    if elapsed > slow_s:
+        tally.fail("crashes", f"{elapsed:.1f} s on {_short(what)}")
+
+
+def _short(what: object) -> str:
+    """The start of repr(what), which only a crash pays for (hostile inputs are large)."""
+    try:
+        return repr(what)[:120]
+    except ValueError:  # an int past Python's 4300-digit str() limit
+        return f"<{type(what).__name__} too large to print>"
 
 
 def mutate(data: bytes, rng: random.Random, max_len: int = 1 << 16) -> bytes:

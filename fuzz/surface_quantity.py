@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from typing import Any, Final
 
-from fuzz.common import INTERESTING, Tally, mutate
+from fuzz.common import INTERESTING, Tally, mutate, watched
 from tessera import resources as rn
 from tessera.errors import RequestError
 from tessera.request import parse_pod
@@ -75,17 +74,10 @@ def run(n: int, seed: int) -> Tally:
             pod["spec"]["overhead"] = {rng.choice(["cpu", "memory"]): value}
         else:
             pod["spec"]["containers"][0]["resources"]["limits"][resource] = value
-        tally.inputs += 1
-        started = time.monotonic()
-        try:
-            parse_pod(pod)
-        except RequestError as exc:
-            if not overhead and (exc.container != "main" or exc.resource != resource):
-                tally.fail("crashes", f"RequestError names {exc.container}/{exc.resource}")
-        except Exception as exc:  # the point of the run: anything else is a crash
-            tally.fail("crashes", f"{type(exc).__name__}: {exc} for {resource}={value!r:.80}")
-            continue
-        elapsed = time.monotonic() - started
-        if elapsed > SLOW_SECONDS:
-            tally.fail("crashes", f"{elapsed:.1f} s for {resource}={value!r:.80}")
+        with watched(tally, (resource, value), SLOW_SECONDS):
+            try:
+                parse_pod(pod)
+            except RequestError as exc:
+                if not overhead and (exc.container != "main" or exc.resource != resource):
+                    tally.fail("crashes", f"RequestError names {exc.container}/{exc.resource}")
     return tally
