@@ -5,7 +5,6 @@ import json
 import logging
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ from deviceplugin.cli import build_parser, main, setup_logging
 from tessera.model import NodeInventory
 from tessera_testbed.kubelet import KubeletSimulator, fake_agent_command
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def test_every_flag_is_explained() -> None:

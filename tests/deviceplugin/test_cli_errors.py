@@ -3,9 +3,7 @@ traceback, nothing started."""
 
 from __future__ import annotations
 
-import logging
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +13,7 @@ from deviceplugin.cli import main
 from tessera_cli.paths import MAX_SOCKET_PATH_BYTES
 from tessera_testbed.kubelet import fake_agent_command
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 @pytest.fixture

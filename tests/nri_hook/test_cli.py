@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import os
 import socket
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,21 +34,6 @@ def test_help_explains_every_flag_and_its_default() -> None:
             assert option in text
         if not isinstance(action, argparse._StoreTrueAction):
             assert "default" in action.help, action.option_strings
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """main() configures the root logger; put it back for the tests that follow."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        yield
-    finally:
-        for handler in root.handlers:
-            if handler not in handlers:
-                handler.close()
-        root.handlers[:] = handlers
-        root.setLevel(level)
 
 
 @pytest.mark.usefixtures("restore_logging")

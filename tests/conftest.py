@@ -1,0 +1,24 @@
+"""Fixtures for every test area."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """A command's main() configures the root logger; put it back for the tests that follow
+    (and close the handlers it added: a log file stays open otherwise)."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        for handler in root.handlers:
+            if handler not in handlers:
+                handler.close()
+        root.handlers[:] = handlers
+        root.setLevel(level)
