@@ -29,22 +29,9 @@ MEM = 81920
 
 
 def node_spec(name: str) -> dict[str, Any]:
-    return {
-        "nodeName": name,
-        "gpus": [
-            {
-                "uuid": f"GPU-{name}-{i}",
-                "index": i,
-                "minor": i,
-                "model": "NVIDIA H100 80GB HBM3",
-                "memoryMiB": MEM,
-                "pciBusId": f"0000:{0x10 + i:02x}:00.0",
-                "numaNode": i // 4,
-                "pcieRoot": f"pci0000:{i // 2:02x}",
-            }
-            for i in range(GPUS_PER_NODE)
-        ],
-    }
+    from tessera_testbed.inventory import inventory_spec
+
+    return inventory_spec(name, GPUS_PER_NODE, mem=MEM)
 
 
 def lease(name: str) -> dict[str, Any]:

@@ -184,30 +184,6 @@ def crafted(rng: random.Random) -> tuple[str, bytes]:
     return verb, bytes(rng.randrange(256) for _ in range(rng.randrange(64)))
 
 
-def _inventory(node: str) -> dict[str, Any]:
-    from tessera import resources as rn
-
-    gpus = [
-        {
-            "uuid": f"GPU-{node}-{i}",
-            "index": i,
-            "minor": i,
-            "model": "NVIDIA H100 80GB HBM3",
-            "memoryMiB": 81920,
-            "pciBusId": f"0000:{0x10 + i:02x}:00.0",
-            "numaNode": i // 4,
-            "pcieRoot": f"pci0000:{i // 2:02x}",
-        }
-        for i in range(8)
-    ]
-    return {
-        "apiVersion": rn.INVENTORY_API_VERSION,
-        "kind": rn.INVENTORY_KIND,
-        "metadata": {"name": node},
-        "spec": {"nodeName": node, "memoryUnitMiB": 1024, "gpus": gpus, "rdma": []},
-    }
-
-
 @contextmanager
 def target() -> Iterator[Any]:
     """A ready Service on a loopback port over a simulated API server."""
@@ -216,11 +192,12 @@ def target() -> Iterator[Any]:
     from tessera import resources as rn
     from tessera.record import Keyring
     from tessera_testbed.apiserver import FakeApiServer
+    from tessera_testbed.inventory import nodedevices
 
     with FakeApiServer() as fake:
         for node in NODES:
             fake.create("nodes", {"metadata": {"name": node}})
-            fake.create("nodedevices", _inventory(node))
+            fake.create("nodedevices", nodedevices(node))
             fake.create(
                 "leases",
                 {

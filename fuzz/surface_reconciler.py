@@ -40,6 +40,7 @@ from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.model import NodeInventory
 from tessera.record import SCHEMA_VERSION, Keyring, decode
+from tessera_testbed.inventory import nodedevices as testbed_nodedevices
 
 NODES = ("n0", "n1", "n2")
 GPUS = 4
@@ -83,20 +84,7 @@ class MemoryApi:
 
 
 def nodedevices(node: str) -> dict[str, Any]:
-    gpus = [
-        {
-            "uuid": f"GPU-{node}-{i}",
-            "index": i,
-            "minor": i,
-            "model": "NVIDIA H100 80GB HBM3",
-            "memoryMiB": MEM,
-            "pciBusId": f"0000:{0x10 + i:02x}:00.0",
-            "numaNode": 0,
-            "pcieRoot": "pci0000:00",
-        }
-        for i in range(GPUS)
-    ]
-    return {"metadata": {"name": node}, "spec": {"nodeName": node, "gpus": gpus}}
+    return testbed_nodedevices(node, gpus=GPUS, mem=MEM)
 
 
 def new_pod(name: str, core: int) -> dict[str, Any]:

@@ -16,55 +16,13 @@ from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.inventory import nodedevices
 from tests.vectors import EXTENDER
 
 KEYRING = Keyring.generate("k1")
 KEY = KEYRING  # the scheduler's signing keyring
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = EXTENDER
-
-
-def gpu_spec(node: str, index: int, model: str = "NVIDIA H100 80GB HBM3", mem: int = 81920):
-    return {
-        "uuid": f"GPU-{node}-{index}",
-        "index": index,
-        "minor": index,
-        "model": model,
-        "memoryMiB": mem,
-        "pciBusId": f"0000:{0x10 + index:02x}:00.0",
-        "numaNode": index // 4,
-        "pcieRoot": f"pci0000:{index // 2:02x}",
-    }
-
-
-def inventory_spec(
-    node: str, gpus: int = 8, model: str = "NVIDIA H100 80GB HBM3", mem: int = 81920, nics: int = 0
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "nodeName": node,
-        "memoryUnitMiB": 1024,
-        "gpus": [gpu_spec(node, i, model, mem) for i in range(gpus)],
-        "rdma": [
-            {
-                "ibdev": f"mlx5_{i}",
-                "pciBusId": f"0000:{0x80 + i:02x}:00.0",
-                "uverbsMinor": i,
-                "numaNode": i,
-            }
-            for i in range(nics)
-        ],
-        "summary": {"gpus": gpus, "model": model},
-    }
-    return spec
-
-
-def nodedevices(node: str, **kw: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": rn.INVENTORY_API_VERSION,
-        "kind": rn.INVENTORY_KIND,
-        "metadata": {"name": node},
-        "spec": inventory_spec(node, **kw),
-    }
 
 
 def now_text(offset: float = 0.0) -> str:

@@ -14,7 +14,11 @@ from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen, Refused
 from tessera.request import parse_pod
 from tessera.resources import UNITS_PER_DEVICE
-from tests.scheduler.helpers import inventory_spec, pod, share
+from tessera_testbed.inventory import inventory_spec
+from tests.scheduler.helpers import (
+    pod,
+    share,
+)
 
 THREADS = 8
 PODS_PER_THREAD = 40

@@ -9,10 +9,10 @@ from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
+from tessera_testbed.inventory import nodedevices
 from tests.scheduler.helpers import (
     KEY,
     Http,
-    nodedevices,
     pod,
     populate,
     running,
@@ -219,7 +219,8 @@ def test_lists_are_paged(fake):
 def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
     from scheduler_plugin.cache import Cache
     from scheduler_plugin.status_writer import StatusWriter
-    from tests.scheduler.helpers import client_for, inventory_spec
+    from tessera_testbed.inventory import inventory_spec
+    from tests.scheduler.helpers import client_for
 
     populate(fake, ["a", "b", "c"], gpus=1)
     cache = Cache("binpack")

@@ -13,8 +13,13 @@ from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen
 from tessera import resources as rn
 from tessera.request import parse_pod
+from tessera_testbed.inventory import inventory_spec
 from tests.scheduler import godecode as go
-from tests.scheduler.helpers import heartbeat, inventory_spec, pod, share
+from tests.scheduler.helpers import (
+    heartbeat,
+    pod,
+    share,
+)
 
 
 def make_cache(nodes: dict[str, dict], policy: str = "binpack") -> Cache:

@@ -17,7 +17,12 @@ from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
 from tessera.record import SCHEMA_VERSION, encode
-from tests.scheduler.helpers import KEYRING, inventory_spec, nodedevices, pod, share
+from tessera_testbed.inventory import inventory_spec, nodedevices
+from tests.scheduler.helpers import (
+    KEYRING,
+    pod,
+    share,
+)
 
 POISON_DEEP = "[" * 1000
 """Nested past the JSON parser's recursion limit (RecursionError in json.loads)."""

@@ -38,7 +38,12 @@ from scheduler_plugin.views import Assumed
 from tessera import resources as rn
 from tessera.record import decode
 from tessera.resources import UNITS_PER_DEVICE
-from tests.scheduler.helpers import KEYRING, nodedevices, pod, share
+from tessera_testbed.inventory import nodedevices
+from tests.scheduler.helpers import (
+    KEYRING,
+    pod,
+    share,
+)
 from tests.scheduler.test_isolation import POISONS
 
 NODES = ["n0", "n1"]

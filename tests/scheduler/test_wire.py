@@ -10,13 +10,13 @@ import pytest
 from tessera import resources as rn
 from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.inventory import nodedevices
 from tests.scheduler import godecode as go
 from tests.scheduler.helpers import (
     KEYRING,
     VECTORS,
     Http,
     heartbeat,
-    nodedevices,
     running,
     wait_for,
 )
