@@ -329,6 +329,12 @@ def _vf_record(vf_name: str) -> str:
     )
 
 
+def _vf_pod(netns: str, vf: str) -> api.PodSandbox:
+    """The pod whose record grants the RDMA VF `vf`, its sandbox in `netns`."""
+    annotations = {ALLOCATION_ANNOTATION: _vf_record(vf)}
+    return make_pod("train", namespace="team-a", uid=UID, annotations=annotations, netns=netns)
+
+
 @pytest.mark.netns
 @pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
 def test_vf_follows_the_sandbox(
@@ -340,13 +346,7 @@ def test_vf_follows_the_sandbox(
 
         async def body() -> None:
             h = await start(sock_dir, device_root, key_file, version=version, rename_prefix="rdma")
-            pod = make_pod(
-                "train",
-                namespace="team-a",
-                uid=UID,
-                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
-                netns=lab.path(ns),
-            )
+            pod = _vf_pod(lab.path(ns), vf)
             await h.conn.event(api.RUN_POD_SANDBOX, pod)
             assert vf not in links() and "rdma0" in links(ns)
             await h.conn.event(api.STOP_POD_SANDBOX, pod)
@@ -366,13 +366,7 @@ def test_a_missing_vf_fails_the_sandbox_unless_downgraded(
         ns = lab.namespace()
 
         async def body() -> None:
-            pod = make_pod(
-                "train",
-                namespace="team-a",
-                uid=UID,
-                annotations={ALLOCATION_ANNOTATION: _vf_record("tsr-novf")},
-                netns=lab.path(ns),
-            )
+            pod = _vf_pod(lab.path(ns), "tsr-novf")
             h = await start(sock_dir, device_root, key_file)
             with pytest.raises(RpcError) as failed:
                 await h.conn.event(api.RUN_POD_SANDBOX, pod)
@@ -398,13 +392,7 @@ def test_a_restarted_plugin_still_brings_vfs_back(
         vf = lab.vf()
 
         async def body() -> None:
-            pod = make_pod(
-                "train",
-                namespace="team-a",
-                uid=UID,
-                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
-                netns=lab.path(ns),
-            )
+            pod = _vf_pod(lab.path(ns), vf)
             first = await start(sock_dir, device_root, key_file)
             await first.conn.event(api.RUN_POD_SANDBOX, pod)
             await first.close()
