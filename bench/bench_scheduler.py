@@ -385,48 +385,10 @@ def filter_prioritize_rounds(service: Any, cache: Any, rounds: int) -> None:
 def hostile_rss_child() -> None:
     """RSS growth (bytes) of a scheduler with a 5,000-node cluster while 100 clients at once
     announce the largest allowed body and dribble it (50) or send 4x that (50)."""
-    import socket
+    from fuzz.surface_extender import rss_growth_under_slow_clients
 
-    import psutil
-
-    cache = half_full_cache(5000)
-    service = serving(cache)
-    port = service.server.port
-    max_body = service.options.max_body
-    big, drip = b" " * (max_body * 4), b" " * 32768
-    me = psutil.Process()
-    before = peak = me.memory_info().rss
-
-    def dribbler() -> None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-                sock.sendall(
-                    f"POST /filter HTTP/1.1\r\nContent-Length: {max_body}\r\n\r\n".encode()
-                )
-                for _ in range(40):
-                    sock.sendall(drip)
-                    time.sleep(0.05)
-        except OSError:
-            pass
-
-    def oversized() -> None:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-                sock.sendall(
-                    f"POST /filter HTTP/1.1\r\nContent-Length: {4 * max_body}\r\n\r\n".encode()
-                )
-                sock.sendall(big)
-        except OSError:
-            pass
-
-    threads = [threading.Thread(target=dribbler) for _ in range(50)]
-    threads += [threading.Thread(target=oversized) for _ in range(50)]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads):
-        peak = max(peak, me.memory_info().rss)
-        time.sleep(0.01)
-    print(peak - before)
+    service = serving(half_full_cache(5000))
+    print(rss_growth_under_slow_clients(service.server.port, service.options.max_body))
 
 
 def _child_mib(flag: str) -> float:

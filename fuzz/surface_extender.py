@@ -293,3 +293,43 @@ def run(n: int, seed: int) -> Tally:
             elif verb == "bind" and status == 200 and json.loads(data).get("Error") == "":
                 tally.fail("forgeries", f"#{i} bind accepted: {body[:120]!r}")
     return tally
+
+
+def rss_growth_under_slow_clients(port: int, max_body: int, clients: int = 100) -> int:
+    """Bytes this process's RSS grows (at its peak) while `clients` connect to the extender
+    on `port` at once: half announce the largest allowed body and dribble it, half send 4x
+    that. Bodies must wait for room in the byte budget, so the growth stays bounded."""
+    import socket
+    import threading
+
+    import psutil
+
+    big, drip = b" " * (max_body * 4), b" " * 32768  # shared, allocated before measuring
+    me = psutil.Process()
+    before = peak = me.memory_info().rss
+
+    def send(length: int, chunks: list[bytes], pause_s: float) -> None:
+        head = f"POST /filter HTTP/1.1\r\nContent-Length: {length}\r\n\r\n".encode()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(head)
+                for chunk in chunks:
+                    sock.sendall(chunk)
+                    time.sleep(pause_s)
+        except OSError:
+            pass
+
+    threads = [
+        threading.Thread(target=send, args=(max_body, [drip] * 40, 0.05))
+        for _ in range(clients // 2)
+    ]
+    threads += [
+        threading.Thread(target=send, args=(max_body * 4, [big], 0.0))
+        for _ in range(clients - clients // 2)
+    ]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        peak = max(peak, me.memory_info().rss)
+        time.sleep(0.01)
+    return peak - before

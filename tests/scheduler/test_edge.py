@@ -11,16 +11,20 @@ import http.client
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 
-import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz.surface_extender import HOSTILE, replace_at, seed_bodies, well_formed
+from fuzz.surface_extender import (
+    HOSTILE,
+    replace_at,
+    rss_growth_under_slow_clients,
+    seed_bodies,
+    well_formed,
+)
 from scheduler_plugin import limits
 from scheduler_plugin.http import tls_context
 from scheduler_plugin.protocol import BoundedProtocol
@@ -183,45 +187,8 @@ def test_memory_stays_bounded_under_100_oversized_or_slow_clients():
     send bodies over the limit. Bodies wait for room in the byte budget before they are
     read, so the process grows by a bounded amount (the figure is in bench/)."""
     with FakeApiServer() as fake, running(fake) as svc:
-        max_body = svc.options.max_body
-        big = b" " * (max_body * 4)  # shared by the clients, allocated before measuring
-        drip = b" " * 32768
-        me = psutil.Process()
-        before = me.memory_info().rss
-        peak = before
         port = svc.server.port
-        stop = threading.Event()
-
-        def dribbler() -> None:
-            try:
-                head = f"POST /filter HTTP/1.1\r\nContent-Length: {max_body}\r\n\r\n".encode()
-                sock = _raw(port, head, timeout=10)
-                for _ in range(40):
-                    if stop.is_set():
-                        break
-                    sock.sendall(drip)
-                    time.sleep(0.05)
-                sock.close()
-            except OSError:
-                pass
-
-        def oversized() -> None:
-            try:
-                head = f"POST /filter HTTP/1.1\r\nContent-Length: {max_body * 4}\r\n\r\n".encode()
-                sock = _raw(port, head, timeout=10)
-                sock.sendall(big)
-            except OSError:
-                pass
-
-        threads = [threading.Thread(target=dribbler) for _ in range(50)]
-        threads += [threading.Thread(target=oversized) for _ in range(50)]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            peak = max(peak, me.memory_info().rss)
-            time.sleep(0.02)
-        stop.set()
-        grown = (peak - before) / 2**20
+        grown = rss_growth_under_slow_clients(port, svc.options.max_body) / 2**20
         assert grown < 200, f"RSS grew by {grown:.0f} MiB"
         assert Http(port).get("/healthz")[0] == 200
 
