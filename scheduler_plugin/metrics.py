@@ -67,27 +67,22 @@ def reason_category(reason: str) -> str:
     return "other"
 
 
+def _per_gpu(name: str, documentation: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=["node", "gpu", "uuid", "model"])
+
+
 class _GpuCollector(Collector):
     def __init__(self, source: Callable[[], Cache | None]) -> None:
         self._source = source
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._source()
-        core = GaugeMetricFamily(
+        core = _per_gpu(
             "tessera_gpu_core_allocated_percent",
             "Compute share of the GPU allocated to pods, in percent",
-            labels=["node", "gpu", "uuid", "model"],
         )
-        mem = GaugeMetricFamily(
-            "tessera_gpu_memory_allocated_mib",
-            "GPU memory allocated to pods, in MiB",
-            labels=["node", "gpu", "uuid", "model"],
-        )
-        total = GaugeMetricFamily(
-            "tessera_gpu_memory_total_mib",
-            "GPU memory of the device, in MiB",
-            labels=["node", "gpu", "uuid", "model"],
-        )
+        mem = _per_gpu("tessera_gpu_memory_allocated_mib", "GPU memory allocated to pods, in MiB")
+        total = _per_gpu("tessera_gpu_memory_total_mib", "GPU memory of the device, in MiB")
         unusable = GaugeMetricFamily(
             "tessera_nodes_unusable",
             "Nodes that take no new tessera pods (bad inventory or silent node agent)",
