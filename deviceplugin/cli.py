@@ -69,7 +69,6 @@ NodeDevices object, GPU labels and heartbeat Lease for the scheduler.
 
 EPILOG = f"""\
 built-in topologies: {", ".join(BUILTIN_TOPOLOGIES)}
-every flag FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 exit status: 0 after SIGTERM/SIGINT; 2 on a configuration error, printed as one line
 naming the flag or its variable (a bad value, a directory where no socket can be created, a
 missing, empty or unreadable topology file, no GPUs found, more unit IDs than the kubelet

@@ -67,7 +67,6 @@ def parser() -> CliParser:
     top = CliParser(
         prog=PROG,
         description="Inspect tessera's GPU and RDMA sharing.",
-        epilog="Every flag --FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.",
     )
     sub = top.add_subparsers(dest="command", required=True, parser_class=CliParser)
     sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")

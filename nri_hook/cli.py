@@ -71,7 +71,6 @@ runtime restarts), or, when containerd launches it from its plugin directory, on
 connection passed in {PLUGIN_SOCKET_ENV}."""
 
 EPILOG = """\
-Every flag FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 exit status: 0 after SIGTERM/SIGINT or when a launching runtime closes the connection;
 2 for an invalid flag, TESSERA_* or NRI_PLUGIN_* variable or path, or an unreadable integrity key
 (one line on stderr naming it).

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 ENV_PREFIX = "TESSERA_"
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+ENV_NOTE = (
+    "Every flag --FLAG-NAME can also be set in the environment as TESSERA_FLAG_NAME\n"
+    "(switches: true or false); a flag on the command line wins."
+)
 _NOT_TWINNED = (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)
 
 
@@ -85,10 +89,15 @@ class CliParser(argparse.ArgumentParser):
                 yield action, flag, env_name(flag)
 
     def format_help(self) -> str:
+        """The help names each flag's variable, and says how variables work once."""
+        twinned = False
         for action, _flag, var in self.twins():
+            twinned = True
             note = f"[env {var}]"
             if action.help is not argparse.SUPPRESS and note not in (action.help or ""):
                 action.help = f"{action.help} {note}" if action.help else note
+        if twinned and ENV_NOTE not in (self.epilog or ""):
+            self.epilog = f"{self.epilog.rstrip()}\n\n{ENV_NOTE}" if self.epilog else ENV_NOTE
         return super().format_help()
 
     def parse_known_args(  # type: ignore[override]

@@ -32,8 +32,6 @@ verifies it with the public key. Give each side only its half:
 To rotate, generate a new key ID into the same DIR, update the verify Secret first, then
 the signing Secret with signing-key-id naming the new key; both sides pick the change up
 without a restart. See docs/record.md.
-
-Every flag --FLAG-NAME can also be set as TESSERA_FLAG_NAME; the flag wins.
 """
 
 

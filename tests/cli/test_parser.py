@@ -130,6 +130,7 @@ def test_help_names_every_variable() -> None:
     text = " ".join(parser.format_help().split())
     for _action, _flag, var in parser.twins():
         assert f"[env {var}]" in text
+    assert "can also be set in the environment as TESSERA_FLAG_NAME" in text
     assert text == " ".join(parser.format_help().split())  # annotating twice adds nothing
 
 
