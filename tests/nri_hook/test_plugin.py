@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nri_hook import plugin as plugin_module
@@ -71,9 +71,9 @@ class Recorder(Handler):
         return ()
 
     async def event(self, event: int, pod: api.PodSandbox, container: api.Container | None) -> None:
-        self.seen.append(
-            ("event", api.Event.Name(event), pod.name, container.name if container else "")
-        )
+        # a StateChange may carry an event number this API version does not name
+        name = api.Event.Name(event) if event in api.Event.values() else str(event)
+        self.seen.append(("event", name, pod.name, container.name if container else ""))
 
     def disconnected(self) -> None:
         self.disconnects += 1
@@ -314,6 +314,7 @@ PLUGIN_METHODS = sorted(api.DESCRIPTOR.services_by_name["Plugin"].methods_by_nam
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(method=st.sampled_from(PLUGIN_METHODS), payload=st.binary(max_size=200))
+@example(method="StateChange", payload=b"\x08\x10")  # event 16: no name in this API version
 def test_arbitrary_payloads_get_an_answer_never_a_crash(
     sock_dir: Path, method: str, payload: bytes
 ) -> None:
