@@ -7,9 +7,10 @@
   last resourceVersion seen (bookmarks included).
 - A 410 Gone (history compacted), an ERROR event or any failure leads to a fresh list, after
   a backoff with jitter (doubling, capped) so that many replicas do not relist in step.
-- Each object is decoded and handled on its own: an event line that does not decode, an
-  item nested too deeply or a handler that raises is logged and skipped; it never stops the
-  list, the watch or the informer.
+- Each object is decoded and handled on its own: an event line that does not decode, a list
+  item that is not an object or a handler that raises is logged and skipped; it never stops
+  the list, the watch or the informer. (A list page is one JSON document: one that does not
+  decode fails that list, which is retried.)
 
 `synced` is set once the first list has been handed over (readiness waits on it).
 """
@@ -143,7 +144,9 @@ class Informer:
             items = page.get("items")
             total = len(items) if isinstance(items, list) else 0
             kept = 0
-            for item in page_items(page, self.client.max_depth, self.name):
+            # no per-item depth walk: at 150,000 pods it costs a third more CPU, and the
+            # handlers read every object within their own bounds
+            for item in page_items(page, None, self.name):
                 kept += 1
                 yield item
             self.skipped += total - kept
