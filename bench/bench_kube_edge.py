@@ -201,7 +201,7 @@ def official(url: str) -> dict[str, float]:
     rss0 = _rss_mb()
     cfg = client.Configuration()
     cfg.host = url
-    api = client.CoreV1Api(client.ApiClient(cfg))
+    api: Any = client.CoreV1Api(client.ApiClient(cfg))  # typed models, read loosely here
     seen: dict[str, str] = {}
     cpu = time.process_time()
     token = None
@@ -214,7 +214,9 @@ def official(url: str) -> dict[str, float]:
             break
     listed = time.process_time() - cpu
     cpu = time.process_time()
-    for event in watch.Watch().stream(
+    watch_class: Any = watch.Watch  # untyped in the package
+    watcher = watch_class()
+    for event in watcher.stream(
         api.list_pod_for_all_namespaces, resource_version="999999", timeout_seconds=60
     ):
         obj = event["object"]
