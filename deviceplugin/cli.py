@@ -218,7 +218,7 @@ def build_parser() -> CliParser:
         metavar="FILE",
         default=os.environ.get("KUBECONFIG") or None,
         help="kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's "
-        "service account (in-cluster).",
+        "service account (in-cluster) unless ~/.kube/config exists.",
     )
     i.add_argument(
         "--kube-context", type=non_empty, metavar="NAME", help="kubeconfig context to use"

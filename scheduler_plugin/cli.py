@@ -106,8 +106,8 @@ def build_parser() -> CliParser:
     g = p.add_argument_group("cluster")
     g.add_argument(
         "--kubeconfig",
-        help="kubeconfig file; default: the in-cluster service account when running in a "
-        "pod, else $KUBECONFIG or ~/.kube/config",
+        help="kubeconfig file; default: $KUBECONFIG or ~/.kube/config when it exists, else "
+        "the in-cluster service account when running in a pod",
     )
     g.add_argument("--context", help="kubeconfig context (default: its current context)")
     g.add_argument(
