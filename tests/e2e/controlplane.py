@@ -338,7 +338,23 @@ class ControlPlane:
                 "--profiling=false",
             ],
         )
-        wait_for(lambda: self.admin.get("/readyz") is not None, 180, "kube-apiserver ready", 1)
+        wait_for(self._api_ready, 180, "kube-apiserver ready", 1)
+
+    def _api_ready(self) -> bool:
+        """/readyz answers plain text, not JSON: read its status only."""
+        import urllib3
+
+        http = urllib3.PoolManager(ca_certs=str(self.cluster_ca.path), retries=False)
+        try:
+            answer = http.request(
+                "GET",
+                f"{self.server}/readyz",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=5,
+            )
+        except urllib3.exceptions.HTTPError:
+            return False  # not listening yet
+        return answer.status == 200
 
     def apply(self, docs: Iterable[dict[str, Any]]) -> None:
         for doc in docs:
