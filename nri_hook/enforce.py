@@ -11,7 +11,8 @@ record (tessera.record) -> decision (nri_hook.adjust, pure) -> NRI adjustment (h
   warning is logged.
 - Sandbox start moves the pod's VF netdevs into its network namespace (a failure fails the
   sandbox, under the same policy); sandbox stop and removal bring them back (never failing:
-  a pod must always be deletable; problems are logged).
+  a pod must always be deletable; problems are logged). A sandbox whose record is invalid
+  starts with nothing moved: its containers are refused, where the kubelet shows why.
 """
 
 from __future__ import annotations
@@ -221,7 +222,11 @@ class Enforcer(Handler):
         text = pod.annotations.get(ALLOCATION_ANNOTATION)
         if text is None:
             return None
-        alloc = self._decode(pod, text)
+        return self._plan_moves(pod, self._decode(pod, text))
+
+    def _plan_moves(self, pod: api.PodSandbox, alloc: PodAllocation) -> _PodNetdevs | None:
+        """The VF moves of a verified record; None when there are none or the pod shares
+        the host network. Raises RejectError for a VF that cannot be named in the pod."""
         try:
             moves = plan_moves(alloc, self.config.vf_rename_prefix)
         except NetdevError as exc:
@@ -241,8 +246,21 @@ class Enforcer(Handler):
         if self.mover is None:
             return
         context = f"pod {_pod_key(pod)} (uid {pod.uid})"
+        text = pod.annotations.get(ALLOCATION_ANNOTATION)
+        if text is None:
+            return
         try:
-            planned = self._plan_pod_netdevs(pod)
+            alloc = self._decode(pod, text)
+        except RejectError as exc:
+            # Nothing is moved for a record that does not verify, and the sandbox (pause)
+            # gets no device. Its containers are refused with this reason, which the kubelet
+            # puts in the pod's status; a refused sandbox would show only as an event, the
+            # pod reading ContainerCreating, and each retry would set up its network again.
+            self._warn_once(pod, f"{exc.message}; no VF moved, its containers are refused")
+            self._count("sandbox", "invalid")
+            return
+        try:
+            planned = self._plan_moves(pod, alloc)
         except RejectError as exc:
             self._invalid(exc.with_context(context), "sandbox")
             return

@@ -381,6 +381,39 @@ def test_a_missing_vf_fails_the_sandbox_unless_downgraded(
 
 
 @pytest.mark.netns
+def test_a_copied_record_moves_no_vf_and_its_containers_are_refused(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    """Another pod's genuine record: its sandbox starts (the pause container gets nothing),
+    the VF it names stays in the host, and the container creation says why."""
+    with netlab() as lab:
+        ns = lab.namespace()
+        vf = lab.vf()
+
+        async def body() -> None:
+            h = await start(sock_dir, device_root, key_file)
+            pod = make_pod(
+                "copy",
+                namespace="team-a",
+                uid=UID.replace("c11", "c12"),
+                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
+                netns=lab.path(ns),
+            )
+            assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert vf in links() and vf not in links(ns)
+            assert pod.id not in h.enforcer.pod_netdevs
+            with pytest.raises(RpcError) as refused:
+                await h.conn.create_container(pod, make_container(pod, "main"))
+            assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
+            assert "record is for pod UID" in refused.value.message
+            assert await h.conn.event(api.STOP_POD_SANDBOX, pod)
+            assert vf in links()
+            await h.close()
+
+        _run(body)
+
+
+@pytest.mark.netns
 def test_a_restarted_plugin_still_brings_vfs_back(
     sock_dir: Path, device_root: Path, key_file: Path
 ) -> None:
@@ -487,28 +520,29 @@ def test_poison_records_never_fail_sandbox_stop_or_removal(
 
 
 @pytest.mark.parametrize("on_invalid", ["fail", "warn"])
-def test_poison_records_refuse_creation_and_sandbox_start_saying_why(
+def test_poison_records_refuse_creation_saying_why_and_leave_the_sandbox_be(
     sock_dir: Path, device_root: Path, key_file: Path, on_invalid: OnInvalid
 ) -> None:
+    """The refusal belongs to CreateContainer, which the kubelet shows in the pod's status
+    (CreateContainerError); a refused sandbox would show only as an event while the pod
+    reads ContainerCreating, and every retry would set the pod network up again."""
+
     async def body() -> None:
         h = await start(sock_dir, device_root, key_file, on_invalid=on_invalid)
         for pod in _poison_pods():
             container = make_container(pod, "main")
+            assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert pod.id not in h.enforcer.pod_netdevs
             if on_invalid == "warn":
                 assert await h.conn.create_container(pod, container) == (
                     api.CreateContainerResponse()
                 )
-                assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
                 continue
             with pytest.raises(RpcError) as refused:
                 await h.conn.create_container(pod, container)
             assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
             assert f"pod team-a/{pod.name}" in refused.value.message
             assert "record" in refused.value.message
-            with pytest.raises(RpcError) as refused:
-                await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
-            assert f"pod team-a/{pod.name}" in refused.value.message
         # the session is intact: a good pod still gets its devices
         pod = make_pod(
             "train",
