@@ -362,16 +362,21 @@ def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int
     # process: keep it out of the collector's way so full collections stay short.
     gc.collect()
     gc.freeze()
-    asyncio.run(_run(plugin))
+    asyncio.run(_run(plugin, enforcer))
     return 0
 
 
-async def _run(plugin: NriPlugin) -> None:
+async def _run(plugin: NriPlugin, enforcer: Enforcer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await plugin.run(stop)
+    maintaining = asyncio.create_task(enforcer.maintain(stop))
+    try:
+        await plugin.run(stop)  # returns early when a launching runtime goes away
+    finally:
+        stop.set()
+        await maintaining
     log.info("stopped")
 
 

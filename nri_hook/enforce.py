@@ -13,12 +13,19 @@ record (tessera.record) -> decision (nri_hook.adjust, pure) -> NRI adjustment (h
   sandbox, under the same policy); sandbox stop and removal bring them back (never failing:
   a pod must always be deletable; problems are logged). A sandbox whose record is invalid
   starts with nothing moved: its containers are refused, where the kubelet shows why.
+- The hook holds each namespace it moved VFs into (an open descriptor). containerd sends
+  no sandbox stop or removal for a sandbox that started before it restarted; the periodic
+  `reconcile` finds such a namespace deleted and brings its VFs back through the
+  descriptor, before the kernel would destroy a virtual one or hand back a physical one
+  under its pod name.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -49,6 +56,10 @@ MAX_REMEMBERED_WARNINGS: Final = 4096
 """Bad pods (pod, reason) whose warning was already logged, so that a pod skipped at every
 Synchronize and event is logged once. A node runs a few hundred pods, so every one is
 remembered; the bound only keeps a flood of distinct pods from growing memory."""
+RECONCILE_SECONDS: Final = 5.0
+"""Between checks that each namespace holding VFs is still its sandbox's. A sandbox the
+runtime deleted without telling plugins keeps its VFs out of the host this long at most;
+the check itself is two stat calls per such pod."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,9 @@ class Enforcer(Handler):
         self.metrics = metrics
         self.pod_netdevs: dict[str, _PodNetdevs] = {}
         """Sandbox ID -> the VF netdevs moved into it."""
+        self._held: dict[str, int] = {}
+        """Sandbox ID -> an open descriptor of its network namespace while VFs are in it:
+        the namespace lives as long as we hold it, whatever the runtime does."""
         self.injected: dict[str, tuple[str, str]] = {}
         """Container ID -> (sandbox ID, what it was given), while the container lives."""
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -274,6 +288,7 @@ class Enforcer(Handler):
             return
         self._netdev_count("in", "ok")
         self.pod_netdevs[pod.id] = planned
+        self._hold(pod.id, planned.netns)
         log.info(
             "moved VF netdevs of pod=%s into %s: %s",
             planned.key,
@@ -296,26 +311,92 @@ class Enforcer(Handler):
                 planned = self._plan_pod_netdevs(pod)
             if planned is None:
                 return
-            problems = await asyncio.to_thread(
-                self.mover.move_out, planned.netns, list(planned.moves)
-            )
         except RejectError as exc:
             # nothing of ours was moved for an invalid record
             self._warn_once(pod, f"{exc.message}; nothing to bring back")
             return
         except Exception as exc:
-            self._netdev_count("out", "error")
             self._warn_once(
                 pod, f"cannot bring its VF netdevs back: {type(exc).__name__}: {exc}", exc
             )
             return
+        if await self._bring_back(pod.id, planned) or forget:
+            self._release(pod.id)
+
+    async def _bring_back(self, pod_id: str, planned: _PodNetdevs) -> bool:
+        """Move the pod's VFs back to the host, through the namespace we hold when its path
+        no longer leads there. True when all are back; problems are logged, never raised."""
+        assert self.mover is not None
+        fd = self._held.get(pod_id)
+        netns = planned.netns
+        if fd is not None and not _same_file(netns, fd):
+            netns = f"/proc/self/fd/{fd}"
+        try:
+            problems = await asyncio.to_thread(self.mover.move_out, netns, list(planned.moves))
+        except Exception as exc:
+            self._netdev_count("out", "error")
+            log.error(
+                "pod %s: cannot bring its VF netdevs back: %s: %s",
+                planned.key,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
+            return False
         if problems:
             self._netdev_count("out", "error")
             for problem in problems:
                 log.error("pod %s: %s", planned.key, problem)
-        else:
-            self._netdev_count("out", "ok")
-            log.info("VF netdevs of pod=%s are back in the host namespace", planned.key)
+            return False
+        self._netdev_count("out", "ok")
+        log.info("VF netdevs of pod=%s are back in the host namespace", planned.key)
+        return True
+
+    def _hold(self, pod_id: str, netns: str) -> None:
+        if pod_id in self._held:
+            return
+        try:
+            self._held[pod_id] = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            log.warning("cannot hold network namespace %s: %s", netns, exc.strerror or exc)
+
+    def _release(self, pod_id: str) -> None:
+        fd = self._held.pop(pod_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    async def reconcile(self) -> None:
+        """Bring back the VFs of every pod whose namespace path no longer leads to the
+        namespace we moved them into: the runtime deleted the sandbox without telling us
+        (containerd does so for sandboxes that started before it restarted)."""
+        for pod_id, planned in list(self.pod_netdevs.items()):
+            fd = self._held.get(pod_id)
+            if fd is None or _same_file(planned.netns, fd):
+                continue
+            log.warning(
+                "pod %s: its network namespace %s was deleted without a sandbox stop event; "
+                "bringing its VF netdevs back",
+                planned.key,
+                planned.netns,
+            )
+            await self._bring_back(pod_id, planned)
+            self._release(pod_id)
+            self.pod_netdevs.pop(pod_id, None)
+
+    async def maintain(self, stop: asyncio.Event) -> None:
+        """Run `reconcile` every RECONCILE_SECONDS until `stop`; then let go of every
+        namespace held (the VFs stay with their running pods)."""
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), RECONCILE_SECONDS)
+                try:
+                    await self.reconcile()
+                except Exception:
+                    log.exception("VF netdev reconciliation failed; retrying later")
+        finally:
+            for pod_id in list(self._held):
+                self._release(pod_id)
 
     def _warn_once(
         self, pod: api.PodSandbox, reason: str, error: BaseException | None = None
@@ -341,11 +422,17 @@ class Enforcer(Handler):
         self, pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]
     ) -> Sequence[api.ContainerUpdate]:
         """Rebuild what a restarted plugin needs to clean up later: which sandboxes hold
-        moved VF netdevs. Nothing is changed on the node. What is remembered of pods and
+        moved VF netdevs. Nothing is changed on the node but the VFs of pods deleted while
+        we were away, brought back through the namespace we held. What is remembered of pods and
         containers the runtime no longer has is dropped, so this state never outgrows
         what runs on the node."""
         pod_ids = {pod.id for pod in pods}
         container_ids = {c.id for c in containers}
+        for pod_id, gone in list(self.pod_netdevs.items()):
+            if pod_id not in pod_ids:  # deleted while we were away from the runtime
+                if pod_id in self._held and self.mover is not None:
+                    await self._bring_back(pod_id, gone)
+                self._release(pod_id)
         self.pod_netdevs = {k: v for k, v in self.pod_netdevs.items() if k in pod_ids}
         self.injected = {k: v for k, v in self.injected.items() if k in container_ids}
         tracked = 0
@@ -362,6 +449,7 @@ class Enforcer(Handler):
                 continue
             if planned is not None:
                 self.pod_netdevs[pod.id] = planned
+                self._hold(pod.id, planned.netns)
                 tracked += 1
         log.info(
             "synchronized: %d pods, %d containers; %d pods with VF netdevs tracked",
@@ -370,6 +458,15 @@ class Enforcer(Handler):
             tracked,
         )
         return ()
+
+
+def _same_file(path: str, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd` (a namespace's bind mount)."""
+    try:
+        a, b = os.stat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 class Metrics:

@@ -79,3 +79,21 @@ def containerd_releases() -> list[Path]:
         for f in folders
         if all((f / b).is_file() for b in ("containerd", "containerd-shim-runc-v2", "ctr"))
     ]
+
+
+CNI_VAR = "TESSERA_E2E_CNI_BIN"
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
+"""The CNI plugins the node suite's pod network uses: a bridge without an address on the
+host (nothing routed, nothing forwarded), host-local addresses, and the loopback that
+containerd sets up in every pod."""
+CNI_DEFAULT_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+"""Debian's containernetworking-plugins package, and the upstream release's usual place."""
+
+
+def cni_plugins() -> Path | None:
+    """The folder holding every plugin of CNI_PLUGINS ($TESSERA_E2E_CNI_BIN first), or None."""
+    explicit = os.environ.get(CNI_VAR, "")
+    for folder in [Path(explicit)] if explicit else [Path(d) for d in CNI_DEFAULT_DIRS]:
+        if all(os.access(folder / p, os.X_OK) for p in CNI_PLUGINS):
+            return folder
+    return None

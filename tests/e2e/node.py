@@ -4,6 +4,9 @@ kubelet, tessera's node agent (device plugin) and NRI hook, and an offline busyb
 The GPUs and NICs come from the fake backend; their device nodes are character devices
 made with mknod under a private device root (the hook's --device-root), so runc creates
 real device nodes in the containers and the OCI spec can be compared with the record.
+Each RDMA VF's netdev is a real interface of the host (one end of a veth pair, under a
+name of the suite's own), so the hook really moves it into a pod's network namespace.
+Pods get that namespace from a bridge CNI network when the CNI plugins are installed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,6 +36,15 @@ PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 """Fixed by the kubelet whatever its --root-dir: one kubelet per host at a time."""
 NVIDIA_MAJOR = 195
 UVERBS_MAJOR = 231
+NETDEV_PREFIX = "tsr"
+"""Netdev names in the node's topology get this prefix: the suite's interfaces are its own
+(ib0v0 may be a real VF of an RDMA host) and a crashed run's are found by name."""
+PEER_SUFFIX = "p"
+"""The other end of each VF's veth pair stays in the host namespace under <name>p."""
+CNI_BRIDGE = f"{NETDEV_PREFIX}e2e0"
+CNI_SUBNET = "198.18.0.0/24"
+"""Pod addresses from the benchmarking range (RFC 2544): never a network of the host. The
+bridge has no address, so nothing is routed or forwarded to or from the pods."""
 
 
 def busybox_image(path: Path, busybox: Path) -> Path:
@@ -124,10 +137,70 @@ def device_root(root: Path, gpus: int, uverbs: int) -> Path:
     return root
 
 
-def containerd_config(release: Path, work: Path, nri_socket: Path, runc: Path) -> str:
+def own_netdevs(topology: Path) -> list[str]:
+    """Give every netdev of the topology file the suite's prefix; return the VFs' names."""
+    text = re.sub(r"(?m)^(\s*netdev: )(\S+)$", rf"\g<1>{NETDEV_PREFIX}\g<2>", topology.read_text())
+    topology.write_text(text)
+    doc = yaml.safe_load(text)
+    return [vf["netdev"] for nic in doc.get("rdma") or [] for vf in nic.get("vfs") or []]
+
+
+def _ip(*args: str, netns: str = "", check: bool = True) -> subprocess.CompletedProcess[str]:
+    enter = ["nsenter", f"--net={netns}"] if netns else []
+    return subprocess.run(
+        [*enter, "ip", *args], capture_output=True, text=True, check=check, timeout=30
+    )
+
+
+def links(netns: str = "") -> set[str]:
+    """Interface names in the host's network namespace, or in the one at path `netns`."""
+    return {link["ifname"] for link in json.loads(_ip("-j", "link", "show", netns=netns).stdout)}
+
+
+def make_vf_netdevs(names: list[str]) -> None:
+    """One veth pair per VF: <name> plays the VF, <name>p stays behind in the host."""
+    remove_own_netdevs()
+    for name in names:
+        _ip("link", "add", name, "type", "veth", "peer", "name", name + PEER_SUFFIX)
+
+
+def remove_own_netdevs() -> None:
+    """Every interface of the suite's in the host namespace (deleting one end of a veth pair
+    deletes both; those moved into a pod went with its namespace)."""
+    for name in sorted(links()):
+        if name.startswith(NETDEV_PREFIX):
+            _ip("link", "del", name, check=False)
+
+
+def cni_config(work: Path) -> dict[str, Any]:
+    """A bridge network without an address on the host (no gateway, no masquerade, no
+    forwarding) and host-local pod addresses kept in the work folder."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": "tessera-e2e",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": False,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": CNI_SUBNET}]],
+                    "dataDir": str(work / "cni-ipam"),
+                },
+            }
+        ],
+    }
+
+
+def containerd_config(
+    release: Path, work: Path, nri_socket: Path, runc: Path, cni: Path | None = None
+) -> str:
     """containerd's config for this release: CRI with the offline sandbox image and runc,
-    restrict_oom_score_adj (the host forbids lowering it), and NRI as deploy/nri-hook ships
-    it (socket moved into the work folder)."""
+    restrict_oom_score_adj (the host forbids lowering it), NRI as deploy/nri-hook ships
+    it (socket moved into the work folder), and with `cni` (the plugins' folder) a pod
+    network from <work>/cni-conf."""
     v2 = _major(release) >= 2
     shipped = (
         ROOT / "deploy/nri-hook" / ("containerd-2.x-nri.toml" if v2 else "containerd-1.7-nri.toml")
@@ -162,6 +235,7 @@ state = "{work / "state"}"
         SystemdCgroup = false
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
+{_cni_section('plugins."io.containerd.cri.v1.runtime".cni', work, cni, v2)}
 {nri}
 """
     return f"""version = 2
@@ -178,7 +252,18 @@ state = "{work / "state"}"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         BinaryName = "{runc}"
         SystemdCgroup = false
+{_cni_section('plugins."io.containerd.grpc.v1.cri".cni', work, cni, v2)}
 {nri}
+"""
+
+
+def _cni_section(table: str, work: Path, cni: Path | None, v2: bool) -> str:
+    if cni is None:
+        return ""
+    folders = f'bin_dirs = ["{cni}"]' if v2 else f'bin_dir = "{cni}"'
+    return f"""[{table}]
+  {folders}
+  conf_dir = "{work / "cni-conf"}"
 """
 
 
@@ -202,6 +287,7 @@ class Node:
         runc: Path,
         busybox: Path,
         topology: Path,
+        cni: Path | None = None,
     ) -> None:
         self.cp = cp
         self.name = name
@@ -210,6 +296,9 @@ class Node:
         self.runc = runc
         self.busybox = busybox
         self.topology = topology
+        self.cni = cni
+        """The CNI plugins' folder; None: pods can only use the host's network."""
+        self.vf_netdevs = own_netdevs(topology)
         self.work = cp.work / f"node-{name}"
         self.work.mkdir()
         self.sock = self.work / "containerd.sock"
@@ -231,11 +320,21 @@ class Node:
         self.cp.procs[f"{self.name}-{name}"] = proc
         return proc
 
+    def start_network(self) -> None:
+        """The VFs' netdevs in the host namespace and, with the CNI plugins, the pod network."""
+        make_vf_netdevs(self.vf_netdevs)
+        if self.cni is not None:
+            conf = self.work / "cni-conf"
+            conf.mkdir(exist_ok=True)
+            (conf / "10-tessera-e2e.conflist").write_text(json.dumps(cni_config(self.work)))
+
     def start_containerd(self) -> None:
         for d in ("nri-plugins", "nri-conf"):
             (self.work / d).mkdir(exist_ok=True)
         config = self.work / "containerd.toml"
-        config.write_text(containerd_config(self.release, self.work, self.nri_sock, self.runc))
+        config.write_text(
+            containerd_config(self.release, self.work, self.nri_sock, self.runc, self.cni)
+        )
         path = f"{self.release}:{self.runc.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
         self._spawn(
             "containerd",
@@ -338,7 +437,6 @@ class Node:
                 f"--node-name={self.name}",
                 f"--integrity-key-file={self.cp.integrity_dir / 'public'}",
                 f"--device-root={devices}",
-                "--no-vf-netdevs",
                 "--log-level=info",
             ],
             PYTHON_ENV,
@@ -385,3 +483,4 @@ class Node:
         ]
         for mount in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+        remove_own_netdevs()

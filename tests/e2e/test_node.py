@@ -4,15 +4,18 @@ to the control plane of test_control_plane.py.
 
 Checked per release: pods asking for a share, for whole GPUs with an RDMA NIC, with
 several containers, and with nothing, all reach Running; every container's OCI spec (read
-back from containerd) holds exactly the device nodes its record grants; forged, garbage
-and unsigned records end in CreateContainerError saying why; restarting the kubelet and
-containerd loses no pod and no device. Needs root (mknod, runc).
+back from containerd) holds exactly the device nodes its record grants and exactly its
+record's GPU UUIDs in the environment; a VF's netdev moves into the pod's network
+namespace and comes back when the pod goes; forged, garbage and unsigned records end in
+CreateContainerError saying why; restarting the kubelet and containerd loses no pod and
+no device. Needs root (mknod, runc, ip links).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -27,7 +30,7 @@ from tessera.allocation import ContainerAllocation
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
 from tests.e2e.controlplane import ControlPlane, keyring, topology_for, wait_for
-from tests.e2e.node import IMAGE, PLUGIN_DIR, Node, device_root
+from tests.e2e.node import IMAGE, PEER_SUFFIX, PLUGIN_DIR, Node, device_root, links
 
 pytestmark = pytest.mark.e2e
 binaries.skip_module_unless(*binaries.CONTROL_PLANE, "kubelet", "runc")
@@ -49,6 +52,13 @@ RUN_TIMEOUT = 180.0
 
 GPU_CONTROL = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 """The control devices the private device root has (no nvidia-modeset there)."""
+VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+"""Where the NVIDIA container stack reads which GPUs a container sees."""
+GPU_UUID = re.compile(r"GPU-[0-9a-fA-F-]+")
+NO_CNI = (
+    "needs the CNI plugins bridge, host-local and loopback for a pod network namespace"
+    f" (${binaries.CNI_VAR}, or Debian's containernetworking-plugins in /usr/lib/cni)"
+)
 
 
 @pytest.fixture(scope="module", params=binaries.containerd_releases(), ids=lambda p: p.name)
@@ -68,12 +78,14 @@ def node(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterato
         bins["runc"],
         BUSYBOX,
         topology_for(name, "h100-sxm-8x", cp.work),
+        binaries.cni_plugins(),
     )
     devices = device_root(n.work / "host", gpus=8, uverbs=36)
     # pods the control-plane tests left Pending would land on this fresh node
     for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
         P.delete_now(cp.admin, obj["metadata"]["name"])
     try:
+        n.start_network()
         n.start_containerd()
         n.import_image()
         n.start_hook(devices)
@@ -85,7 +97,8 @@ def node(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterato
             return int(alloc.get(rn.GPU, "0")) > 0 and int(alloc.get(rn.RDMA, "0")) > 0
 
         wait_for(advertised, 120, f"{name} advertising tessera resources", every=1)
-        print(f"node {name} ({release.name}) up in {time.monotonic() - started:.1f}s")
+        network = f"pod network from {n.cni}" if n.cni else "host network only"
+        print(f"node {name} ({release.name}) up in {time.monotonic() - started:.1f}s, {network}")
         yield n
     finally:
         for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
@@ -103,14 +116,30 @@ def _running(cp: ControlPlane, name: str) -> dict[str, Any]:
     return wait_for(check, RUN_TIMEOUT, f"pod {name} Running", every=1)
 
 
-def _oci_devices(n: Node, container_id: str) -> set[str]:
+def _oci_spec(n: Node, container_id: str) -> dict[str, Any]:
     info = json.loads(n.ctr("containers", "info", container_id).stdout)
-    spec = info.get("Spec") or info.get("spec") or {}
+    return dict(info.get("Spec") or info.get("spec") or {})
+
+
+def _oci_devices(spec: dict[str, Any]) -> set[str]:
     return {
         d["path"]
         for d in (spec.get("linux") or {}).get("devices") or []
         if d["path"].startswith(("/dev/nvidia", "/dev/infiniband"))
     }
+
+
+def _oci_env(spec: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = [e.partition("=") for e in (spec.get("process") or {}).get("env") or []]
+    return [(k, v) for k, _, v in pairs]
+
+
+def _check_env(env: list[tuple[str, str]], c: ContainerAllocation | None) -> None:
+    """NVIDIA_VISIBLE_DEVICES once, holding the record's GPU UUIDs in record order (none
+    without GPUs), and no other GPU's UUID anywhere in the environment."""
+    uuids = [g.uuid for g in c.gpus] if c else []
+    assert [v for k, v in env if k == VISIBLE] == ([",".join(uuids)] if uuids else [])
+    assert {u for _, v in env for u in GPU_UUID.findall(v)} == set(uuids)
 
 
 def _granted(c: ContainerAllocation | None) -> set[str]:
@@ -127,22 +156,31 @@ def _granted(c: ContainerAllocation | None) -> set[str]:
     return paths
 
 
-def _pinned(n: Node, name: str, **kwargs: Any) -> dict[str, Any]:
+def _pinned(n: Node, name: str, pod_network: bool = False, **kwargs: Any) -> dict[str, Any]:
+    """A pod for node `n`; with `pod_network` (and a CNI network there) in its own network
+    namespace instead of the host's."""
     obj = P.pod(name, **kwargs)
     obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": n.name}
+    obj["spec"]["hostNetwork"] = not (pod_network and n.cni)
     for c in obj["spec"]["containers"] + obj["spec"].get("initContainers", []):
         c["image"] = IMAGE
         c["imagePullPolicy"] = "Never"
     return obj
 
 
+_ALL_GPUS = {"name": VISIBLE, "value": "all"}
+
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "n-share": {"limits": {rn.GPU: "25"}},
+    # asks for every GPU itself: the record's UUID must replace that
+    "n-share": {"containers": [P.container("main", {rn.GPU: "25"}, env=[_ALL_GPUS])]},
     "n-whole-rdma": {
         "limits": {rn.GPU: "200", rn.RDMA: "100"},
         "annotations": {rn.RDMA_AFFINITY_ANNOTATION: "numa"},
     },
-    "n-vf": {"limits": {rn.GPU_CORE: "30", rn.GPU_MEMORY: "10", rn.RDMA: "50"}},
+    "n-vf": {
+        "limits": {rn.GPU_CORE: "30", rn.GPU_MEMORY: "10", rn.RDMA: "50"},
+        "pod_network": True,
+    },
     "n-multi": {
         "containers": [
             P.container("a", {rn.GPU: "50"}),
@@ -165,11 +203,40 @@ def test_pods_run_with_exactly_their_devices(node: Node) -> None:
         record = P.record(obj, keys) if rn.ALLOCATION_ANNOTATION in annotations else None
         by_name = {c.name: c for c in record.containers} if record else {}
         for status in obj["status"]["containerStatuses"]:
-            cid = status["containerID"].split("://", 1)[1]
-            assert _oci_devices(node, cid) == _granted(by_name.get(status["name"])), (
-                name,
-                status["name"],
-            )
+            spec = _oci_spec(node, status["containerID"].split("://", 1)[1])
+            granted = by_name.get(status["name"])
+            where = (name, status["name"])
+            assert _oci_devices(spec) == _granted(granted), where
+            _check_env(_oci_env(spec), granted)
+
+
+def _vf_pod(node: Node) -> tuple[str, list[str], str]:
+    """n-vf's name, its record's VF netdevs and its network namespace (from the OCI spec
+    of its container: the sandbox's, or the host's '' when it uses host networking)."""
+    cp = node.cp
+    name = f"n-vf-{node.name}"
+    obj = cp.admin.get(pod_path(P.NS, name))
+    alloc = P.record(obj, keyring(cp.integrity_dir))
+    netdevs = [vf.netdev for c in alloc.containers for r in c.rdma for vf in r.vfs]
+    cid = obj["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    namespaces = (_oci_spec(node, cid).get("linux") or {}).get("namespaces") or []
+    netns = next((ns.get("path", "") for ns in namespaces if ns["type"] == "network"), "")
+    return name, netdevs, netns
+
+
+def test_vf_netdev_moves_into_the_pod_network_namespace(node: Node) -> None:
+    name, netdevs, netns = _vf_pod(node)
+    assert netdevs, f"{name}'s record names no VF netdev"
+    assert all(n in node.vf_netdevs for n in netdevs), netdevs
+    if not node.cni:
+        # a host-network pod has no namespace of its own: its VFs stay in the host's
+        assert not netns
+        assert set(netdevs) <= links()
+        pytest.skip(NO_CNI)
+    assert netns, f"{name} has no network namespace of its own"
+    assert not set(netdevs) & links(), "the VF netdev is still in the host namespace"
+    assert set(netdevs) <= links(netns), "the VF netdev is not in the pod's namespace"
+    assert {n + PEER_SUFFIX for n in netdevs} <= links(), "the VF was deleted, not moved"
 
 
 def _forge(cp: ControlPlane, node: Node, name: str, text: str) -> None:
@@ -238,3 +305,17 @@ def test_kubelet_and_containerd_restarts_lose_nothing(node: Node) -> None:
     )
     obj = _running(cp, f"after-restarts-{node.name}")
     P.record(obj, keyring(cp.integrity_dir))
+
+
+def test_vf_netdev_returns_to_the_host_when_the_pod_goes(node: Node) -> None:
+    """After both restarts: the hook knows the moved VFs again from containerd's list."""
+    name, netdevs, _ = _vf_pod(node)
+    if not node.cni:
+        pytest.skip(NO_CNI)
+    P.delete_now(node.cp.admin, name)
+
+    def back() -> bool:
+        node.cp.check_alive()
+        return set(netdevs) <= links()
+
+    wait_for(back, RUN_TIMEOUT, f"{name}'s VF netdevs {netdevs} back in the host", every=1)

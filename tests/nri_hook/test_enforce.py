@@ -414,6 +414,40 @@ def test_a_copied_record_moves_no_vf_and_its_containers_are_refused(
 
 
 @pytest.mark.netns
+def test_a_sandbox_gone_without_a_stop_event_still_gives_its_vf_back(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    """containerd sends no StopPodSandbox nor RemovePodSandbox for a sandbox that started
+    before it restarted (it rebuilds its NRI state for containers only). The hook holds the
+    namespace it moved the VF into, so the VF outlives the runtime's deletion of it and
+    comes back, even a virtual one that would otherwise be destroyed with the namespace."""
+    with netlab() as lab:
+        ns = lab.namespace()
+        vf = lab.vf()
+
+        async def body() -> None:
+            h = await start(sock_dir, device_root, key_file, rename_prefix="rdma")
+            pod = make_pod(
+                "train",
+                namespace="team-a",
+                uid=UID,
+                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
+                netns=lab.path(ns),
+            )
+            await h.conn.event(api.RUN_POD_SANDBOX, pod)
+            assert "rdma0" in links(ns)
+            await h.enforcer.reconcile()
+            assert "rdma0" in links(ns)  # still its sandbox's: left alone
+            lab.remove_namespace(ns)  # the runtime deletes it and tells no plugin
+            await h.enforcer.reconcile()
+            assert vf in links()
+            assert pod.id not in h.enforcer.pod_netdevs
+            await h.close()
+
+        _run(body)
+
+
+@pytest.mark.netns
 def test_a_restarted_plugin_still_brings_vfs_back(
     sock_dir: Path, device_root: Path, key_file: Path
 ) -> None:
