@@ -60,7 +60,7 @@ fuzz: $(PROTO_STAMP)
 	$(PY) -m fuzz.run --inputs $(or $(INPUTS),100000)
 
 e2e: $(PROTO_STAMP)
-	$(PY) -m pytest -m e2e -s -rA tests/e2e
+	$(PY) -m pytest -m e2e -s -rA --timeout=1800 tests/e2e
 
 clean:
 	rm -rf $(VENV) $(PROTO_STAMP) .mypy_cache .ruff_cache .pytest_cache
