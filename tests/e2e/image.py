@@ -27,7 +27,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from tests.e2e.node import _desc, _sha
+from tests.e2e.node import oci_archive
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "tessera"
@@ -193,36 +193,6 @@ def build(path: Path, tag: str, programs: dict[str, str]) -> Path:
             "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
         }
     ).encode()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": _desc("application/vnd.oci.image.config.v1+json", config),
-            "layers": [layer_desc],
-        }
-    ).encode()
-    index = {
-        "schemaVersion": 2,
-        "manifests": [
-            _desc("application/vnd.oci.image.manifest.v1+json", manifest)
-            | {
-                "annotations": {
-                    "io.containerd.image.name": tag,
-                    "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
-                },
-                "platform": {"architecture": "amd64", "os": "linux"},
-            }
-        ],
-    }
-    with tarfile.open(path, "w") as tar:
-        for name, data in [
-            ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
-            ("index.json", json.dumps(index).encode()),
-            *((f"blobs/sha256/{_sha(b)}", b) for b in (config, manifest)),
-        ]:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        tar.add(layer, arcname=f"blobs/sha256/{digest.hexdigest()}")
+    oci_archive(path, tag, config, (layer_desc, layer))
     layer.unlink()
     return path

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,29 @@ CNI_BRIDGE = f"{NETDEV_PREFIX}e2e0"
 CNI_SUBNET = "198.18.0.0/24"
 """Pod addresses from the benchmarking range (RFC 2544): never a network of the host. The
 bridge has no address, so nothing is routed or forwarded to or from the pods."""
+
+
+def node_host_or_skip(suite: str) -> Path:
+    """The static busybox for the offline image, or skip the calling test module (at
+    import) when this host cannot run a node: no containerd release, not root, or no
+    busybox."""
+    import pytest
+
+    from tests.e2e import binaries
+
+    if not binaries.containerd_releases():
+        pytest.skip(
+            f"{suite} needs containerd releases (${binaries.CONTAINERD_VAR}, or"
+            f" containerd-* folders under ${binaries.FOLDER_VAR})",
+            allow_module_level=True,
+        )
+    busybox = Path(os.environ.get("TESSERA_E2E_BUSYBOX") or shutil.which("busybox") or "")
+    if os.geteuid() != 0 or not busybox.is_file():
+        pytest.skip(
+            f"{suite} needs root and a static busybox ($TESSERA_E2E_BUSYBOX)",
+            allow_module_level=True,
+        )
+    return busybox
 
 
 def busybox_image(path: Path, busybox: Path) -> Path:
@@ -76,12 +100,23 @@ def busybox_image(path: Path, busybox: Path) -> Path:
             "rootfs": {"type": "layers", "diff_ids": [f"sha256:{_sha(layer)}"]},
         }
     ).encode()
+    return oci_archive(
+        path, IMAGE, config, (_desc("application/vnd.oci.image.layer.v1.tar+gzip", gz), gz)
+    )
+
+
+def oci_archive(
+    path: Path, tag: str, config: bytes, layer: tuple[dict[str, Any], bytes | Path]
+) -> Path:
+    """An OCI image archive of one layer (its descriptor, and its bytes or file) tagged
+    `tag`, for `ctr images import`."""
+    layer_desc, layer_data = layer
     manifest = json.dumps(
         {
             "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "config": _desc("application/vnd.oci.image.config.v1+json", config),
-            "layers": [_desc("application/vnd.oci.image.layer.v1.tar+gzip", gz)],
+            "layers": [layer_desc],
         }
     ).encode()
     index = {
@@ -90,8 +125,8 @@ def busybox_image(path: Path, busybox: Path) -> Path:
             _desc("application/vnd.oci.image.manifest.v1+json", manifest)
             | {
                 "annotations": {
-                    "io.containerd.image.name": IMAGE,
-                    "org.opencontainers.image.ref.name": "tessera-e2e",
+                    "io.containerd.image.name": tag,
+                    "org.opencontainers.image.ref.name": tag.rsplit(":", 1)[-1],
                 },
                 "platform": {"architecture": "amd64", "os": "linux"},
             }
@@ -101,11 +136,18 @@ def busybox_image(path: Path, busybox: Path) -> Path:
         for name, blob in [
             ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
             ("index.json", json.dumps(index).encode()),
-            *((f"blobs/sha256/{_sha(b)}", b) for b in (gz, config, manifest)),
+            *((f"blobs/sha256/{_sha(b)}", b) for b in (config, manifest)),
         ]:
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
+        layer_name = f"blobs/sha256/{layer_desc['digest'].split(':', 1)[1]}"
+        if isinstance(layer_data, Path):
+            tar.add(layer_data, arcname=layer_name)
+        else:
+            info = tarfile.TarInfo(layer_name)
+            info.size = len(layer_data)
+            tar.addfile(info, io.BytesIO(layer_data))
     return path
 
 

@@ -288,7 +288,7 @@ def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> 
     ]
     kills = 0
     started = time.monotonic()
-    next_kill = started + rng.uniform(4, 12)
+    next_kill = started + rng.uniform(2, 6)
     created = 0
     while True:
         cp.check_alive()
@@ -302,7 +302,7 @@ def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> 
                 leader.kill()
                 kills += 1
                 leader.start()
-            next_kill = time.monotonic() + rng.uniform(4, 14)
+            next_kill = time.monotonic() + rng.uniform(2, 7)
         bound_now = sum(
             1
             for obj in cp.admin.list(pod_path(P.NS), labelSelector="").get("items") or []

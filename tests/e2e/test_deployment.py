@@ -17,12 +17,9 @@ and bind a fractional pod whose record verifies.
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,21 +30,11 @@ from tessera import resources as rn
 from tests.e2e import binaries, image
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
 from tests.e2e.controlplane import NAMESPACE, ROOT, ControlPlane, keyring, topology_for, wait_for
-from tests.e2e.node import Node, device_root
+from tests.e2e.node import Node, device_root, node_host_or_skip
 
 pytestmark = pytest.mark.e2e
 binaries.skip_module_unless(*binaries.CONTROL_PLANE, "kubelet", "runc")
-if not binaries.containerd_releases():
-    pytest.skip(
-        f"the Deployment test needs a containerd release (${binaries.CONTAINERD_VAR})",
-        allow_module_level=True,
-    )
-BUSYBOX = Path(os.environ.get("TESSERA_E2E_BUSYBOX") or shutil.which("busybox") or "")
-if os.geteuid() != 0 or not BUSYBOX.is_file():
-    pytest.skip(
-        "the Deployment test needs root and a static busybox ($TESSERA_E2E_BUSYBOX)",
-        allow_module_level=True,
-    )
+BUSYBOX = node_host_or_skip("the Deployment test")
 
 DEPLOYMENT = ROOT / "deploy/scheduler/deployment.yaml"
 POD = "tessera-scheduler-deployed"

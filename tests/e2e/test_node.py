@@ -14,9 +14,7 @@ no device. Needs root (mknod, runc, ip links).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,22 +28,19 @@ from tessera.allocation import ContainerAllocation
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
 from tests.e2e.controlplane import ControlPlane, keyring, topology_for, wait_for
-from tests.e2e.node import IMAGE, PEER_SUFFIX, PLUGIN_DIR, Node, device_root, links
+from tests.e2e.node import (
+    IMAGE,
+    PEER_SUFFIX,
+    PLUGIN_DIR,
+    Node,
+    device_root,
+    links,
+    node_host_or_skip,
+)
 
 pytestmark = pytest.mark.e2e
 binaries.skip_module_unless(*binaries.CONTROL_PLANE, "kubelet", "runc")
-if not binaries.containerd_releases():
-    pytest.skip(
-        f"e2e node suite needs containerd releases (${binaries.CONTAINERD_VAR}, or"
-        f" containerd-* folders under ${binaries.FOLDER_VAR})",
-        allow_module_level=True,
-    )
-BUSYBOX = Path(os.environ.get("TESSERA_E2E_BUSYBOX") or shutil.which("busybox") or "")
-if os.geteuid() != 0 or not BUSYBOX.is_file():
-    pytest.skip(
-        "e2e node suite needs root and a static busybox ($TESSERA_E2E_BUSYBOX)",
-        allow_module_level=True,
-    )
+BUSYBOX = node_host_or_skip("e2e node suite")
 
 RUN_TIMEOUT = 180.0
 """Seconds from pod creation to Running: bind, device plugin Allocate, sandbox, NRI."""
