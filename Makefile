@@ -9,7 +9,7 @@ PROTO_STAMP   := protos/.generated-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo test lint bench bench-quick sim-table e2e fuzz protos check-protos clean help
+.PHONY: demo test lint bench bench-quick sim-table e2e fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
@@ -31,9 +31,6 @@ $(PROTO_STAMP): $(STAMP) $(PROTO_SOURCES) tools/gen_protos.py
 	touch $@
 
 protos: $(PROTO_STAMP)
-
-check-protos: $(STAMP)
-	$(PY) tools/gen_protos.py --check
 
 demo: $(PROTO_STAMP)
 	$(VENV)/bin/tessera-demo

@@ -1,8 +1,7 @@
 """Generate the Python stubs for every .proto under protos/.
 
-The stubs are committed so that the package installs from git without a code generator;
-`--check` regenerates into a scratch directory and fails if the committed stubs differ,
-which keeps the two from drifting apart.
+The stubs are build outputs, never committed (.gitignore): `make protos` writes them for a
+checkout and setup.py's build step for a wheel, so they cannot drift from their protos.
 
 Only the kubelet protos are gRPC services; NRI and ttrpc use our own ttrpc transport, so
 they get message stubs (and type stubs) but no gRPC service stubs.
@@ -10,8 +9,6 @@ they get message stubs (and type stubs) but no gRPC service stubs.
 
 from __future__ import annotations
 
-import argparse
-import filecmp
 import shutil
 import sys
 import tempfile
@@ -55,30 +52,13 @@ def _generated_files(base: Path) -> dict[Path, Path]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if committed stubs are stale")
-    args = parser.parse_args(argv)
+def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         _generate(out)
         fresh = _generated_files(out)
-        current = _generated_files(ROOT)
-        if args.check:
-            stale = sorted(
-                str(rel)
-                for rel in set(fresh) | set(current)
-                if rel not in fresh
-                or rel not in current
-                or not filecmp.cmp(fresh[rel], current[rel], shallow=False)
-            )
-            if stale:
-                print("generated stubs are out of date; run `make protos`:", *stale, sep="\n  ")
-                return 1
-            print(f"{len(fresh)} generated stubs are up to date")
-            return 0
-        for rel in set(current) - set(fresh):
-            current[rel].unlink()
+        for rel in set(_generated_files(ROOT)) - set(fresh):
+            (ROOT / rel).unlink()
         for rel, path in fresh.items():
             target = ROOT / rel
             target.parent.mkdir(parents=True, exist_ok=True)
