@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PROTO_SOURCES := $(shell find protos -name '*.proto' 2>/dev/null)
-PROTO_STAMP   := protos/.generated-stamp
+PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
