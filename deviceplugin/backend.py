@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tessera.errors import InventoryError
+from tessera.errors import InputError, InventoryError, TesseraError
 from tessera.model import Gpu, RdmaNic
 
 log = logging.getLogger(__name__)
@@ -20,11 +20,11 @@ log = logging.getLogger(__name__)
 BACKENDS = ("nvml", "fake", "auto")
 
 
-class BackendError(Exception):
+class BackendError(TesseraError):
     """A backend cannot start (no NVML library, no driver, unreadable topology file)."""
 
 
-class TopologyError(BackendError):
+class TopologyError(BackendError, InputError):
     """The topology file cannot be used at all (missing, unreadable, not a topology)."""
 
 

@@ -42,6 +42,9 @@ def _text(value: Any) -> str:
 
 
 class _CallError(Exception):
+    """Private control flow: one failed NVML call, caught in this module and recorded as
+    a device's health or discovery problem; never leaves it, so outside the tree."""
+
     def __init__(self, call: str, error: Exception) -> None:
         super().__init__(f"{call}: {error}")
         self.call = call

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Container, Sequence
 
 from deviceplugin.units import KUBELET_MAX_MESSAGE_BYTES, MAX_UNIT_ID_LENGTH, MAX_UNITS_PER_RESOURCE
+from tessera.errors import InputError
 
 MAX_CONTAINER_REQUESTS = 16
 """Container requests in one Allocate/GetPreferredAllocation call. The kubelet sends exactly
@@ -41,7 +42,7 @@ _SHOWN_ID_CHARS = 80
 """An ID quoted in an error is cut to this many characters, so errors stay small."""
 
 
-class BadRequestError(ValueError):
+class BadRequestError(InputError, ValueError):
     """A request the kubelet would never send; the message says what is wrong."""
 
 

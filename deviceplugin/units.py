@@ -19,6 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tessera.errors import InputError
 from tessera.model import NodeInventory
 from tessera.resources import (
     DEFAULT_MEMORY_UNIT_MIB,
@@ -54,7 +55,7 @@ _UNIT_KIND = {
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*$")
 
 
-class LimitError(ValueError):
+class LimitError(InputError, ValueError):
     """A configuration would advertise more than the kubelet can take; says how to fix it."""
 
 

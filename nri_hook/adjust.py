@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.errors import IntegrityError, RecordError, RecordMismatchError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError, TesseraError
 from tessera.record import Keyring, decode
 
 ISOLATION_NONE: Final = "none"
@@ -127,7 +127,7 @@ class HostView(Protocol):
         ...
 
 
-class RejectError(Exception):
+class RejectError(TesseraError):
     """The container must not be created as asked. `code` is the gRPC status for the
     runtime, `reason` says what is wrong (naming the record field), `context` which pod
     and container it is about."""

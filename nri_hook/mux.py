@@ -33,6 +33,7 @@ import logging
 import struct
 from typing import Final
 
+from tessera.errors import TesseraError
 from tessera_ttrpc.stream import MAX_WRITE_BUFFER
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ _HEADER: Final = struct.Struct(">II")
 _READ_CHUNK: Final = 64 * 1024
 
 
-class MuxError(ConnectionError):
+class MuxError(TesseraError, ConnectionError):
     """The trunk broke the protocol or overflowed a queue; the mux is closed."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from tessera.allocation import PodAllocation
+from tessera.errors import TesseraError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ NETLINK_ROUTE = 0
 IFNAMSIZ = 16
 
 
-class NetdevError(Exception):
+class NetdevError(TesseraError):
     """A VF could not be moved; says which and why."""
 
 

@@ -32,7 +32,7 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import Extender, allocation_summary, get_field
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
-from tessera.errors import RequestError
+from tessera.errors import RequestError, TesseraError
 from tessera.record import KeySource, encode
 from tessera.request import PodRequest
 from tessera.resources import ALLOCATION_ANNOTATION
@@ -40,7 +40,7 @@ from tessera.resources import ALLOCATION_ANNOTATION
 log = logging.getLogger(__name__)
 
 
-class BindRefusedError(Exception):
+class BindRefusedError(TesseraError):
     """The bind cannot be done; the message goes back to kube-scheduler as `Error`."""
 
 

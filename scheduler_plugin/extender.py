@@ -35,7 +35,7 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import UNKNOWN_NODE
-from tessera.errors import RequestError
+from tessera.errors import InputError, RequestError
 from tessera.node_placement import Placement, place_pod
 from tessera.node_state import NodeState
 from tessera.request import PodRequest, parse_pod
@@ -53,7 +53,7 @@ _PREEMPT_BUDGET = 512
 """Subset evaluations per node before preempt falls back to a greedy minimal set."""
 
 
-class BadArgsError(ValueError):
+class BadArgsError(InputError, ValueError):
     """The request body is not ExtenderArgs-shaped (answered with HTTP 400)."""
 
 

@@ -119,8 +119,12 @@ class ByteBudget:
                 self._cond.notify_all()
 
 
-class ReplyError(Exception):
-    """Answer at once with this status and JSON error (closing the connection if asked)."""
+class _ReplyError(Exception):
+    """Answer at once with this status and JSON error (closing the connection if asked).
+
+    Private control flow: an answer already decided, raised to unwind to `App.__call__`,
+    which sends it; it never leaves this module (errors that reach this edge from the
+    service are mapped by HTTP_ERRORS)."""
 
     def __init__(self, status: int, error: str, *, close: bool = False) -> None:
         super().__init__(error)
@@ -198,10 +202,10 @@ class App:
             elif method in ("GET", "HEAD"):
                 await self._get(scope, send, path)
             else:
-                raise ReplyError(
+                raise _ReplyError(
                     405 if path in ("/healthz", "/readyz") else 404, f"nothing at {path}"
                 )
-        except ReplyError as r:
+        except _ReplyError as r:
             await _send(send, r.status, _dumps({"Error": f"tessera: {r.error}"}), close=r.close)
 
     # --- POST: the extender ---------------------------------------------------------------
@@ -209,9 +213,9 @@ class App:
     async def _post(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         verb = path.rsplit("/", 1)[-1]
         if verb not in VERBS:
-            raise ReplyError(404, f"no extender verb at {path}", close=True)
+            raise _ReplyError(404, f"no extender verb at {path}", close=True)
         if self.require_client_cert and not _client_cert(scope):
-            raise ReplyError(403, "the extender verbs need a client certificate", close=True)
+            raise _ReplyError(403, "the extender verbs need a client certificate", close=True)
         service = self.service
         started = time.perf_counter()
         outcome = "bad_request"
@@ -219,7 +223,7 @@ class App:
             body = await self._body(scope, receive)
             if not service.answering():
                 outcome = "not_ready"
-                raise ReplyError(503, "this replica is not ready or not the leader")
+                raise _ReplyError(503, "this replica is not ready or not the leader")
             try:
                 args = loads(
                     body,
@@ -228,7 +232,7 @@ class App:
                     max_depth=limits.MAX_JSON_DEPTH,
                 )
             except JsonLimitError as exc:
-                raise ReplyError(400, f"bad {verb} request: {exc.reason}") from None
+                raise _ReplyError(400, f"bad {verb} request: {exc.reason}") from None
             outcome = "error"
             try:
                 if verb in INLINE_VERBS:
@@ -238,10 +242,10 @@ class App:
                     reply, outcome = await loop.run_in_executor(self.pool, service.call, verb, args)
             except BadArgsError as exc:
                 outcome = "bad_request"
-                raise ReplyError(400, f"bad {verb} request: {exc}") from None
+                raise _ReplyError(400, f"bad {verb} request: {exc}") from None
             except Exception as exc:
                 log.exception("%s failed", verb)
-                raise ReplyError(500, f"internal error in {verb}: {exc}", close=True) from None
+                raise _ReplyError(500, f"internal error in {verb}: {exc}", close=True) from None
             await _send(send, 200, reply if isinstance(reply, bytes) else _dumps(reply))
         finally:
             if service.metrics is not None:
@@ -253,19 +257,19 @@ class App:
         chunked = (_header(scope, b"transfer-encoding") or b"").lower() == b"chunked"
         if length_text is not None:
             if not length_text.isdigit() or len(length_text) > 12:
-                raise ReplyError(400, "bad Content-Length", close=True)
+                raise _ReplyError(400, "bad Content-Length", close=True)
             expected = int(length_text)
         elif chunked:
             expected = self.max_body  # unknown: reserve the most it may be
         else:
             expected = 0
         if expected > self.max_body:
-            raise ReplyError(413, f"body of {expected} bytes over {self.max_body}", close=True)
+            raise _ReplyError(413, f"body of {expected} bytes over {self.max_body}", close=True)
         budget = self.budget
         try:
             await budget.acquire(expected, limits.BODY_TIMEOUT)
         except TimeoutError:
-            raise ReplyError(503, "too many request bodies in flight", close=True) from None
+            raise _ReplyError(503, "too many request bodies in flight", close=True) from None
         try:
             parts: list[bytes] = []
             size = 0
@@ -273,16 +277,16 @@ class App:
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        raise ReplyError(400, "the client went away", close=True)
+                        raise _ReplyError(400, "the client went away", close=True)
                     chunk = message.get("body", b"")
                     size += len(chunk)
                     if size > expected:
-                        raise ReplyError(413, f"body over {self.max_body} bytes", close=True)
+                        raise _ReplyError(413, f"body over {self.max_body} bytes", close=True)
                     parts.append(chunk)
                     if not message.get("more_body", False):
                         return b"".join(parts)
         except TimeoutError:
-            raise ReplyError(408, "the body did not arrive in time", close=True) from None
+            raise _ReplyError(408, "the body did not arrive in time", close=True) from None
         finally:
             budget.release(expected)
 
@@ -304,7 +308,7 @@ class App:
             await self._authorize_debug(scope, path)
             await self._debug(scope, send, path)
         else:
-            raise ReplyError(404, f"nothing at {path}")
+            raise _ReplyError(404, f"nothing at {path}")
 
     async def _authorize_debug(self, scope: Scope, path: str) -> None:
         if self.open_debug or _client_cert(scope):
@@ -312,11 +316,11 @@ class App:
         auth = (_header(scope, b"authorization") or b"").decode("latin-1")
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer" or not token.strip() or self.authorizer is None:
-            raise ReplyError(401, "/debug needs a client certificate or a bearer token")
+            raise _ReplyError(401, "/debug needs a client certificate or a bearer token")
         loop = asyncio.get_running_loop()
         decision = await loop.run_in_executor(self.pool, self.authorizer.check, token.strip(), path)
         if not decision.allowed:
-            raise ReplyError(403, decision.reason)
+            raise _ReplyError(403, decision.reason)
 
     async def _debug(self, scope: Scope, send: Send, path: str) -> None:
         service = self.service
@@ -326,7 +330,7 @@ class App:
         elif path.startswith("/debug/nodes/"):
             summary = service.cache.node_summary(unquote(path[len("/debug/nodes/") :]))
             if summary is None:
-                raise ReplyError(404, "no such node")
+                raise _ReplyError(404, "no such node")
             data = _dumps(summary)
         elif path == "/debug/pods":
             data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_pods()))
@@ -335,7 +339,7 @@ class App:
             await self._stream(send, query.get("node"))
             return
         else:
-            raise ReplyError(404, f"nothing at {path}")
+            raise _ReplyError(404, f"nothing at {path}")
         await _send(send, 200, data)
 
     async def _stream(self, send: Send, only: str | None) -> None:
@@ -343,7 +347,7 @@ class App:
         the node's summary whenever a node changes, PING lines when idle."""
         service = self.service
         if service.watchers_full():
-            raise ReplyError(503, "too many /debug/watch streams")
+            raise _ReplyError(503, "too many /debug/watch streams")
         changes = service.watch_changes()
         loop = asyncio.get_running_loop()
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]

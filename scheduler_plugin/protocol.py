@@ -23,9 +23,10 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from scheduler_plugin import limits
+from tessera.errors import InputError
 
 
-class HeadTooLargeError(Exception):
+class HeadTooLargeError(InputError):
     """Raised from a parser callback: httptools turns it into a parser error (400)."""
 
 

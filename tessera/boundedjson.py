@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from tessera.errors import TesseraError
+from tessera.errors import InputError
 
 MAX_INT_DIGITS: Final = 20
 """Digits in a JSON integer. 20 holds every uint64 (18446744073709551615); nothing tessera
@@ -20,7 +20,7 @@ MAX_FLOAT_CHARS: Final = 40
 point and a 3-digit exponent fit with room to spare)."""
 
 
-class JsonLimitError(TesseraError, ValueError):
+class JsonLimitError(InputError, ValueError):
     """A JSON document is malformed or outside the bounds its reader accepts."""
 
     def __init__(self, what: str, reason: str) -> None:

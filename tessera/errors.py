@@ -1,13 +1,29 @@
-"""Error types of the core. Each names what is wrong so a user can fix it."""
+"""The root of every tessera error, the core's error types, and `ErrorTable`.
+
+Every exception that leaves a component (an HTTP answer, a gRPC or ttrpc status, an exit
+status, an Event or a log line) is a `TesseraError`; each edge says what each class becomes
+in one `ErrorTable` in its own module. The tree and the tables: docs/errors.md.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
 
 class TesseraError(Exception):
-    """Base class for every error the core raises on bad input."""
+    """Base class of every tessera error: the default row of every edge table."""
 
 
-class InventoryError(TesseraError):
+class InputError(TesseraError):
+    """What a user or a client gave is wrong (a flag, a file, a request, a record): theirs
+    to fix. Edges answer it as the caller's mistake (HTTP 4xx, INVALID_ARGUMENT, exit
+    status 2), never as a server failure."""
+
+
+class InventoryError(InputError):
     """A device inventory (topology file, custom resource, sysfs reading) is invalid.
 
     `source` names the file or object and `field` the offending field path, so the
@@ -21,7 +37,7 @@ class InventoryError(TesseraError):
         super().__init__(f"{source}: {field}: {problem}")
 
 
-class RequestError(TesseraError):
+class RequestError(InputError):
     """A pod's device request breaks a rule; names the container, resource and rule."""
 
     def __init__(self, container: str | None, resource: str | None, rule: str) -> None:
@@ -37,7 +53,7 @@ class RequestError(TesseraError):
         super().__init__(f"{prefix}: {rule}" if prefix else rule)
 
 
-class RecordError(TesseraError):
+class RecordError(InputError):
     """An allocation record is malformed, from an unknown schema, or fails integrity."""
 
 
@@ -51,3 +67,46 @@ class IntegrityError(RecordError):
 
 class StateError(TesseraError):
     """A change to cluster state would break an invariant (double allocation, unknown device)."""
+
+
+class ErrorTable(Generic[T]):
+    """What one edge returns for each error class.
+
+    `lookup` walks the class's MRO, so a subclass gets its nearest listed ancestor's row;
+    `TesseraError`'s row is required and is the answer for anything else (an unexpected
+    exception included). `carried` names classes whose instances carry their own answer in
+    an attribute (an RPC error raised to choose its status): their attribute wins over rows.
+    """
+
+    def __init__(
+        self,
+        edge: str,
+        rows: Mapping[type[BaseException], T],
+        *,
+        carried: Mapping[type[BaseException], str] | None = None,
+    ) -> None:
+        if TesseraError not in rows:
+            raise ValueError(f"{edge}: the table needs a TesseraError row (its default)")
+        self.edge = edge
+        self.rows: Mapping[type[BaseException], T] = dict(rows)
+        self.carried: Mapping[type[BaseException], str] = dict(carried or {})
+
+    def row_class(self, cls: type[BaseException]) -> type[BaseException]:
+        """The class whose row (or carried attribute) answers for `cls`."""
+        for base in cls.__mro__:
+            if base in self.carried or base in self.rows:
+                return base
+        return TesseraError
+
+    def lookup(self, error: BaseException | type[BaseException]) -> T:
+        """The row for an error (instance or class); an instance of a carried class gives
+        the value it carries."""
+        cls = error if isinstance(error, type) else type(error)
+        found = self.row_class(cls)
+        attr = self.carried.get(found)
+        if attr is not None:
+            if isinstance(error, type):
+                raise TypeError(f"{cls.__name__} carries its own answer: look up an instance")
+            value: T = getattr(error, attr)
+            return value
+        return self.rows[found]

@@ -42,6 +42,9 @@ class Placement:
 
 
 class _NoFitError(Exception):
+    """Private control flow: unwinds a fit attempt to `place_pod`, which returns its
+    `NoFit`; never leaves this module, so it stays outside the TesseraError tree."""
+
     def __init__(self, reason: str, unresolvable: bool = False) -> None:
         super().__init__(reason)
         self.nofit = NoFit(reason, unresolvable)

@@ -11,7 +11,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Final
 
-from tessera.errors import TesseraError
+from tessera.errors import InputError
 
 MAX_QUANTITY_CHARS: Final = 64
 """Characters in a quantity string. The largest meaningful value (int64, 19 digits) with a
@@ -48,7 +48,7 @@ _QUANTITY = re.compile(
 )
 
 
-class QuantityError(TesseraError, ValueError):
+class QuantityError(InputError, ValueError):
     """A value is not a quantity, or one outside the bounds above (a ValueError too)."""
 
 

@@ -15,7 +15,7 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tessera.errors import TesseraError
+from tessera.errors import InputError
 
 PLACEHOLDER_FINGERPRINTS: Final = frozenset({"SHA256:sNeoALxZGu+8MbHWsm0bv+eNqc65dLfFMaYgSiaBoXY"})
 """The example key pair shipped in deploy/ (its private half is public knowledge): refused
@@ -24,7 +24,7 @@ _KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 """Secret keys are [-._a-zA-Z0-9]{1,253}; a leading dot would be a hidden file."""
 
 
-class KeyFileError(TesseraError, ValueError):
+class KeyFileError(InputError, ValueError):
     """A key file or directory cannot be used; the message names the file and the fix."""
 
 

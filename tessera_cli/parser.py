@@ -15,6 +15,8 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from tessera.errors import InputError
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -46,7 +48,7 @@ def config_from(cls: type[C], args: argparse.Namespace, **given: Any) -> C:
     return cls(**values, **given)
 
 
-class ConfigError(Exception):
+class ConfigError(InputError):
     """A setting that cannot work, found after parsing; str() is `flag: problem`.
 
     `flag` is how the user gave it (`--topology`, or `--backend nvml`); `CliParser.fail`

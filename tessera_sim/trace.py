@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera import resources as rn
+from tessera.errors import InputError
 from tessera.model import Gpu, NodeInventory
 from tessera.request import PodRequest, parse_pod
 
@@ -41,7 +42,7 @@ DEFAULT_GPU_MEMORY_MIB = 16 * 1024
 """For a model not listed above."""
 
 
-class TraceError(ValueError):
+class TraceError(InputError, ValueError):
     """A malformed trace file; the message names the file, line and column."""
 
     def __init__(self, path: Path | str, line: int, column: str | None, problem: str) -> None:

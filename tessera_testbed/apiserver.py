@@ -47,6 +47,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tessera.errors import TesseraError
+
 Obj = dict[str, Any]
 
 # resource key -> (group/version prefix, namespaced, kind)
@@ -75,7 +77,7 @@ _PATH = re.compile(
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
-class ApiProblemError(Exception):
+class ApiProblemError(TesseraError):
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.code = code

@@ -32,6 +32,7 @@ from nri_hook.plugin import (
     event_bit,
 )
 from protos.nri import api_pb2 as api
+from tessera.errors import TesseraError
 from tessera_ttrpc import CallContext, Client, Code, RpcError, Server, unary
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ _POD_EVENTS: Final[set[int]] = {
 }
 
 
-class PluginDroppedError(Exception):
+class PluginDroppedError(TesseraError):
     """The simulated runtime dropped the plugin (as containerd would), saying why."""
 
 

@@ -6,6 +6,7 @@ that NRI uses; streaming frames are answered or ignored as the Go implementation
 """
 
 from tessera_ttrpc.client import Client
+from tessera_ttrpc.errors import TtrpcError
 from tessera_ttrpc.frame import (
     FLAG_NO_DATA,
     FLAG_REMOTE_CLOSED,
@@ -44,6 +45,7 @@ __all__ = [
     "OversizedFrame",
     "RpcError",
     "Server",
+    "TtrpcError",
     "encode_frame",
     "unary",
 ]

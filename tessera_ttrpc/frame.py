@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
+from tessera_ttrpc.errors import TtrpcError
+
 HEADER_LEN: Final = 10
 MAX_DATA_LEN: Final = 4 << 20
 """Largest data length a frame may declare (4 MiB); larger frames are rejected."""
@@ -34,7 +36,7 @@ FLAG_NO_DATA: Final = 0x04
 """Data: the frame carries no data."""
 
 
-class FrameTooLargeError(ValueError):
+class FrameTooLargeError(TtrpcError, ValueError):
     """Raised when asked to send more than MAX_DATA_LEN bytes in one frame."""
 
     def __init__(self, length: int) -> None:

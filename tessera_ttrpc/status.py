@@ -5,6 +5,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 from protos.ttrpc import ttrpc_pb2
+from tessera_ttrpc.errors import TtrpcError
 
 
 class Code(IntEnum):
@@ -34,7 +35,7 @@ def code_name(code: int) -> str:
         return f"CODE_{code}"
 
 
-class RpcError(Exception):
+class RpcError(TtrpcError):
     """A call that ended with a non-OK status (raised by clients, and by handlers to
     choose the status the peer gets)."""
 
