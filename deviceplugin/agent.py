@@ -61,20 +61,16 @@ class AgentConfig:
     """Wait after a failed API call before the next attempt."""
 
 
+@dataclass(eq=False)
 class Agent:
-    def __init__(
-        self,
-        config: AgentConfig,
-        backend: GpuBackend,
-        nic_source: NicSource | None = None,
-        publisher: InventoryPublisher | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.config = config
-        self.backend = backend
-        self.nic_source = nic_source
-        self.publisher = publisher
-        self.clock = clock
+    config: AgentConfig
+    backend: GpuBackend
+    nic_source: NicSource | None = None
+    publisher: InventoryPublisher | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        config = self.config
         self.errors: list[InventoryError] = []
         """What discovery could not read (logged, and the rest is served)."""
         self._gpu_health = HealthTracker(config.quiet_period_s)

@@ -22,6 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Final
 
 from kube_edge.client import KubeClient, decode_event, page_items
@@ -59,27 +60,20 @@ def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+@dataclass(eq=False)
 class Informer:
     """List and watch one resource path, feeding a Handler (see the module doc)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        path: str,
-        handler: Handler,
-        *,
-        name: str,
-        on_relist: Callable[[str], None] | None = None,
-        watch_timeout: int = WATCH_TIMEOUT,
-        page_size: int = 500,
-    ) -> None:
-        self.client = client
-        self.path = path
-        self.handler = handler
-        self.name = name
-        self.on_relist = on_relist
-        self.watch_timeout = watch_timeout
-        self.page_size = page_size
+    client: KubeClient
+    path: str
+    handler: Handler
+    _: KW_ONLY
+    name: str
+    on_relist: Callable[[str], None] | None = None
+    watch_timeout: int = WATCH_TIMEOUT
+    page_size: int = 500
+
+    def __post_init__(self) -> None:
         self.synced = threading.Event()
         self.resource_version = ""
         self.relists = 0

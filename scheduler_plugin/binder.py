@@ -79,20 +79,13 @@ class BindArgs:
         return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
 
 
+@dataclass(eq=False)
 class Binder:
-    def __init__(
-        self,
-        cache: Cache,
-        extender: Extender,
-        client: KubeClient,
-        keyring: KeySource,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.cache = cache
-        self.extender = extender
-        self.client = client
-        self.keyring = keyring
-        self.metrics = metrics
+    cache: Cache
+    extender: Extender
+    client: KubeClient
+    keyring: KeySource
+    metrics: Metrics | None = None
 
     def bind(self, raw: Any) -> dict[str, Any]:
         """The ExtenderBindingResult for one ExtenderBindingArgs body."""

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
@@ -80,25 +80,18 @@ def event_body(event: PodEvent, instance: str, now: datetime) -> dict[str, objec
     }
 
 
+@dataclass(eq=False)
 class EventRecorder:
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        instance: str = COMPONENT,
-        interval: float = 1.0,
-        min_gap: float = MIN_GAP,
-        max_queue: int = MAX_QUEUE,
-        enabled: Callable[[], bool] = lambda: True,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.client = client
-        self.instance = instance
-        self.interval = interval
-        self.min_gap = min_gap
-        self.max_queue = max_queue
-        self.enabled = enabled
-        self.clock = clock
+    client: KubeClient
+    _: KW_ONLY
+    instance: str = COMPONENT
+    interval: float = 1.0
+    min_gap: float = MIN_GAP
+    max_queue: int = MAX_QUEUE
+    enabled: Callable[[], bool] = lambda: True
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
         self.dropped = 0
         self._queue: OrderedDict[tuple[str, str], PodEvent] = OrderedDict()
         self._posted: OrderedDict[tuple[str, str], float] = OrderedDict()

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
@@ -159,30 +160,20 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+@dataclass(eq=False)
 class App:
     """The ASGI application of one server (`extender` or `health` role)."""
 
-    def __init__(
-        self,
-        service: Service,
-        *,
-        role: str,
-        max_body: int,
-        require_client_cert: bool,
-        authorizer: TokenAuthorizer | None,
-        open_debug: bool,
-        pool: ThreadPoolExecutor,
-        watch_pool: ThreadPoolExecutor,
-    ) -> None:
-        self.service = service
-        self.role = role
-        self.max_body = max_body
-        self.require_client_cert = require_client_cert
-        self.authorizer = authorizer
-        self.open_debug = open_debug
-        self.pool = pool
-        self.watch_pool = watch_pool
-        self._budget: ByteBudget | None = None
+    service: Service
+    _: KW_ONLY
+    role: str
+    max_body: int
+    require_client_cert: bool
+    authorizer: TokenAuthorizer | None
+    open_debug: bool
+    pool: ThreadPoolExecutor
+    watch_pool: ThreadPoolExecutor
+    _budget: ByteBudget | None = field(default=None, init=False, repr=False)
 
     @property
     def budget(self) -> ByteBudget:

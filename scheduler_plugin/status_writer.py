@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -35,29 +36,23 @@ def status_path(node: str) -> str:
     return f"{INVENTORY_PATH}/{quote(node, safe='')}/status"
 
 
+@dataclass(eq=False)
 class StatusWriter:
-    def __init__(
-        self,
-        cache: Cache,
-        client: KubeClient,
-        *,
-        interval: float = 2.0,
-        max_per_flush: int = 200,
-        enabled: Callable[[], bool] = lambda: True,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.cache = cache
-        self.client = client
-        self.interval = interval
-        self.max_per_flush = max_per_flush
-        self.enabled = enabled
-        self.metrics = metrics
+    cache: Cache
+    client: KubeClient
+    _: KW_ONLY
+    interval: float = 2.0
+    max_per_flush: int = 200
+    enabled: Callable[[], bool] = lambda: True
+    metrics: Metrics | None = None
+
+    def __post_init__(self) -> None:
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._written: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        cache.subscribe(self.mark)
+        self.cache.subscribe(self.mark)
 
     def mark(self, node: str) -> None:
         with self._dirty_lock:

@@ -24,12 +24,21 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.e2e.controlplane import PYTHON_ENV, ROOT, ControlPlane, Proc, free_port, wait_for
+from tests.e2e.controlplane import (
+    PYTHON_ENV,
+    ROOT,
+    ControlPlane,
+    Proc,
+    free_port,
+    topology_for,
+    wait_for,
+)
 
 IMAGE = "docker.io/library/busybox:tessera-e2e"
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
@@ -317,31 +326,32 @@ def _major(release: Path) -> int:
     return int(version[1:].split(".")[0])
 
 
+@dataclass(eq=False)
 class Node:
     """One real node joined to `cp`: containerd `release`, kubelet, agent and hook."""
 
-    def __init__(
-        self,
-        cp: ControlPlane,
-        name: str,
-        release: Path,
-        kubelet: Path,
-        runc: Path,
-        busybox: Path,
-        topology: Path,
-        cni: Path | None = None,
-    ) -> None:
-        self.cp = cp
-        self.name = name
-        self.release = release
-        self.kubelet_bin = kubelet
-        self.runc = runc
-        self.busybox = busybox
-        self.topology = topology
-        self.cni = cni
-        """The CNI plugins' folder; None: pods can only use the host's network."""
-        self.vf_netdevs = own_netdevs(topology)
-        self.work = cp.work / f"node-{name}"
+    cp: ControlPlane
+    name: str
+    release: Path
+    kubelet: Path
+    runc: Path
+    busybox: Path
+    topology: Path
+    cni: Path | None = None
+    """The CNI plugins' folder; None: pods can only use the host's network."""
+
+    @classmethod
+    def h100(cls, cp: ControlPlane, name: str, release: Path, busybox: Path, **kw: Any) -> Node:
+        """A node of eight H100 SXM GPUs with this host's kubelet and runc."""
+        from tests.e2e import binaries
+
+        bins = binaries.require("kubelet", "runc")
+        topology = topology_for(name, "h100-sxm-8x", cp.work)
+        return cls(cp, name, release, bins["kubelet"], bins["runc"], busybox, topology, **kw)
+
+    def __post_init__(self) -> None:
+        self.vf_netdevs = own_netdevs(self.topology)
+        self.work = self.cp.work / f"node-{self.name}"
         self.work.mkdir()
         self.sock = self.work / "containerd.sock"
         self.nri_sock = self.work / "nri.sock"
@@ -429,7 +439,7 @@ class Node:
         self._spawn(
             "kubelet",
             [
-                str(self.kubelet_bin),
+                str(self.kubelet),
                 f"--config={path}",
                 f"--kubeconfig={kubeconfig}",
                 f"--root-dir={self.work / 'kubelet'}",

@@ -29,7 +29,7 @@ from kube_edge.client import pod_path
 from tessera import resources as rn
 from tests.e2e import binaries, image
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
-from tests.e2e.controlplane import NAMESPACE, ROOT, ControlPlane, keyring, topology_for, wait_for
+from tests.e2e.controlplane import NAMESPACE, ROOT, ControlPlane, keyring, wait_for
 from tests.e2e.node import Node, device_root, node_host_or_skip
 
 pytestmark = pytest.mark.e2e
@@ -58,17 +58,8 @@ def deployed_node(control_plane: ControlPlane) -> Iterator[Node]:
     Secrets the Deployment mounts, made as deploy/README.md says."""
     cp = control_plane
     release = binaries.containerd_releases()[-1]
-    bins = binaries.require("kubelet", "runc")
     name = "real-deploy"
-    n = Node(
-        cp,
-        name,
-        release,
-        bins["kubelet"],
-        bins["runc"],
-        BUSYBOX,
-        topology_for(name, "h100-sxm-8x", cp.work),
-    )
+    n = Node.h100(cp, name, release, BUSYBOX)
     devices = device_root(n.work / "host", gpus=8, uverbs=36)
     # pods the control-plane tests left Pending would land on this fresh node
     for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:

@@ -27,7 +27,7 @@ from tessera import resources as rn
 from tessera.allocation import ContainerAllocation
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
-from tests.e2e.controlplane import ControlPlane, keyring, topology_for, wait_for
+from tests.e2e.controlplane import ControlPlane, keyring, wait_for
 from tests.e2e.node import (
     IMAGE,
     PEER_SUFFIX,
@@ -63,18 +63,8 @@ def node(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterato
     if PLUGIN_DIR.joinpath("kubelet.sock").exists():
         pytest.fail(f"another kubelet owns {PLUGIN_DIR} (one kubelet per host)")
     name = f"real-{release.name.replace('.', '-').lower()}"
-    bins = binaries.require("kubelet", "runc")
     started = time.monotonic()
-    n = Node(
-        cp,
-        name,
-        release,
-        bins["kubelet"],
-        bins["runc"],
-        BUSYBOX,
-        topology_for(name, "h100-sxm-8x", cp.work),
-        binaries.cni_plugins(),
-    )
+    n = Node.h100(cp, name, release, BUSYBOX, cni=binaries.cni_plugins())
     devices = device_root(n.work / "host", gpus=8, uverbs=36)
     # pods the control-plane tests left Pending would land on this fresh node
     for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
