@@ -22,15 +22,13 @@ from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from tessera.errors import TesseraError
 from tessera_cli import CliParser, ConfigError, config_from
 from tessera_cli.paths import check_directory
+from tessera_edge.host_paths import MPS_PIPE_DIR, NRI_SOCKET
 from tessera_edge.topology_file import load_topology
 
 OK: Final = "ok"
 WARN: Final = "warn"
 FAIL: Final = "fail"
 
-DEFAULT_NRI_SOCKET: Final = "/var/run/nri/nri.sock"
-DEFAULT_MPS_PIPE_DIR: Final = "/tmp/nvidia-mps"
-"""nvidia-cuda-mps-control's default pipe directory (CUDA_MPS_PIPE_DIRECTORY)."""
 DEFAULT_HAMI_CORE_LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
 """Where HAMi's device plugin installs HAMi-core on the host."""
 CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
@@ -53,13 +51,13 @@ class Options:
     backend: str = "nvml"
     topology: str = ""
     device_plugin_dir: str = DEFAULT_PLUGIN_DIR
-    nri_socket: str = DEFAULT_NRI_SOCKET
+    nri_socket: str = NRI_SOCKET
     rdma: str = "auto"
     """auto: check RDMA when the node has RDMA NICs; required: fail without; off."""
     fractional: bool = True
     """Fractional GPU resources are advertised (so pods share GPUs and need isolation)."""
     isolation: str = "auto"
-    mps_pipe_dir: str = DEFAULT_MPS_PIPE_DIR
+    mps_pipe_dir: str = MPS_PIPE_DIR
     hami_core_library: str = DEFAULT_HAMI_CORE_LIBRARY
 
 
@@ -364,7 +362,7 @@ def parser() -> CliParser:
         help="with --backend fake: the topology file or built-in name",
     )
     p.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR, metavar="DIR")
-    p.add_argument("--nri-socket", default=DEFAULT_NRI_SOCKET, metavar="PATH")
+    p.add_argument("--nri-socket", default=NRI_SOCKET, metavar="PATH")
     p.add_argument(
         "--rdma",
         choices=("auto", "required", "off"),
@@ -382,7 +380,7 @@ def parser() -> CliParser:
         default="auto",
         help="the NRI hook's sharing layer; auto looks for either (default)",
     )
-    p.add_argument("--mps-pipe-dir", default=DEFAULT_MPS_PIPE_DIR, metavar="DIR")
+    p.add_argument("--mps-pipe-dir", default=MPS_PIPE_DIR, metavar="DIR")
     p.add_argument("--hami-core-library", default=DEFAULT_HAMI_CORE_LIBRARY, metavar="PATH")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     return p

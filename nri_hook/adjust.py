@@ -23,6 +23,7 @@ from typing import Final, Protocol
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError, TesseraError
 from tessera.record import Keyring, decode
+from tessera_edge.host_paths import MPS_PIPE_DIR
 
 ISOLATION_NONE: Final = "none"
 ISOLATION_MPS: Final = "mps"
@@ -36,7 +37,7 @@ NVIDIA_CONTROL_DEVICES: Final = (
     "/dev/nvidia-modeset",
 )
 RDMA_CM_DEVICE: Final = "/dev/infiniband/rdma_cm"
-DEFAULT_MPS_PIPE_DIR: Final = "/tmp/nvidia-mps"
+DEFAULT_MPS_PIPE_DIR: Final = MPS_PIPE_DIR
 
 VISIBLE_DEVICES_ENV: Final = "NVIDIA_VISIBLE_DEVICES"
 MPS_PIPE_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"

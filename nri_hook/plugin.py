@@ -39,20 +39,19 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
 from nri_hook.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from protos.nri import api_pb2 as api
-from tessera_ttrpc import CallContext, Client, Code, RpcError, Server
-from tessera_ttrpc import Handler as TtrpcHandler
-from tessera_ttrpc.budget import MAX_DECODED_ITEMS, within_budget
+from tessera_edge.host_paths import NRI_SOCKET
+from tessera_ttrpc import CallContext, Client, Code, RpcError, Server, unary
 
 log = logging.getLogger(__name__)
 
 PLUGIN_SERVICE: Final = api.DESCRIPTOR.services_by_name["Plugin"].full_name
 RUNTIME_SERVICE: Final = api.DESCRIPTOR.services_by_name["Runtime"].full_name
 
-DEFAULT_SOCKET_PATH: Final = "/var/run/nri/nri.sock"
+DEFAULT_SOCKET_PATH: Final = NRI_SOCKET
 PLUGIN_SOCKET_ENV: Final = "NRI_PLUGIN_SOCKET"
 PLUGIN_NAME_ENV: Final = "NRI_PLUGIN_NAME"
 PLUGIN_IDX_ENV: Final = "NRI_PLUGIN_IDX"
@@ -226,7 +225,7 @@ class _Session:
         server.register(
             PLUGIN_SERVICE,
             {
-                method: _typed(method, request_type, _guarded(method, handler))
+                method: unary(request_type, _guarded(method, handler), method)
                 for method, (request_type, handler) in typed.items()
             },
         )
@@ -330,29 +329,6 @@ class _Session:
 
 
 MessageHandler = Callable[[Any, CallContext], Awaitable[Message]]
-
-
-def _typed(method: str, request_type: type[Message], handler: MessageHandler) -> TtrpcHandler:
-    """A byte-level ttrpc handler: decode the request, run `handler`, encode its answer.
-    Bytes that are not a `request_type` are the caller's fault: INVALID_ARGUMENT."""
-
-    async def call(payload: bytes, ctx: CallContext) -> bytes:
-        if not within_budget(payload, request_type.DESCRIPTOR):
-            raise RpcError(
-                Code.RESOURCE_EXHAUSTED,
-                f"{method}: {request_type.__name__} would decode into over "
-                f"{MAX_DECODED_ITEMS} nested messages and list elements",
-            )
-        try:
-            request = request_type.FromString(payload)
-        except (DecodeError, RecursionError) as exc:
-            raise RpcError(
-                Code.INVALID_ARGUMENT, f"{method}: cannot decode {request_type.__name__}: {exc}"
-            ) from None
-        response = await handler(request, ctx)
-        return response.SerializeToString()
-
-    return call
 
 
 def _guarded(method: str, handler: MessageHandler) -> MessageHandler:

@@ -88,18 +88,23 @@ Req = TypeVar("Req", bound=Message)
 
 
 def unary(
-    request_type: type[Req], handler: Callable[[Req, CallContext], Awaitable[Message]]
+    request_type: type[Req],
+    handler: Callable[[Req, CallContext], Awaitable[Message]],
+    method: str = "",
 ) -> Handler:
-    """Wrap a handler that works on protobuf messages into a byte-level Handler."""
+    """Wrap a handler that works on protobuf messages into a byte-level Handler. Bytes that
+    are not a `request_type` are the caller's fault: INVALID_ARGUMENT (prefixed `method: `
+    when one is named)."""
+    prefix = f"{method}: " if method else ""
 
     async def call(payload: bytes, ctx: CallContext) -> bytes:
         if not within_budget(payload, request_type.DESCRIPTOR):
-            raise RpcError(Code.RESOURCE_EXHAUSTED, _over_budget(request_type.__name__))
+            raise RpcError(Code.RESOURCE_EXHAUSTED, prefix + _over_budget(request_type.__name__))
         try:
             request = request_type.FromString(payload)
         except (DecodeError, RecursionError) as exc:
             raise RpcError(
-                Code.INVALID_ARGUMENT, f"cannot decode {request_type.__name__}: {exc}"
+                Code.INVALID_ARGUMENT, f"{prefix}cannot decode {request_type.__name__}: {exc}"
             ) from None
         response = await handler(request, ctx)
         return response.SerializeToString()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -99,9 +100,15 @@ def options(**kw: Any) -> Options:
     return Options(**base)
 
 
+def start(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -> Service:
+    """A started extender on `fake`, signing with KEYRING; `kw` overrides `options`."""
+    return Service(options(**kw), client_for(fake), KEYRING, tls=tls).start()
+
+
 @contextmanager
-def running(fake: FakeApiServer, **kw: Any) -> Iterator[Service]:
-    service = Service(options(**kw), client_for(fake), KEYRING).start()
+def running(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -> Iterator[Service]:
+    """`start`, ready, and stopped on leaving the block."""
+    service = start(fake, tls, **kw)
     try:
         assert service.wait_ready(10), service.readiness()
         yield service

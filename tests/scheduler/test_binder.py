@@ -7,16 +7,7 @@ from collections import defaultdict
 
 from tessera import resources as rn
 from tessera.record import decode
-from tests.scheduler.helpers import (
-    KEYRING,
-    Http,
-    pod,
-    populate,
-    running,
-    schedule,
-    share,
-    wait_for,
-)
+from tests.scheduler.helpers import KEYRING, Http, pod, populate, running, schedule, share, wait_for
 
 
 def bind_body(created, node):

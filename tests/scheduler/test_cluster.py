@@ -10,16 +10,7 @@ from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera_testbed.inventory import nodedevices
-from tests.scheduler.helpers import (
-    KEY,
-    Http,
-    pod,
-    populate,
-    running,
-    schedule,
-    share,
-    wait_for,
-)
+from tests.scheduler.helpers import KEY, Http, pod, populate, running, schedule, share, wait_for
 
 
 def used_core(service, node, slot=0):

@@ -14,16 +14,7 @@ from scheduler_plugin.config import SchedulerConfig
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer, parse_path
-from tests.scheduler.helpers import (
-    ROOT,
-    Http,
-    pod,
-    populate,
-    running,
-    schedule,
-    share,
-    wait_for,
-)
+from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share, wait_for
 
 DEPLOY = ROOT / "deploy" / "scheduler"
 

@@ -31,16 +31,7 @@ from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import (
-    KEYRING,
-    Http,
-    client_for,
-    options,
-    pod,
-    populate,
-    running,
-    share,
-)
+from tests.scheduler.helpers import Http, pod, populate, running, share, start
 
 NODES = ["peer-node-0", "peer-node-1", "peer-node-2"]
 
@@ -211,7 +202,7 @@ def test_debug_needs_a_bearer_token_that_rbac_allows():
         fake.tokens["good"] = {"username": "alice", "groups": ["ops"]}
         fake.tokens["other"] = {"username": "bob"}
         fake.grants.add(("group:ops", "get", "/debug/*"))
-        svc = Service(options(open_debug=False), client_for(fake), KEYRING).start()
+        svc = start(fake, open_debug=False)
         try:
             assert svc.wait_ready()
             port = svc.server.port
@@ -288,12 +279,8 @@ def tls_service(pki) -> Iterator[Service]:
     with FakeApiServer() as fake:
         populate(fake, NODES, gpus=2)
         tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
-        svc = Service(options(open_debug=False), client_for(fake), KEYRING, tls=tls).start()
-        try:
-            assert svc.wait_ready()
+        with running(fake, tls, open_debug=False) as svc:
             yield svc
-        finally:
-            svc.stop()
 
 
 @settings(

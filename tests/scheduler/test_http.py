@@ -9,19 +9,9 @@ import ssl
 import pytest
 
 from scheduler_plugin.http import tls_context
-from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import (
-    KEYRING,
-    Http,
-    client_for,
-    options,
-    pod,
-    populate,
-    running,
-    share,
-)
+from tests.scheduler.helpers import Http, pod, populate, running, share, start
 
 
 @pytest.fixture
@@ -97,7 +87,7 @@ def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake):
 
 def test_not_ready_until_synced(fake):
     fake.fail("/pods", method="GET", status=500, times=10**6)
-    service = Service(options(), client_for(fake), KEYRING).start()
+    service = start(fake)
     try:
         h = Http(service.server.port)
         status, body = h.get("/readyz")
@@ -116,7 +106,7 @@ def test_not_ready_until_synced(fake):
 
 def test_https_with_required_client_certificates(fake, pki):
     tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
-    service = Service(options(open_debug=False), client_for(fake), KEYRING, tls=tls).start()
+    service = start(fake, tls, open_debug=False)
     try:
         assert service.wait_ready()
         port = service.server.port
