@@ -193,17 +193,27 @@ NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 
+def _named_rows(
+    path: Path, columns: tuple[str, ...], kind: str
+) -> Iterator[tuple[int, dict[str, str], str]]:
+    """(line, row, name) of each data row; the name (the first column) is non-empty and
+    unique in the file."""
+    column = columns[0]
+    seen: dict[str, int] = {}
+    for line, row in _rows(path, columns):
+        name = row[column].strip()
+        if not name:
+            raise TraceError(path, line, column, f"empty {kind} name")
+        if name in seen:
+            raise TraceError(path, line, column, f"duplicate {kind} {name!r} (line {seen[name]})")
+        seen[name] = line
+        yield line, row, name
+
+
 def load_nodes(path: Path | str) -> list[TraceNode]:
     path = Path(path)
     nodes: list[TraceNode] = []
-    seen: dict[str, int] = {}
-    for line, row in _rows(path, NODE_COLUMNS):
-        name = row["sn"].strip()
-        if not name:
-            raise TraceError(path, line, "sn", "empty node name")
-        if name in seen:
-            raise TraceError(path, line, "sn", f"duplicate node {name!r} (line {seen[name]})")
-        seen[name] = line
+    for line, row, name in _named_rows(path, NODE_COLUMNS, "node"):
         gpus = _int(path, line, row, "gpu")
         model = row["model"].strip()
         if gpus and (not model or model.lower() == "nan"):
@@ -225,14 +235,7 @@ def load_nodes(path: Path | str) -> list[TraceNode]:
 def load_pods(path: Path | str) -> list[TracePod]:
     path = Path(path)
     pods: list[TracePod] = []
-    seen: dict[str, int] = {}
-    for line, row in _rows(path, POD_COLUMNS):
-        name = row["name"].strip()
-        if not name:
-            raise TraceError(path, line, "name", "empty pod name")
-        if name in seen:
-            raise TraceError(path, line, "name", f"duplicate pod {name!r} (line {seen[name]})")
-        seen[name] = line
+    for line, row, name in _named_rows(path, POD_COLUMNS, "pod"):
         num_gpu = _int(path, line, row, "num_gpu")
         gpu_milli = _int(path, line, row, "gpu_milli")
         if num_gpu > 0 and not 0 < gpu_milli <= 1000:
