@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tessera import resources as rn
 from tessera.errors import InputError
@@ -193,13 +193,21 @@ NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 
-def _named_rows(
-    path: Path, columns: tuple[str, ...], kind: str
-) -> Iterator[tuple[int, dict[str, str], str]]:
-    """(line, row, name) of each data row; the name (the first column) is non-empty and
-    unique in the file."""
+T = TypeVar("T")
+
+
+def _load(
+    path: Path | str,
+    columns: tuple[str, ...],
+    kind: str,
+    build: Callable[[Path, int, dict[str, str], str], T],
+) -> list[T]:
+    """`build(path, line, row, name)` for each data row. The name (the first column) is
+    non-empty and unique in the file, and the file has at least one row."""
+    path = Path(path)
     column = columns[0]
     seen: dict[str, int] = {}
+    items: list[T] = []
     for line, row in _rows(path, columns):
         name = row[column].strip()
         if not name:
@@ -207,58 +215,46 @@ def _named_rows(
         if name in seen:
             raise TraceError(path, line, column, f"duplicate {kind} {name!r} (line {seen[name]})")
         seen[name] = line
-        yield line, row, name
+        items.append(build(path, line, row, name))
+    if not items:
+        raise TraceError(path, 1, None, f"no {kind}s")
+    return items
+
+
+def _host(path: Path, line: int, row: dict[str, str]) -> tuple[int, int]:
+    """(cpu_milli, memory_mib) of a node or pod row."""
+    return _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib")
+
+
+def _node(path: Path, line: int, row: dict[str, str], name: str) -> TraceNode:
+    gpus = _int(path, line, row, "gpu")
+    model = row["model"].strip()
+    if gpus and (not model or model.lower() == "nan"):
+        raise TraceError(path, line, "model", "a node with GPUs needs a model")
+    return TraceNode(name, *_host(path, line, row), gpus=gpus, model=model if gpus else "")
+
+
+def _pod(path: Path, line: int, row: dict[str, str], name: str) -> TracePod:
+    num_gpu = _int(path, line, row, "num_gpu")
+    gpu_milli = _int(path, line, row, "gpu_milli")
+    if num_gpu > 0 and not 0 < gpu_milli <= 1000:
+        raise TraceError(path, line, "gpu_milli", f"must be in 1..1000, got {gpu_milli}")
+    if num_gpu == 1 and gpu_milli < 1000 and gpu_milli % 10:
+        raise TraceError(
+            path, line, "gpu_milli", f"a share must be a multiple of 10, got {gpu_milli}"
+        )
+    spec_raw = row.get("gpu_spec", "").strip()
+    spec = tuple(m.strip() for m in spec_raw.split("|") if m.strip() and m.strip() != "nan")
+    milli = gpu_milli if num_gpu > 0 else 0
+    return TracePod(name, *_host(path, line, row), num_gpu=num_gpu, gpu_milli=milli, gpu_spec=spec)
 
 
 def load_nodes(path: Path | str) -> list[TraceNode]:
-    path = Path(path)
-    nodes: list[TraceNode] = []
-    for line, row, name in _named_rows(path, NODE_COLUMNS, "node"):
-        gpus = _int(path, line, row, "gpu")
-        model = row["model"].strip()
-        if gpus and (not model or model.lower() == "nan"):
-            raise TraceError(path, line, "model", "a node with GPUs needs a model")
-        nodes.append(
-            TraceNode(
-                name=name,
-                cpu_milli=_int(path, line, row, "cpu_milli"),
-                memory_mib=_int(path, line, row, "memory_mib"),
-                gpus=gpus,
-                model=model if gpus else "",
-            )
-        )
-    if not nodes:
-        raise TraceError(path, 1, None, "no nodes")
-    return nodes
+    return _load(path, NODE_COLUMNS, "node", _node)
 
 
 def load_pods(path: Path | str) -> list[TracePod]:
-    path = Path(path)
-    pods: list[TracePod] = []
-    for line, row, name in _named_rows(path, POD_COLUMNS, "pod"):
-        num_gpu = _int(path, line, row, "num_gpu")
-        gpu_milli = _int(path, line, row, "gpu_milli")
-        if num_gpu > 0 and not 0 < gpu_milli <= 1000:
-            raise TraceError(path, line, "gpu_milli", f"must be in 1..1000, got {gpu_milli}")
-        if num_gpu == 1 and gpu_milli < 1000 and gpu_milli % 10:
-            raise TraceError(
-                path, line, "gpu_milli", f"a share must be a multiple of 10, got {gpu_milli}"
-            )
-        spec_raw = row.get("gpu_spec", "").strip()
-        spec = tuple(m.strip() for m in spec_raw.split("|") if m.strip() and m.strip() != "nan")
-        pods.append(
-            TracePod(
-                name=name,
-                cpu_milli=_int(path, line, row, "cpu_milli"),
-                memory_mib=_int(path, line, row, "memory_mib"),
-                num_gpu=num_gpu,
-                gpu_milli=gpu_milli if num_gpu > 0 else 0,
-                gpu_spec=spec,
-            )
-        )
-    if not pods:
-        raise TraceError(path, 1, None, "no pods")
-    return pods
+    return _load(path, POD_COLUMNS, "pod", _pod)
 
 
 def with_name(pod: TracePod, name: str) -> TracePod:
