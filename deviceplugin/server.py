@@ -46,7 +46,6 @@ from deviceplugin.request_bounds import (
     MAX_CONCURRENT_RPCS,
     MAX_RECEIVE_MESSAGE_BYTES,
     MAX_SEND_MESSAGE_BYTES,
-    BadRequestError,
     check_allocation_size,
     check_container_count,
     check_ids,
@@ -63,6 +62,7 @@ from deviceplugin.units import (
 )
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from tessera.errors import ErrorTable, InputError, TesseraError
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,18 @@ API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 KUBELET_SOCKET_NAME = "kubelet.sock"
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+GRPC_ERRORS: ErrorTable[grpc.StatusCode] = ErrorTable(
+    "device plugin: gRPC status to the kubelet",
+    {
+        TesseraError: grpc.StatusCode.UNKNOWN,
+        InputError: grpc.StatusCode.INVALID_ARGUMENT,
+    },
+)
+"""Error class -> the status the kubelet gets (subclasses take their nearest row). A request
+the kubelet would never send is INVALID_ARGUMENT; anything else fails the call as gRPC
+fails any uncaught exception, UNKNOWN, and is logged with its traceback. The kubelet then
+fails the pod's admission (UnexpectedAdmissionError) with the message."""
 
 SERVICE = "v1beta1.DevicePlugin"
 SERVER_OPTIONS = (
@@ -257,8 +269,13 @@ def _unary(method: str, handler: Callable[[Any, grpc.ServicerContext], Any]) -> 
             _refuse(context, method, request.reason)
         try:
             return handler(request, context)
-        except BadRequestError as exc:
-            _refuse(context, method, str(exc))
+        except TesseraError as exc:
+            code = GRPC_ERRORS.lookup(exc)
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                log.info("%s refused: %s", method, exc)
+            else:
+                log.exception("%s failed", method)
+            context.abort(code, f"{method}: {exc}")
 
     return guarded
 

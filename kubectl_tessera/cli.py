@@ -30,7 +30,7 @@ from tessera.resources import (
     INVENTORY_VERSION,
     PLACEMENT_POLICIES,
 )
-from tessera_cli import CliParser, config_from
+from tessera_cli import CliParser, config_from, exit_code
 from tessera_cli.values import seconds
 
 PROG = "kubectl tessera"
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(config, kube, config.namespace or kube.namespace, time.time())
     except ApiError as exc:
         sys.stderr.write(f"error: {exc}\n")
-        return 1
+        return exit_code(exc)
     except BrokenPipeError:  # `| head`
         return 0
 

@@ -20,10 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+from nri_hook.errors import RejectError, status_of
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
-from tessera.errors import IntegrityError, RecordError, RecordMismatchError, TesseraError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.record import Keyring, decode
 from tessera_edge.host_paths import MPS_PIPE_DIR
+from tessera_ttrpc import Code
 
 ISOLATION_NONE: Final = "none"
 ISOLATION_MPS: Final = "mps"
@@ -49,9 +51,9 @@ PRELOAD_ENV: Final = "LD_PRELOAD"
 
 # gRPC status codes the runtime gets back (tessera_ttrpc.Code, repeated here so that this
 # module stays free of the transport).
-CODE_INVALID_ARGUMENT: Final = 3
-CODE_PERMISSION_DENIED: Final = 7
-CODE_FAILED_PRECONDITION: Final = 9
+CODE_INVALID_ARGUMENT: Final = Code.INVALID_ARGUMENT
+CODE_PERMISSION_DENIED: Final = Code.PERMISSION_DENIED
+CODE_FAILED_PRECONDITION: Final = Code.FAILED_PRECONDITION
 
 
 def gpu_device_path(minor: int) -> str:
@@ -128,25 +130,6 @@ class HostView(Protocol):
         ...
 
 
-class RejectError(TesseraError):
-    """The container must not be created as asked. `code` is the gRPC status for the
-    runtime, `reason` says what is wrong (naming the record field), `context` which pod
-    and container it is about."""
-
-    def __init__(self, code: int, reason: str, context: str = "") -> None:
-        self.code = code
-        self.reason = reason
-        self.context = context
-        super().__init__(self.message)
-
-    @property
-    def message(self) -> str:
-        return f"{self.context}: {self.reason}" if self.context else self.reason
-
-    def with_context(self, context: str) -> RejectError:
-        return RejectError(self.code, self.reason, context)
-
-
 def decode_record(
     text: str,
     keyring: Keyring | None,
@@ -170,19 +153,17 @@ def decode_record(
         )
     except IntegrityError as exc:
         raise RejectError(
-            CODE_PERMISSION_DENIED, f"allocation record integrity check failed: {exc}"
+            status_of(exc), f"allocation record integrity check failed: {exc}"
         ) from None
     except RecordMismatchError as exc:
-        raise RejectError(
-            CODE_PERMISSION_DENIED, f"allocation record belongs elsewhere: {exc}"
-        ) from None
+        raise RejectError(status_of(exc), f"allocation record belongs elsewhere: {exc}") from None
     except RecordError as exc:
-        raise RejectError(CODE_INVALID_ARGUMENT, f"invalid allocation record: {exc}") from None
+        raise RejectError(status_of(exc), f"invalid allocation record: {exc}") from None
     except Exception as exc:
         # The annotation is anyone's text: whatever the decoder trips over (deep nesting,
         # a proof that is not ASCII, ...) is a bad record of that pod, never our failure.
         raise RejectError(
-            CODE_INVALID_ARGUMENT,
+            status_of(RecordError),
             f"invalid allocation record: {type(exc).__name__}: {_clip(str(exc))}",
         ) from None
 

@@ -33,14 +33,13 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from nri_hook.adjust import (
-    CODE_FAILED_PRECONDITION,
     Adjustment,
     HostView,
-    RejectError,
     Settings,
     decode_record,
     plan_container,
 )
+from nri_hook.errors import RejectError, status_of
 from nri_hook.netdev import NetdevError, NetdevMove, NetdevMover, network_namespace, plan_moves
 from nri_hook.plugin import Handler
 from protos.nri import api_pb2 as api
@@ -244,7 +243,7 @@ class Enforcer(Handler):
         try:
             moves = plan_moves(alloc, self.config.vf_rename_prefix)
         except NetdevError as exc:
-            raise RejectError(CODE_FAILED_PRECONDITION, str(exc)) from None
+            raise RejectError(status_of(exc), str(exc)) from None
         if not moves:
             return None
         netns = network_namespace((ns.type, ns.path) for ns in pod.linux.namespaces)
@@ -284,7 +283,7 @@ class Enforcer(Handler):
             await asyncio.to_thread(self.mover.move_in, planned.netns, list(planned.moves))
         except NetdevError as exc:
             self._netdev_count("in", "error")
-            self._invalid(RejectError(CODE_FAILED_PRECONDITION, str(exc), context), "sandbox")
+            self._invalid(RejectError(status_of(exc), str(exc), context), "sandbox")
             return
         self._netdev_count("in", "ok")
         self.pod_netdevs[pod.id] = planned

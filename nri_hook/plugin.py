@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from google.protobuf.message import Message
 
+from nri_hook.errors import status_of
 from nri_hook.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux
 from protos.nri import api_pb2 as api
 from tessera_edge.host_paths import NRI_SOCKET
@@ -332,8 +333,8 @@ MessageHandler = Callable[[Any, CallContext], Awaitable[Message]]
 
 
 def _guarded(method: str, handler: MessageHandler) -> MessageHandler:
-    """An unexpected exception fails this call only, as INTERNAL naming the method and pod;
-    the session and every other call carry on."""
+    """An exception fails this call only, with its status from NRI_ERRORS (INTERNAL for an
+    unexpected one) naming the method and pod; the session and every other call carry on."""
 
     async def call(req: Any, ctx: CallContext) -> Message:
         try:
@@ -342,9 +343,12 @@ def _guarded(method: str, handler: MessageHandler) -> MessageHandler:
             raise
         except Exception as exc:
             about = _about(req)
+            code = status_of(exc)
+            if code != Code.INTERNAL:
+                raise RpcError(code, f"{method}{about}: {exc}") from None
             log.exception("%s%s failed", method, about)
             raise RpcError(
-                Code.INTERNAL,
+                code,
                 f"{method}{about}: internal error in the plugin: {type(exc).__name__}: {exc}",
             ) from None
 

@@ -22,12 +22,24 @@ from urllib.parse import quote
 
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
+from tessera.errors import ErrorTable, RecordError, StateError, TesseraError
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "tessera-scheduler"
 UNTRUSTED_RECORD = "UntrustedAllocationRecord"
 """Event reason on a pod whose allocation record fences its node."""
+EVENT_REASONS: ErrorTable[str | None] = ErrorTable(
+    "scheduler: Kubernetes Event reason",
+    {
+        TesseraError: None,
+        RecordError: UNTRUSTED_RECORD,
+        StateError: UNTRUSTED_RECORD,
+    },
+)
+"""Error class -> the reason of the Warning Event on the pod; None: no Event, a log line.
+A record that does not decode or verify (RecordError) or that overcommits a device another
+record holds (StateError) makes the pod fence its node: the pod gets an Event saying so."""
 MAX_MESSAGE = 1024
 """Characters of an Event message (the events.k8s.io limit; longer ones are refused)."""
 MIN_GAP = 600.0

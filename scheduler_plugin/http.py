@@ -36,16 +36,18 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 import uvicorn
 
 from scheduler_plugin import limits
-from scheduler_plugin.extender import BadArgsError
+from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
 from scheduler_plugin.protocol import BoundedProtocol
 from tessera.boundedjson import JsonLimitError, loads
+from tessera.errors import ErrorTable, InputError, TesseraError
 
 if TYPE_CHECKING:
     from scheduler_plugin.auth import TokenAuthorizer
@@ -118,6 +120,32 @@ class ByteBudget:
         if self._cond is not None:
             async with self._cond:
                 self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What an extender verb answers for an error: the HTTP status and the outcome label
+    of tessera_scheduler_verb_seconds."""
+
+    status: int
+    outcome: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {HTTPStatus(self.status).phrase} (outcome `{self.outcome}`)"
+
+
+HTTP_ERRORS: ErrorTable[HttpAnswer] = ErrorTable(
+    "scheduler extender: HTTP status",
+    {
+        TesseraError: HttpAnswer(500, "error"),
+        InputError: HttpAnswer(400, "bad_request"),
+        BindRefusedError: HttpAnswer(200, "refused"),
+    },
+)
+"""Error class -> the answer to kube-scheduler (subclasses take their nearest row). The
+caller's mistakes (a body that is not ExtenderArgs, a pod that breaks a request rule) are
+400, never 5xx; a refused bind is 200 with the reason in `Error`, as the extender protocol
+wants; anything else is this replica's failure, 500 (logged with its traceback)."""
 
 
 class _ReplyError(Exception):
@@ -223,7 +251,8 @@ class App:
                     max_depth=limits.MAX_JSON_DEPTH,
                 )
             except JsonLimitError as exc:
-                raise _ReplyError(400, f"bad {verb} request: {exc.reason}") from None
+                status = HTTP_ERRORS.lookup(exc).status
+                raise _ReplyError(status, f"bad {verb} request: {exc.reason}") from None
             outcome = "error"
             try:
                 if verb in INLINE_VERBS:
@@ -231,12 +260,17 @@ class App:
                 else:
                     loop = asyncio.get_running_loop()
                     reply, outcome = await loop.run_in_executor(self.pool, service.call, verb, args)
-            except BadArgsError as exc:
-                outcome = "bad_request"
-                raise _ReplyError(400, f"bad {verb} request: {exc}") from None
             except Exception as exc:
+                answer = HTTP_ERRORS.lookup(exc)
+                outcome = answer.outcome
+                if answer.status < 400:  # a refusal in the reply's Error, as binder.py words it
+                    raise _ReplyError(answer.status, str(exc)) from None
+                if answer.status < 500:
+                    raise _ReplyError(answer.status, f"bad {verb} request: {exc}") from None
                 log.exception("%s failed", verb)
-                raise _ReplyError(500, f"internal error in {verb}: {exc}", close=True) from None
+                raise _ReplyError(
+                    answer.status, f"internal error in {verb}: {exc}", close=True
+                ) from None
             await _send(send, 200, reply if isinstance(reply, bytes) else _dumps(reply))
         finally:
             if service.metrics is not None:

@@ -28,12 +28,13 @@ from scheduler_plugin.auth import TokenAuthorizer
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
 from scheduler_plugin.cluster import Reconciler, informers
-from scheduler_plugin.events import UNTRUSTED_RECORD, EventRecorder, PodEvent
+from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
 from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
+from tessera.errors import RecordError
 from tessera.record import KeySource
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
 
@@ -268,7 +269,10 @@ class Service:
             f"cannot be trusted ({problem}), so the devices it uses are unknown; delete "
             "the pod or restore its record to lift the fence"
         )
-        self.events.warn(PodEvent(namespace, name, uid, UNTRUSTED_RECORD, message))
+        # a fence is a record that does not count: RecordError or StateError, one reason
+        reason = EVENT_REASONS.lookup(RecordError)
+        if reason is not None:
+            self.events.warn(PodEvent(namespace, name, uid, reason, message))
 
     def answering(self) -> bool:
         return self.synced and self._leading() and not self.stopping.is_set()

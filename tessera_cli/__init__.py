@@ -5,6 +5,15 @@ same value check as the flag; usage errors are one line on stderr and exit statu
 value checks for ports, addresses, durations, names and paths are in `tessera_cli.values`.
 """
 
+from tessera_cli.exit_codes import EXIT_CODES, exit_code
 from tessera_cli.parser import ENV_PREFIX, CliParser, ConfigError, config_from, env_name
 
-__all__ = ["ENV_PREFIX", "CliParser", "ConfigError", "config_from", "env_name"]
+__all__ = [
+    "ENV_PREFIX",
+    "EXIT_CODES",
+    "CliParser",
+    "ConfigError",
+    "config_from",
+    "env_name",
+    "exit_code",
+]

@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from tessera.errors import InputError
+from tessera_cli.exit_codes import exit_code
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -155,9 +156,10 @@ class CliParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
     def fail(self, exc: ConfigError) -> int:
-        """Print a `ConfigError` as one line naming the flag or its variable; status 2."""
+        """Print a `ConfigError` as one line naming the flag or its variable; its exit
+        status (2, from tessera_cli.exit_codes)."""
         print(f"{self.prog}: error: {self.describe(exc.flag)}: {exc.problem}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
 
 
 def _given(argv: Sequence[str]) -> list[str]:

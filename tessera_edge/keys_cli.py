@@ -12,10 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera.record_keys import KeyFileError, fingerprint, public_pem
-from tessera_cli import CliParser, config_from
+from tessera_cli import CliParser, config_from, exit_code
 from tessera_edge.keyfiles import generate_key_files, public_key_of
-
-EXIT_BAD_INPUT = 2
 
 DESCRIPTION = """\
 Make the keys that sign tessera's allocation records.
@@ -90,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(public_pem(public_key_of(config.private_key)).decode())
     except KeyFileError as exc:
         print(f"tessera-keys: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_code(exc)
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from tessera.resources import DEFAULT_POLICY
+from tessera_cli import exit_code
 from tessera_sim.metrics import Summary
 from tessera_sim.replay import TIE_RULES
 from tessera_sim.runner import (
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             load_pods(pods)
     except TraceError as exc:
         print(f"tessera-sim: {exc}", file=sys.stderr)
-        return 2
+        return exit_code(exc)
     specs = args.gpuspec or [0]
     if any(not 0 <= g <= 100 for g in specs):
         parser.error("--gpuspec: a percentage within 0..100")

@@ -78,6 +78,8 @@ _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
 class ApiProblemError(TesseraError):
+    """The simulated API server refuses a request: answered as a Status with this code."""
+
     def __init__(self, code: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.code = code

@@ -2,57 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
-
 import pytest
 
 from tessera.errors import ErrorTable, InputError, TesseraError
 from tessera_ttrpc.errors import TtrpcError
+from tools import errors_doc
+from tools.errors_doc import project_exceptions, qualified
 
-PACKAGES = (
-    "tessera",
-    "tessera_cli",
-    "tessera_edge",
-    "tessera_sim",
-    "tessera_ttrpc",
-    "kube_edge",
-    "deviceplugin",
-    "nri_hook",
-    "scheduler_plugin",
-    "tessera_testbed",
-    "kubectl_tessera",
-)
-
-OUTSIDE_THE_TREE = {
-    # private control flow: raised and caught inside one module, never crosses an edge
-    "tessera.node_placement._NoFitError",
-    "deviceplugin.nvml_backend._CallError",
-    "scheduler_plugin.http._ReplyError",
-    # the ttrpc library's own root: usable without tessera, mapped at the NRI hook's edge
-    "tessera_ttrpc.errors.TtrpcError",
-}
-"""Exception classes that may stay outside TesseraError, each for the reason given."""
-
-
-def project_exceptions() -> list[type[BaseException]]:
-    """Every exception class defined in a module of the project's packages."""
-    found: dict[str, type[BaseException]] = {}
-    for name in PACKAGES:
-        package = importlib.import_module(name)
-        modules = [package]
-        for info in pkgutil.walk_packages(package.__path__, prefix=f"{name}."):
-            modules.append(importlib.import_module(info.name))
-        for module in modules:
-            for _, obj in inspect.getmembers(module, inspect.isclass):
-                if issubclass(obj, BaseException) and obj.__module__.split(".")[0] in PACKAGES:
-                    found[f"{obj.__module__}.{obj.__qualname__}"] = obj
-    return [found[k] for k in sorted(found)]
-
-
-def qualified(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+OUTSIDE_THE_TREE = set(errors_doc.OUTSIDE_THE_TREE)
+"""The short allow-list (with the reason for each) lives beside the page it is shown on."""
 
 
 def test_the_scan_finds_the_known_classes() -> None:
