@@ -275,54 +275,67 @@ class Decider:
         if isinstance(case, WholeCase):
             usable = model_ok.sum(axis=1)
             free = case.free_whole[bad].sum(axis=1)
-            detail_a, detail_b = usable.tolist(), free.tolist()
-            total_slots = idx.gpu_count[rows_b].tolist()
+            detail_a, detail_b, total_slots = usable, free, idx.gpu_count[rows_b]
         else:
             need = case.need[bad]
             totals = idx.total_mem[rows_b]
             min_need = np.where(model_ok, need, np.iinfo(np.int64).max).min(axis=1)
             too_big = ~((need <= totals) & model_ok).any(axis=1)
             largest = np.where(model_ok, totals, 0).max(axis=1)
-            detail_a, detail_b = min_need.tolist(), largest.tolist()
-            total_slots = too_big.tolist()
-        kinds = np.select([no_gpu, no_model, unhealthy, host_bad], [0, 1, 2, 3], default=4).tolist()
-        names_of = idx.names
-        reasons: dict[tuple[object, ...], NoFit] = {}
+            detail_a, detail_b, total_slots = min_need, largest, np.asarray(too_big, dtype=np.int64)
+        kind = np.select([no_gpu, no_model, unhealthy, host_bad], [0, 1, 2, 3], default=4)
+        capacity = kind == 4  # only a capacity shortfall quotes the node's figures
+        keys = zip(
+            kind.tolist(),
+            np.where(capacity, detail_a, 0).tolist(),
+            np.where(capacity, detail_b, 0).tolist(),
+            np.where(capacity, total_slots, 0).tolist(),
+            strict=True,
+        )
         wanted = ", ".join(sorted(request.hints.models))
-        for pos, row in enumerate(rows_b.tolist()):
-            kind = kinds[pos]
-            if kind == 4:
-                key: tuple[object, ...] = (kind, detail_a[pos], detail_b[pos], total_slots[pos])
-            else:
-                key = (kind,)
+        reasons: dict[tuple[int, int, int, int], NoFit] = {}
+        row_reasons = []
+        for key in keys:  # failing nodes share one NoFit per distinct reason
             nofit = reasons.get(key)
             if nofit is None:
-                nofit = reasons[key] = _reason(
-                    c, kind, detail_a[pos], detail_b[pos], total_slots[pos], wanted
-                )
-            failures[names_of[row]] = nofit
+                nofit = reasons[key] = _reason(c, *key, wanted)
+            row_reasons.append(nofit)
+        failures.update(zip(self._names(rows_b), row_reasons, strict=True))
 
     def _explain_host(
         self, request: PodRequest, rows_b: IntArray, failures: dict[str, NoFit]
     ) -> None:
         """The exact path's reasons for a pod that wants host CPU and memory only."""
         idx = self.index
-        names_of = idx.names
-        cpu = idx.cpu_free[rows_b].tolist()
-        mem = idx.mem_free[rows_b].tolist()
-        for row, cpu_free, mem_free in zip(rows_b.tolist(), cpu, mem, strict=True):
-            if request.cpu_milli > cpu_free:
-                reason = f"insufficient cpu ({request.cpu_milli}m wanted, {cpu_free}m free)"
-            else:
-                reason = (
-                    f"insufficient memory ({_mib(request.memory_mib)} wanted, "
-                    f"{_mib(mem_free)} free)"
-                )
-            failures[names_of[row] or ""] = NoFit(reason)
+        cpu_free = idx.cpu_free[rows_b]
+        cpu_short = request.cpu_milli > cpu_free
+        # the reason quotes the free CPU where CPU is short, else the free memory
+        quoted = np.where(cpu_short, cpu_free, idx.mem_free[rows_b])
+        reasons: dict[tuple[bool, int], NoFit] = {}
+        row_reasons = []
+        for key in zip(cpu_short.tolist(), quoted.tolist(), strict=True):
+            nofit = reasons.get(key)
+            if nofit is None:
+                short, free = key
+                if short:
+                    text = f"insufficient cpu ({request.cpu_milli}m wanted, {free}m free)"
+                else:
+                    text = (
+                        f"insufficient memory ({_mib(request.memory_mib)} wanted, "
+                        f"{_mib(free)} free)"
+                    )
+                nofit = reasons[key] = NoFit(text)
+            row_reasons.append(nofit)
+        failures.update(zip(self._names(rows_b), row_reasons, strict=True))
+
+    def _names(self, rows: IntArray) -> list[str]:
+        """The node names of index rows that hold nodes."""
+        names_of = self.index.names
+        return [names_of[row] or "" for row in rows.tolist()]
 
 
 def _reason(
-    c: ContainerRequest, kind: int, a: int, b: int, extra: int | bool, wanted_models: str
+    c: ContainerRequest, kind: int, a: int, b: int, extra: int, wanted_models: str
 ) -> NoFit:
     if kind == 0:
         return NoFit("node has no GPUs", True)

@@ -7,6 +7,7 @@ so it is always equal to the per-node states it mirrors (tests check this).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,9 +19,17 @@ from tessera.resources import UNITS_PER_DEVICE
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
 
 UNTRACKED = np.iinfo(np.int64).max // 4
 """Free CPU / memory of a node whose host capacity is not tracked (the live scheduler)."""
+
+
+def name_order(name: str) -> float:
+    """A fixed number in [0, 1) per node name (a hash: the same in every process and run),
+    for policies that break ties in one node order whatever the scheduler's own rule."""
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64
 
 
 _TWO_D = {"free_core": -1, "free_mem": -1, "total_mem": 0, "healthy": False, "model": -1}
@@ -35,6 +44,7 @@ _ONE_D = {
     "used_core": 0,
     "used_mem": 0,
     "sum_mem": 0,
+    "name_order": 0.0,
 }
 
 
@@ -59,6 +69,8 @@ class ClusterIndex:
     used_core: IntArray
     used_mem: IntArray
     sum_mem: IntArray
+    name_order: FloatArray
+    """`name_order(name)` of the row's node: a fixed tie-break order (0 for free rows)."""
 
     def __init__(self, state: ClusterState, rows: int = 64, gpu_slots: int = 8) -> None:
         self.state = state
@@ -85,7 +97,13 @@ class ClusterIndex:
 
         for name, fill in (*_TWO_D.items(), *_ONE_D.items()):
             two_d = name in _TWO_D
-            dtype = np.bool_ if isinstance(fill, bool) else np.int64
+            dtype = (
+                np.bool_
+                if isinstance(fill, bool)
+                else np.float64
+                if isinstance(fill, float)
+                else np.int64
+            )
             fresh: npt.NDArray[np.generic] = np.full(
                 (rows, slots) if two_d else (rows,), fill, dtype=dtype
             )
@@ -134,6 +152,7 @@ class ClusterIndex:
         self.row_of[name] = row
         self._all_rows = None
         self.names[row] = name
+        self.name_order[row] = name_order(name)
         return row
 
     def _clear(self, row: int) -> None:

@@ -304,12 +304,26 @@ class FragmentMeasure:
             delta = np.where(same, before - after, np.nan)
             return delta, idle2.astype(np.float64)
         # a share on one GPU: every candidate GPU at once; only that GPU changes
+        # A shape g stays usable on the GPU that takes the share (`kept`), or stops being
+        # (`lost`: that GPU leaves the shape's count); never the reverse, as free only
+        # shrinks. Each case changes the node's held term of g by a per-row amount (lost:
+        # also minus the GPU's free compute), so held after is held before plus three
+        # [R, S, G] x [R, G] contractions instead of recounting every shape per slot.
         fc, ok = st.fc, st.ok
-        fc2 = fc - case.core
-        ok2 = st.elig & (fc2[:, :, None] >= c.core[None, None, :]) & st.mem_ok(st.fm - case.need)
-        cnt2 = cnt[:, None, :] + (ok2.view(np.int8) - ok.view(np.int8))
-        usable2 = usable[:, None, :] - fc[:, :, None] * ok + fc2[:, :, None] * ok2
-        held2 = np.einsum("rg,rsg->rs", w2, (cnt2 >= k[:, None, :]) * usable2)
+        ok2 = st.elig & ((fc - case.core)[:, :, None] >= c.core) & st.mem_ok(st.fm - case.need)
+        full = cnt >= k
+        held = w2 * full * usable  # [R, G]
+        kept_change = w2 * full * (usable - case.core) - held
+        lost_weight = w2 * (cnt - 1 >= k)
+        lost_change = lost_weight * usable - held
+        kept = (ok & ok2).astype(np.float64)
+        lost = (ok & ~ok2).astype(np.float64)
+        held2 = (
+            held.sum(axis=1)[:, None]
+            + np.einsum("rsg,rg->rs", kept, kept_change)
+            + np.einsum("rsg,rg->rs", lost, lost_change)
+            - fc * np.einsum("rsg,rg->rs", lost, lost_weight)
+        )
         after = c.idle_weight * (idle[:, None] - case.core) - held2
         delta = np.where(case.fits, before[:, None] - after, -np.inf)
         return delta, (idle - case.core).astype(np.float64)

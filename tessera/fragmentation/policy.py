@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -27,7 +26,7 @@ from tessera.scoring_policy import (
 
 if TYPE_CHECKING:
     from tessera.cluster_index import ClusterIndex
-from tessera.cluster_index import UNTRACKED
+from tessera.cluster_index import UNTRACKED, name_order
 from tessera.fragmentation.measure import FragmentMeasure
 from tessera.fragmentation.shape_cache import ShapeCache
 from tessera.fragmentation.workload import (
@@ -201,13 +200,11 @@ class FragmentationPolicy(Policy):
     def _priority(self, name: str) -> float:
         value = self._order_of.get(name)
         if value is None:
-            digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
-            value = self._order_of[name] = int.from_bytes(digest, "little") / 2.0**64
+            value = self._order_of[name] = name_order(name)
         return value
 
     def _priorities(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
-        names = index.names
-        return np.asarray([self._priority(names[r] or "") for r in rows.tolist()])
+        return index.name_order[rows]
 
     def _exact(
         self,
