@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import stat
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
+from tessera_testbed.devnodes import make_device_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURED = (
@@ -59,15 +59,7 @@ IN_FLIGHT = 32
 
 
 def _device_root(base: Path) -> Path:
-    root = base / "host"
-    for rel, (major, minor) in DEVICES.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-        except PermissionError:
-            path.symlink_to("/dev/null")
-    return root
+    return make_device_nodes(base / "host", DEVICES)
 
 
 def _requests(count: int) -> tuple[list[tuple[api.PodSandbox, api.Container]], str]:

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import logging
-import stat
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ from tessera.record import decode as decode_record
 from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
+from tessera_testbed.devnodes import make_device_nodes
 from tessera_testbed.kubelet import KubeletSimulator
 
 NODES = (("node-h100", "h100-sxm-8x"), ("node-a100", "a100-pcie-8x"), ("node-t4", "t4-4x"))
@@ -151,13 +151,7 @@ def _device_nodes(root: Path, inventory: NodeInventory) -> None:
     for nic in inventory.nics:
         for n in (nic.uverbs_minor, *(vf.uverbs_minor for vf in nic.vfs)):
             entries[f"/dev/infiniband/uverbs{n}"] = (231, 192 + n)
-    for path, (major, minor) in entries.items():
-        target = root / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-        except PermissionError:
-            target.symlink_to("/dev/null")
+    make_device_nodes(root, entries)
 
 
 def _start_node(api: FakeApiServer, work: Path, name: str, topology: str) -> SimNode:

@@ -4,10 +4,10 @@ simulator with realistic (and captured) PodSandbox/Container messages."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
-import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +33,10 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
+from tessera_testbed.devnodes import make_device_nodes
 from tessera_ttrpc import Code, RpcError
 from tests.keyfiles import write_public
-from tests.nri_hook.netns_helpers import links, netlab
+from tests.nri_hook.netns_helpers import NetLab, links, netlab
 from tests.nri_hook.vectors import Session
 
 NODE = "gpu-node-1"
@@ -58,16 +59,7 @@ DEVICE_PATHS = {
 def device_root(tmp_path: Path) -> Path:
     """Device nodes under a scratch root: real nodes where mknod is allowed, else links to
     /dev/null (the assertions read whatever the host root holds)."""
-    root = tmp_path / "host"
-    for path, (major, minor) in DEVICE_PATHS.items():
-        target = root / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.mknod(target, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-            os.chmod(target, 0o666)
-        except PermissionError:
-            target.symlink_to("/dev/null")
-    return root
+    return make_device_nodes(tmp_path / "host", DEVICE_PATHS)
 
 
 @pytest.fixture
@@ -139,16 +131,37 @@ async def start(
     return Harness(sim, await sim.next_plugin(), enforcer, task, stop)
 
 
+def _train_pod(record_text: str, netns: str | None = None) -> api.PodSandbox:
+    """Pod team-a/train (UID) with `record_text` as its allocation annotation."""
+    annotations = {ALLOCATION_ANNOTATION: record_text}
+    return make_pod("train", namespace="team-a", uid=UID, annotations=annotations, netns=netns)
+
+
 def _run(body: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(body(), 30))
 
 
+Hook = Callable[..., Awaitable[Harness]]
+"""`start` on this test's socket folder, device root and key file; keywords as `start`'s."""
+
+
+@pytest.fixture
+def hook(sock_dir: Path, device_root: Path, key_file: Path) -> Hook:
+    return functools.partial(start, sock_dir, device_root, key_file)
+
+
+@pytest.fixture
+def lab() -> Iterator[NetLab]:
+    with netlab() as lab:
+        yield lab
+
+
 @pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
 def test_named_containers_get_their_devices_others_are_untouched(
-    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
+    hook: Hook, device_root: Path, version: RuntimeVersion
 ) -> None:
     async def body() -> None:
-        h = await start(sock_dir, device_root, key_file, version=version)
+        h = await hook(version=version)
         assert h.conn.events == 0x60F  # run/stop/remove sandbox, create/stop/remove container
         vf = VfGrant("0000:3b:00.4", "mlx5_4", 4, "")
         text = record(
@@ -156,9 +169,7 @@ def test_named_containers_get_their_devices_others_are_untouched(
                 "main", gpus=(GPU0,), rdma=(RdmaGrant("0000:3b:00.0", "mlx5_0", 0, 50, (vf,)),)
             )
         )
-        pod = make_pod(
-            "train", namespace="team-a", uid=UID, annotations={ALLOCATION_ANNOTATION: text}
-        )
+        pod = _train_pod(text)
         await h.conn.event(api.RUN_POD_SANDBOX, pod)
         main = make_container(pod, "main")
         response = await h.conn.create_container(pod, main)
@@ -186,22 +197,12 @@ def test_named_containers_get_their_devices_others_are_untouched(
     _run(body)
 
 
-def test_isolation_layer_settings_reach_the_container(
-    sock_dir: Path, device_root: Path, key_file: Path
-) -> None:
+def test_isolation_layer_settings_reach_the_container(hook: Hook) -> None:
     async def body() -> None:
-        h = await start(
-            sock_dir,
-            device_root,
-            key_file,
+        h = await hook(
             settings=Settings(isolation="mps", mps_pipe_dir="/run/mps"),
         )
-        pod = make_pod(
-            "train",
-            namespace="team-a",
-            uid=UID,
-            annotations={ALLOCATION_ANNOTATION: record(ContainerAllocation("main", gpus=(GPU0,)))},
-        )
+        pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
         response = await h.conn.create_container(pod, make_container(pod, "main"))
         env = _env(response)
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
@@ -237,13 +238,11 @@ def test_isolation_layer_settings_reach_the_container(
     ids=["forged", "other-node", "missing-gpu", "malformed"],
 )
 def test_bad_records_fail_the_creation_saying_why(
-    sock_dir: Path, device_root: Path, key_file: Path, annotation: str, code: int, words: str
+    hook: Hook, annotation: str, code: int, words: str
 ) -> None:
     async def body() -> None:
-        h = await start(sock_dir, device_root, key_file)
-        pod = make_pod(
-            "train", namespace="team-a", uid=UID, annotations={ALLOCATION_ANNOTATION: annotation}
-        )
+        h = await hook()
+        pod = _train_pod(annotation)
         with pytest.raises(RpcError) as refused:
             await h.conn.create_container(pod, make_container(pod, "main"))
         assert refused.value.code == code
@@ -251,7 +250,7 @@ def test_bad_records_fail_the_creation_saying_why(
         assert "pod team-a/train" in refused.value.message and '"main"' in refused.value.message
         await h.close()
         # downgraded to a warning: the container is created untouched
-        h = await start(sock_dir, device_root, key_file, on_invalid="warn")
+        h = await hook(on_invalid="warn")
         response = await h.conn.create_container(pod, make_container(pod, "main"))
         assert response == api.CreateContainerResponse()
         await h.close()
@@ -278,9 +277,7 @@ def test_a_rotated_key_is_picked_up(sock_dir: Path, device_root: Path, tmp_path:
     _run(body)
 
 
-def test_captured_containerd_requests_with_a_record(
-    sessions: list[Session], sock_dir: Path, device_root: Path, key_file: Path
-) -> None:
+def test_captured_containerd_requests_with_a_record(sessions: list[Session], hook: Hook) -> None:
     """The CreateContainer requests real containerd sent (2.3.4 and 1.7.34), with our
     record added to the pod: the named container gets its devices."""
 
@@ -304,7 +301,7 @@ def test_captured_containerd_requests_with_a_record(
                 )
                 pod.annotations[ALLOCATION_ANNOTATION] = text
                 version = CONTAINERD_2_3 if session.version.startswith("v2") else CONTAINERD_1_7
-                h = await start(sock_dir, device_root, key_file, version=version)
+                h = await hook(version=version)
                 response = await h.conn.create_container(pod, container)
                 assert [d[0] for d in _devices(response)] == [
                     "/dev/nvidiactl",
@@ -331,149 +328,129 @@ def _vf_record(vf_name: str) -> str:
 
 def _vf_pod(netns: str, vf: str) -> api.PodSandbox:
     """The pod whose record grants the RDMA VF `vf`, its sandbox in `netns`."""
-    annotations = {ALLOCATION_ANNOTATION: _vf_record(vf)}
-    return make_pod("train", namespace="team-a", uid=UID, annotations=annotations, netns=netns)
+    return _train_pod(_vf_record(vf), netns)
 
 
 @pytest.mark.netns
 @pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
-def test_vf_follows_the_sandbox(
-    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
-) -> None:
-    with netlab() as lab:
-        ns = lab.namespace()
-        vf = lab.vf()
+def test_vf_follows_the_sandbox(lab: NetLab, hook: Hook, version: RuntimeVersion) -> None:
+    ns = lab.namespace()
+    vf = lab.vf()
 
-        async def body() -> None:
-            h = await start(sock_dir, device_root, key_file, version=version, rename_prefix="rdma")
-            pod = _vf_pod(lab.path(ns), vf)
-            await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            assert vf not in links() and "rdma0" in links(ns)
-            await h.conn.event(api.STOP_POD_SANDBOX, pod)
-            assert vf in links() and "rdma0" not in links(ns)
-            await h.conn.event(api.REMOVE_POD_SANDBOX, pod)
-            assert pod.id not in h.enforcer.pod_netdevs
-            await h.close()
+    async def body() -> None:
+        h = await hook(version=version, rename_prefix="rdma")
+        pod = _vf_pod(lab.path(ns), vf)
+        await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        assert vf not in links() and "rdma0" in links(ns)
+        await h.conn.event(api.STOP_POD_SANDBOX, pod)
+        assert vf in links() and "rdma0" not in links(ns)
+        await h.conn.event(api.REMOVE_POD_SANDBOX, pod)
+        assert pod.id not in h.enforcer.pod_netdevs
+        await h.close()
 
-        _run(body)
+    _run(body)
 
 
 @pytest.mark.netns
-def test_a_missing_vf_fails_the_sandbox_unless_downgraded(
-    sock_dir: Path, device_root: Path, key_file: Path
-) -> None:
-    with netlab() as lab:
-        ns = lab.namespace()
+def test_a_missing_vf_fails_the_sandbox_unless_downgraded(lab: NetLab, hook: Hook) -> None:
+    ns = lab.namespace()
 
-        async def body() -> None:
-            pod = _vf_pod(lab.path(ns), "tsr-novf")
-            h = await start(sock_dir, device_root, key_file)
-            with pytest.raises(RpcError) as failed:
-                await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            assert failed.value.code == Code.FAILED_PRECONDITION
-            assert "tsr-novf" in failed.value.message
-            await h.close()
-            h = await start(sock_dir, device_root, key_file, on_invalid="warn")
-            assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            await h.close()
+    async def body() -> None:
+        pod = _vf_pod(lab.path(ns), "tsr-novf")
+        h = await hook()
+        with pytest.raises(RpcError) as failed:
+            await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        assert failed.value.code == Code.FAILED_PRECONDITION
+        assert "tsr-novf" in failed.value.message
+        await h.close()
+        h = await hook(on_invalid="warn")
+        assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        await h.close()
 
-        _run(body)
+    _run(body)
 
 
 @pytest.mark.netns
 def test_a_copied_record_moves_no_vf_and_its_containers_are_refused(
-    sock_dir: Path, device_root: Path, key_file: Path
+    lab: NetLab, hook: Hook
 ) -> None:
     """Another pod's genuine record: its sandbox starts (the pause container gets nothing),
     the VF it names stays in the host, and the container creation says why."""
-    with netlab() as lab:
-        ns = lab.namespace()
-        vf = lab.vf()
+    ns = lab.namespace()
+    vf = lab.vf()
 
-        async def body() -> None:
-            h = await start(sock_dir, device_root, key_file)
-            pod = make_pod(
-                "copy",
-                namespace="team-a",
-                uid=UID.replace("c11", "c12"),
-                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
-                netns=lab.path(ns),
-            )
-            assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            assert vf in links() and vf not in links(ns)
-            assert pod.id not in h.enforcer.pod_netdevs
-            with pytest.raises(RpcError) as refused:
-                await h.conn.create_container(pod, make_container(pod, "main"))
-            assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
-            assert "record is for pod UID" in refused.value.message
-            assert await h.conn.event(api.STOP_POD_SANDBOX, pod)
-            assert vf in links()
-            await h.close()
+    async def body() -> None:
+        h = await hook()
+        pod = make_pod(
+            "copy",
+            namespace="team-a",
+            uid=UID.replace("c11", "c12"),
+            annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
+            netns=lab.path(ns),
+        )
+        assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        assert vf in links() and vf not in links(ns)
+        assert pod.id not in h.enforcer.pod_netdevs
+        with pytest.raises(RpcError) as refused:
+            await h.conn.create_container(pod, make_container(pod, "main"))
+        assert refused.value.code in (Code.INVALID_ARGUMENT, Code.PERMISSION_DENIED)
+        assert "record is for pod UID" in refused.value.message
+        assert await h.conn.event(api.STOP_POD_SANDBOX, pod)
+        assert vf in links()
+        await h.close()
 
-        _run(body)
+    _run(body)
 
 
 @pytest.mark.netns
 def test_a_sandbox_gone_without_a_stop_event_still_gives_its_vf_back(
-    sock_dir: Path, device_root: Path, key_file: Path
+    lab: NetLab, hook: Hook
 ) -> None:
     """containerd sends no StopPodSandbox nor RemovePodSandbox for a sandbox that started
     before it restarted (it rebuilds its NRI state for containers only). The hook holds the
     namespace it moved the VF into, so the VF outlives the runtime's deletion of it and
     comes back, even a virtual one that would otherwise be destroyed with the namespace."""
-    with netlab() as lab:
-        ns = lab.namespace()
-        vf = lab.vf()
+    ns = lab.namespace()
+    vf = lab.vf()
 
-        async def body() -> None:
-            h = await start(sock_dir, device_root, key_file, rename_prefix="rdma")
-            pod = make_pod(
-                "train",
-                namespace="team-a",
-                uid=UID,
-                annotations={ALLOCATION_ANNOTATION: _vf_record(vf)},
-                netns=lab.path(ns),
-            )
-            await h.conn.event(api.RUN_POD_SANDBOX, pod)
-            assert "rdma0" in links(ns)
-            await h.enforcer.reconcile()
-            assert "rdma0" in links(ns)  # still its sandbox's: left alone
-            lab.remove_namespace(ns)  # the runtime deletes it and tells no plugin
-            await h.enforcer.reconcile()
-            assert vf in links()
-            assert pod.id not in h.enforcer.pod_netdevs
-            await h.close()
+    async def body() -> None:
+        h = await hook(rename_prefix="rdma")
+        pod = _vf_pod(lab.path(ns), vf)
+        await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        assert "rdma0" in links(ns)
+        await h.enforcer.reconcile()
+        assert "rdma0" in links(ns)  # still its sandbox's: left alone
+        lab.remove_namespace(ns)  # the runtime deletes it and tells no plugin
+        await h.enforcer.reconcile()
+        assert vf in links()
+        assert pod.id not in h.enforcer.pod_netdevs
+        await h.close()
 
-        _run(body)
+    _run(body)
 
 
 @pytest.mark.netns
-def test_a_restarted_plugin_still_brings_vfs_back(
-    sock_dir: Path, device_root: Path, key_file: Path
-) -> None:
+def test_a_restarted_plugin_still_brings_vfs_back(lab: NetLab, hook: Hook) -> None:
     """State is rebuilt from Synchronize: a plugin that did not move the VF itself (it
     restarted) returns it when the sandbox stops, even when the runtime's stop event
     carries a reduced PodSandbox without annotations (as containerd 1.7 sends)."""
-    with netlab() as lab:
-        ns = lab.namespace()
-        vf = lab.vf()
+    ns = lab.namespace()
+    vf = lab.vf()
 
-        async def body() -> None:
-            pod = _vf_pod(lab.path(ns), vf)
-            first = await start(sock_dir, device_root, key_file)
-            await first.conn.event(api.RUN_POD_SANDBOX, pod)
-            await first.close()
-            assert vf in links(ns)
-            second = await start(
-                sock_dir, device_root, key_file, sync_pods=[pod], version=CONTAINERD_1_7
-            )
-            assert pod.id in second.enforcer.pod_netdevs
-            reduced = api.PodSandbox(id=pod.id, name=pod.name, namespace=pod.namespace, uid=pod.uid)
-            await second.conn.event(api.STOP_POD_SANDBOX, reduced)
-            assert vf in links() and vf not in links(ns)
-            await second.close()
+    async def body() -> None:
+        pod = _vf_pod(lab.path(ns), vf)
+        first = await hook()
+        await first.conn.event(api.RUN_POD_SANDBOX, pod)
+        await first.close()
+        assert vf in links(ns)
+        second = await hook(sync_pods=[pod], version=CONTAINERD_1_7)
+        assert pod.id in second.enforcer.pod_netdevs
+        reduced = api.PodSandbox(id=pod.id, name=pod.name, namespace=pod.namespace, uid=pod.uid)
+        await second.conn.event(api.STOP_POD_SANDBOX, reduced)
+        assert vf in links() and vf not in links(ns)
+        await second.close()
 
-        _run(body)
+    _run(body)
 
 
 # --- poison records: one bad pod never fails a batch call or another pod ------------------------
@@ -511,22 +488,14 @@ def _poison_pods() -> list[api.PodSandbox]:
 
 @pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
 def test_poison_records_do_not_fail_synchronize_or_the_other_pods(
-    sock_dir: Path,
-    device_root: Path,
-    key_file: Path,
+    hook: Hook,
     version: RuntimeVersion,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     async def body() -> None:
-        good = make_pod(
-            "train",
-            namespace="team-a",
-            uid=UID,
-            annotations={ALLOCATION_ANNOTATION: _vf_record("tsr-vf0")},
-            netns="/var/run/netns/train",
-        )
+        good = _vf_pod("/var/run/netns/train", "tsr-vf0")
         poison = _poison_pods()
-        h = await start(sock_dir, device_root, key_file, version=version, sync_pods=[*poison, good])
+        h = await hook(version=version, sync_pods=[*poison, good])
         assert h.sim.dropped == []
         assert list(h.enforcer.pod_netdevs) == [good.id]
         for pod in poison:
@@ -540,10 +509,10 @@ def test_poison_records_do_not_fail_synchronize_or_the_other_pods(
 
 @pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
 def test_poison_records_never_fail_sandbox_stop_or_removal(
-    sock_dir: Path, device_root: Path, key_file: Path, version: RuntimeVersion
+    hook: Hook, version: RuntimeVersion
 ) -> None:
     async def body() -> None:
-        h = await start(sock_dir, device_root, key_file, version=version)
+        h = await hook(version=version)
         for pod in _poison_pods():
             assert await h.conn.event(api.STOP_POD_SANDBOX, pod)
             assert await h.conn.event(api.REMOVE_POD_SANDBOX, pod)
@@ -555,14 +524,14 @@ def test_poison_records_never_fail_sandbox_stop_or_removal(
 
 @pytest.mark.parametrize("on_invalid", ["fail", "warn"])
 def test_poison_records_refuse_creation_saying_why_and_leave_the_sandbox_be(
-    sock_dir: Path, device_root: Path, key_file: Path, on_invalid: OnInvalid
+    hook: Hook, on_invalid: OnInvalid
 ) -> None:
     """The refusal belongs to CreateContainer, which the kubelet shows in the pod's status
     (CreateContainerError); a refused sandbox would show only as an event while the pod
     reads ContainerCreating, and every retry would set the pod network up again."""
 
     async def body() -> None:
-        h = await start(sock_dir, device_root, key_file, on_invalid=on_invalid)
+        h = await hook(on_invalid=on_invalid)
         for pod in _poison_pods():
             container = make_container(pod, "main")
             assert await h.conn.event(api.RUN_POD_SANDBOX, pod)
@@ -578,12 +547,7 @@ def test_poison_records_refuse_creation_saying_why_and_leave_the_sandbox_be(
             assert f"pod team-a/{pod.name}" in refused.value.message
             assert "record" in refused.value.message
         # the session is intact: a good pod still gets its devices
-        pod = make_pod(
-            "train",
-            namespace="team-a",
-            uid=UID,
-            annotations={ALLOCATION_ANNOTATION: record(ContainerAllocation("main", gpus=(GPU0,)))},
-        )
+        pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
         response = await h.conn.create_container(pod, make_container(pod, "main"))
         assert _env(response) == {"NVIDIA_VISIBLE_DEVICES": GPU0.uuid}
         await h.close()
