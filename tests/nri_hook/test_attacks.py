@@ -13,6 +13,7 @@ import random
 import struct
 from collections.abc import Awaitable, Callable
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -58,28 +59,15 @@ def _one(attack: Attack) -> None:
     _clean(_against_plugin(body))
 
 
+@pytest.mark.parametrize(
+    "attack",
+    [trunk_attack, nri_attack, ttrpc_attack, mux_attack],
+    ids=["mutated captured sessions", "mutated NRI requests", "crafted ttrpc", "crafted mux"],
+)
 @FAST
-@given(st.integers(0, 2**32))
-def test_mutated_captured_sessions(seed: int) -> None:
-    _one(trunk_attack(random.Random(seed)))
-
-
-@FAST
-@given(st.integers(0, 2**32))
-def test_mutated_nri_requests_inside_valid_frames(seed: int) -> None:
-    _one(nri_attack(random.Random(seed)))
-
-
-@FAST
-@given(st.integers(0, 2**32))
-def test_crafted_ttrpc_frames(seed: int) -> None:
-    _one(ttrpc_attack(random.Random(seed)))
-
-
-@FAST
-@given(st.integers(0, 2**32))
-def test_crafted_mux_frames(seed: int) -> None:
-    _one(mux_attack(random.Random(seed)))
+@given(seed=st.integers(0, 2**32))
+def test_attacks_of_each_kind(attack: Callable[[random.Random], Attack], seed: int) -> None:
+    _one(attack(random.Random(seed)))
 
 
 MUX_FRAME = st.tuples(

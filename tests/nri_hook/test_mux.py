@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +16,7 @@ from nri_hook.mux import (
     GO_READ_BUFFER,
     MAX_PAYLOAD,
     Mux,
+    MuxConn,
     MuxDecoder,
     MuxError,
     encode_frames,
@@ -92,6 +95,24 @@ async def _pair(**kwargs: int) -> tuple[Mux, Mux]:
     return Mux(ra, wa, **kwargs), Mux(rb, wb)
 
 
+Echo = Callable[[api_pb2.KeyValue, CallContext], Awaitable[api_pb2.KeyValue]]
+
+
+@asynccontextmanager
+async def _echo_service(echo: Echo) -> AsyncIterator[tuple[MuxConn, asyncio.Task[None]]]:
+    """A ttrpc server answering t.S/Echo with `echo` on conn 1 of one side of a mux pair;
+    yields conn 1 of the other side and the serving task. On leaving, both sides close and
+    the server must finish."""
+    left, right = await _pair()
+    server = Server()
+    server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
+    serving = asyncio.create_task(server.serve(left.open(1)))
+    yield right.open(1), serving
+    left.close()
+    right.close()
+    await asyncio.wait_for(serving, 2)
+
+
 def test_connections_are_independent_and_unopened_ids_are_dropped() -> None:
     async def body() -> None:
         left, right = await _pair()
@@ -108,19 +129,29 @@ def test_connections_are_independent_and_unopened_ids_are_dropped() -> None:
     asyncio.run(body())
 
 
-def test_queue_overflow_closes_the_whole_trunk() -> None:
+@pytest.mark.parametrize(
+    ("bound", "sent", "readable"),
+    [
+        ({"queue_len": 4}, [b"x%d" % i for i in range(5)], [b"x0", b"x1", b"x2", b"x3"]),
+        ({"max_queued_bytes": 1000}, [b"a" * 600, b"b" * 600], [b"a" * 600]),  # 1200 unread
+    ],
+    ids=["queued frames", "unread bytes"],
+)
+def test_unread_data_over_a_bound_closes_the_whole_trunk(
+    bound: dict[str, int], sent: list[bytes], readable: list[bytes]
+) -> None:
     async def body() -> None:
-        left, right = await _pair(queue_len=4)
+        left, right = await _pair(**bound)
         unread = left.open(1)
         other = left.open(2)
         sender = right.open(1)
-        for i in range(5):
-            sender.write(b"x%d" % i)
+        for data in sent:
+            sender.write(data)
         await asyncio.wait_for(left.wait_closed(), 2)
         assert isinstance(left.error, MuxError)
         assert await other.read() == b""
-        # the four queued frames are still readable, then end of stream
-        assert [await unread.read() for _ in range(5)] == [b"x0", b"x1", b"x2", b"x3", b""]
+        # what was queued within the bound is still readable, then end of stream
+        assert [await unread.read() for _ in range(len(readable) + 1)] == [*readable, b""]
         right.close()
 
     asyncio.run(body())
@@ -141,30 +172,23 @@ def test_ttrpc_over_the_mux_with_large_concurrent_messages() -> None:
     """Messages of every size class (one frame, 4096 + rest, rest above 4096) in both
     directions, many in flight: each arrives whole, none interleaved."""
 
+    async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+        await asyncio.sleep(0)
+        return api_pb2.KeyValue(key=req.key, value=req.value[::-1])
+
     async def body() -> None:
-        left, right = await _pair()
-        server = Server()
-
-        async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
-            await asyncio.sleep(0)
-            return api_pb2.KeyValue(key=req.key, value=req.value[::-1])
-
-        server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
-        serving = asyncio.create_task(server.serve(left.open(1)))
-        client = Client(right.open(1))
-        sizes = [10, 4000, 4086, 4087, 5000, 9000, 70000, 300000]
-        requests = [
-            api_pb2.KeyValue(key=str(i), value=chr(65 + i % 26) * n + "#" * i)
-            for i, n in enumerate(sizes * 3)
-        ]
-        replies = await asyncio.gather(
-            *(client.call_message("t.S", "Echo", r, api_pb2.KeyValue) for r in requests)
-        )
-        assert [r.value for r in replies] == [r.value[::-1] for r in requests]
-        client.close()
-        left.close()
-        right.close()
-        await asyncio.wait_for(serving, 2)
+        async with _echo_service(echo) as (conn, _serving):
+            client = Client(conn)
+            sizes = [10, 4000, 4086, 4087, 5000, 9000, 70000, 300000]
+            requests = [
+                api_pb2.KeyValue(key=str(i), value=chr(65 + i % 26) * n + "#" * i)
+                for i, n in enumerate(sizes * 3)
+            ]
+            replies = await asyncio.gather(
+                *(client.call_message("t.S", "Echo", r, api_pb2.KeyValue) for r in requests)
+            )
+            assert [r.value for r in replies] == [r.value[::-1] for r in requests]
+            client.close()
 
     asyncio.run(body())
 
@@ -172,43 +196,19 @@ def test_ttrpc_over_the_mux_with_large_concurrent_messages() -> None:
 def test_a_zero_length_frame_does_not_end_the_connection() -> None:
     """A 0-byte mux frame carries nothing; the ttrpc server behind it keeps answering."""
 
+    async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
+        return req
+
     async def body() -> None:
-        left, right = await _pair()
-        server = Server()
-
-        async def echo(req: api_pb2.KeyValue, ctx: CallContext) -> api_pb2.KeyValue:
-            return req
-
-        server.register("t.S", {"Echo": unary(api_pb2.KeyValue, echo)})
-        serving = asyncio.create_task(server.serve(left.open(1)))
-        sender = right.open(1)
-        sender.write(b"")  # one frame header, length 0
-        client = Client(sender)
-        reply = await asyncio.wait_for(
-            client.call_message("t.S", "Echo", api_pb2.KeyValue(key="k"), api_pb2.KeyValue), 5
-        )
-        assert reply.key == "k"
-        assert not serving.done()
-        client.close()
-        left.close()
-        right.close()
-        await asyncio.wait_for(serving, 2)
-
-    asyncio.run(body())
-
-
-def test_unread_bytes_over_the_bound_close_the_whole_trunk() -> None:
-    async def body() -> None:
-        left, right = await _pair(max_queued_bytes=1000)
-        unread = left.open(1)
-        sender = right.open(1)
-        sender.write(b"a" * 600)
-        sender.write(b"b" * 600)  # 1200 bytes unread: over
-        await asyncio.wait_for(left.wait_closed(), 2)
-        assert isinstance(left.error, MuxError)
-        assert await unread.read() == b"a" * 600
-        assert await unread.read() == b""
-        right.close()
+        async with _echo_service(echo) as (sender, serving):
+            sender.write(b"")  # one frame header, length 0
+            client = Client(sender)
+            reply = await asyncio.wait_for(
+                client.call_message("t.S", "Echo", api_pb2.KeyValue(key="k"), api_pb2.KeyValue), 5
+            )
+            assert reply.key == "k"
+            assert not serving.done()
+            client.close()
 
     asyncio.run(body())
 

@@ -343,19 +343,22 @@ def test_ok_response_with_empty_payload_is_a_zero_byte_body() -> None:
     _run(body)
 
 
+async def _send_then_eof(data: list[bytes]) -> None:
+    """Send `data` to an echo server, then end the stream: the server must return normally
+    (no exception escapes) once it reads EOF."""
+    server_side, peer = await _socket_streams()
+    task = asyncio.create_task(_echo_server().serve(server_side))
+    for chunk in data:
+        peer.write(chunk)
+    await peer.drain()
+    peer.close()
+    await asyncio.wait_for(task, 5)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.binary(max_size=80), min_size=1, max_size=10))
 def test_arbitrary_bytes_never_crash_the_server(chunks: list[bytes]) -> None:
-    async def body() -> None:
-        server_side, peer = await _socket_streams()
-        task = asyncio.create_task(_echo_server().serve(server_side))
-        for chunk in chunks:
-            peer.write(chunk)
-        await peer.drain()
-        peer.close()
-        await asyncio.wait_for(task, 5)  # returns normally at EOF: no exception escapes
-
-    _run(body)
+    _run(lambda: _send_then_eof(chunks))
 
 
 # --- limits ---------------------------------------------------------------------------------------
@@ -504,16 +507,7 @@ def test_crafted_headers_get_answers_or_are_skipped_and_the_server_lives(
     """Huge and zero lengths, bad stream IDs, types and flags; the connection still serves
     whatever whole frames follow, then ends cleanly at EOF."""
 
-    async def body() -> None:
-        server_side, peer = await _socket_streams()
-        task = asyncio.create_task(_echo_server().serve(server_side))
-        for frame in frames:
-            peer.write(frame)
-        await peer.drain()
-        peer.close()
-        await asyncio.wait_for(task, 5)
-
-    _run(body)
+    _run(lambda: _send_then_eof(frames))
 
 
 # --- decode budget ------------------------------------------------------------------------------
