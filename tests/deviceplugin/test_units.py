@@ -23,16 +23,8 @@ from deviceplugin.units import (
     snapshot_size,
     validate_resource_name,
 )
+from tessera import resources as rn
 from tessera.model import Gpu, NodeInventory
-from tessera.resources import (
-    ALL_RESOURCES,
-    GPU,
-    GPU_CORE,
-    GPU_MEMORY,
-    GPU_MEMORY_RATIO,
-    NVIDIA_GPU,
-    RDMA,
-)
 from tessera_edge.topology_file import load_topology
 from tessera_testbed.kubelet import kubelet_accepts
 
@@ -47,11 +39,11 @@ def test_h100_unit_counts_follow_the_resource_table(h100: NodeInventory) -> None
     counts = {r: len(u.units) for r, u in units.items()}
     per_gpu_memory = 81559 // 1024
     assert counts == {
-        GPU_CORE: 800,
-        GPU_MEMORY_RATIO: 800,
-        GPU_MEMORY: 8 * per_gpu_memory,
-        GPU: 800,
-        RDMA: 400,
+        rn.GPU_CORE: 800,
+        rn.GPU_MEMORY_RATIO: 800,
+        rn.GPU_MEMORY: 8 * per_gpu_memory,
+        rn.GPU: 800,
+        rn.RDMA: 400,
     }
 
 
@@ -72,18 +64,18 @@ def test_unit_ids_are_unique_short_and_name_their_device(h100: NodeInventory) ->
 
 def test_memory_units_follow_the_configured_unit(h100: NodeInventory) -> None:
     units = build_units(h100, UnitConfig(memory_unit_mib=4096))
-    assert len(units[GPU_MEMORY].units) == 8 * (81559 // 4096)
+    assert len(units[rn.GPU_MEMORY].units) == 8 * (81559 // 4096)
 
 
 def test_nvidia_gpu_is_off_by_default_and_one_id_per_gpu(h100: NodeInventory) -> None:
-    assert NVIDIA_GPU not in build_units(h100, UnitConfig())
-    whole = build_units(h100, UnitConfig(nvidia_gpu=True))[NVIDIA_GPU]
+    assert rn.NVIDIA_GPU not in build_units(h100, UnitConfig())
+    whole = build_units(h100, UnitConfig(nvidia_gpu=True))[rn.NVIDIA_GPU]
     assert [u.id for u in whole.units] == [f"gpu{i}" for i in range(8)]
 
 
 def test_rdma_only_with_nics() -> None:
     t4 = load_topology("t4-4x")
-    assert RDMA not in build_units(t4, UnitConfig())
+    assert rn.RDMA not in build_units(t4, UnitConfig())
 
 
 def test_unhealthy_gpu_units_are_unhealthy_in_every_gpu_resource(h100: NodeInventory) -> None:
@@ -91,14 +83,14 @@ def test_unhealthy_gpu_units_are_unhealthy_in_every_gpu_resource(h100: NodeInven
     units = build_units(sick, UnitConfig(nvidia_gpu=True))
     for resource, ru in units.items():
         bad = {u.device for u in ru.units if not u.healthy}
-        assert bad == (set() if resource == RDMA else {"gpu3"}), resource
+        assert bad == (set() if resource == rn.RDMA else {"gpu3"}), resource
         assert all(u.health == ("Unhealthy" if u.device == "gpu3" else "Healthy") for u in ru.units)
 
 
 @pytest.mark.parametrize("numa", [-1, 0, 1, 7, 300, 2**31])
 def test_snapshot_size_is_the_exact_protobuf_size(numa: int) -> None:
     units = ResourceUnits(
-        GPU_CORE,
+        rn.GPU_CORE,
         tuple(
             Unit(f"gpu{i}-core-{n}", f"gpu{i}", i % 2 == 0, numa)
             for i in range(3)
@@ -109,7 +101,7 @@ def test_snapshot_size_is_the_exact_protobuf_size(numa: int) -> None:
 
 
 def _one_gpu(memory_mib: int) -> NodeInventory:
-    gpu = Gpu("GPU-x", 0, 0, "X", memory_mib, "0000:01:00.0")
+    gpu = Gpu("rn.GPU-x", 0, 0, "X", memory_mib, "0000:01:00.0")
     return NodeInventory("n", (gpu,), memory_unit_mib=1)
 
 
@@ -136,13 +128,13 @@ def test_a_too_small_memory_unit_is_refused_with_the_fix(h100: NodeInventory) ->
 
 def test_the_message_budget_is_enforced_too() -> None:
     units = {
-        GPU_CORE: ResourceUnits(
-            GPU_CORE, tuple(Unit(f"gpu0-core-{n}", "gpu0", True, 0) for n in range(100))
+        rn.GPU_CORE: ResourceUnits(
+            rn.GPU_CORE, tuple(Unit(f"gpu0-core-{n}", "gpu0", True, 0) for n in range(100))
         )
     }
     check_limits(units, 1024)
     with pytest.raises(LimitError, match="byte"):
-        check_limits(units, 1024, budget_bytes=snapshot_size(units[GPU_CORE]) - 1)
+        check_limits(units, 1024, budget_bytes=snapshot_size(units[rn.GPU_CORE]) - 1)
 
 
 def test_default_configuration_of_every_builtin_is_accepted() -> None:
@@ -153,7 +145,7 @@ def test_default_configuration_of_every_builtin_is_accepted() -> None:
 # --- resource names ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ALL_RESOURCES)
+@pytest.mark.parametrize("name", rn.ALL_RESOURCES)
 def test_every_resource_we_advertise_passes_kubelet_rules(name: str) -> None:
     validate_resource_name(name)
 

@@ -116,6 +116,15 @@ def running(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -
         service.stop()
 
 
+@contextmanager
+def serving(
+    fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any
+) -> Iterator[tuple[Service, Http]]:
+    """`running`, with a keep-alive client on its extender port."""
+    with running(fake, tls, **kw) as service:
+        yield service, Http(service.server.port)
+
+
 class Http:
     """A keep-alive HTTP client for one server, like kube-scheduler's."""
 

@@ -7,7 +7,17 @@ from collections import defaultdict
 
 from tessera import resources as rn
 from tessera.record import decode
-from tests.scheduler.helpers import KEYRING, Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.helpers import (
+    KEYRING,
+    Http,
+    pod,
+    populate,
+    running,
+    schedule,
+    serving,
+    share,
+    wait_for,
+)
 
 
 def bind_body(created, node):
@@ -27,8 +37,7 @@ def record_of(fake, name):
 
 def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
         before = len(fake.writes())
         status, result = http.post("/bind", bind_body(created, "n"))
@@ -42,8 +51,7 @@ def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake):
 
 def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
         fake.fail("/pods/p/binding", status=500, times=1)
         _status, result = http.post("/bind", bind_body(created, "n"))
@@ -61,8 +69,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake):
 
 def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
         fake.fail("/pods/p/binding", status=504, after_apply=True)
         _status, result = http.post("/bind", bind_body(created, "n"))
@@ -75,8 +82,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
     populate(fake, ["n"], gpus=2)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 200}))
         _status, result = http.post("/bind", bind_body(created, "n"))
         assert result["Error"] == ""
@@ -87,8 +93,7 @@ def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
 
 def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake):
     populate(fake, ["n", "quiet"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 100}))
         wrong = bind_body(created, "n") | {"PodUID": "not-the-uid"}
         assert "is not UID" in http.post("/bind", wrong)[1]["Error"]
@@ -135,16 +140,14 @@ def test_parallel_binds_on_one_node_never_share_a_device(fake):
 
 def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake):
     populate(fake, ["a", "b"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
         assert sorted(placed[:2]) == ["a", "b"] and placed[2] is None
 
 
 def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
     populate(fake, ["n", "m"], gpus=1)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
         assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
         text, _ = record_of(fake, "p")

@@ -10,7 +10,7 @@ from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera_testbed.inventory import nodedevices
-from tests.scheduler.helpers import KEY, Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.helpers import KEY, pod, populate, running, schedule, serving, share, wait_for
 
 
 def used_core(service, node, slot=0):
@@ -35,8 +35,7 @@ def forged_pod(fake, name, node, key: Keyring | None, *, record_node=None, recor
 
 def test_deleted_and_finished_pods_release_their_devices(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         assert schedule(h, fake, pod("b", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
@@ -52,8 +51,7 @@ def test_forged_and_copied_records_never_hold_devices(fake):
     forged_pod(fake, "unsigned", "n", None)
     forged_pod(fake, "wrong-key", "n", Keyring.generate("k1"))
     forged_pod(fake, "copied", "n", KEY, record_uid="someone-else")
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         invalid = wait_for(
             lambda: len(service.cache.invalid_records()) == 3 and service.debug_pods()
         )
@@ -90,8 +88,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake):
 
 def test_watch_expiry_relists_and_catches_up(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         pods_informer = next(i for i in service.informers if i.name == "pods")
@@ -107,8 +104,7 @@ def test_watch_expiry_relists_and_catches_up(fake):
 
 def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
     populate(fake, ["n"], gpus=2)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         broken = fake.get("nodedevices", "n")
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
@@ -138,8 +134,7 @@ def test_a_deleted_node_takes_no_pods(fake):
 
 def test_records_seen_before_their_node_wait_for_it(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
     fake.delete("nodedevices", "n")
     with running(fake) as service:
@@ -151,8 +146,7 @@ def test_records_seen_before_their_node_wait_for_it(fake):
 
 def test_debug_api_and_its_watch_stream(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=10)
         conn.request("GET", "/debug/watch?node=n")
         stream = conn.getresponse()
@@ -175,8 +169,7 @@ def test_debug_api_and_its_watch_stream(fake):
 
 def test_metrics_count_decisions_failures_and_gpu_use(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         assert schedule(h, fake, pod("b", share(10, 10)), ["n"]) is None
         status, text = h.get("/metrics")
@@ -194,8 +187,7 @@ def test_lists_are_paged(fake):
     populate(fake, ["n"], gpus=4)
     for i in range(7):
         fake.create("pods", pod(f"plain-{i}", {"cpu": "1"}))
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
         pods_informer = next(i for i in service.informers if i.name == "pods")
@@ -242,8 +234,7 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
 
 def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]

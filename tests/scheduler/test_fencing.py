@@ -8,7 +8,7 @@ import time
 from scheduler_plugin.events import UNTRUSTED_RECORD
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
-from tests.scheduler.helpers import Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.helpers import Http, pod, populate, running, schedule, serving, share, wait_for
 from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
 
 FENCED = "tessera_scheduler_fenced_nodes"
@@ -24,8 +24,7 @@ def poison(fake, name: str, node: str, record: str) -> None:
 
 def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(fake):
     populate(fake, ["n", "m"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
@@ -67,8 +66,7 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
 
 def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replaced(fake):
     populate(fake, ["n"], gpus=1)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         obj = pod("g", share(30, 30), annotations={rn.ALLOCATION_ANNOTATION: POISON_DEEP})
         assert schedule(h, fake, obj, ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
@@ -81,8 +79,7 @@ def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replace
 def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(fake):
     nodes = ["n1", "n2", "n3"]
     populate(fake, nodes, gpus=2)
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         for i, node in enumerate(nodes * 2):
             assert schedule(h, fake, pod(f"v{i}", share(30, 30)), [node]) == node
         wait_for(lambda: not service.cache.assumed())

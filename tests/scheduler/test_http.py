@@ -11,7 +11,7 @@ import pytest
 from scheduler_plugin.http import tls_context
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, pod, populate, running, share, start
+from tests.scheduler.helpers import Http, pod, populate, serving, share, start
 
 
 @pytest.fixture
@@ -26,8 +26,7 @@ def good_filter() -> dict:
 
 
 def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
-    with running(fake, max_body=64 * 1024) as service:
-        h = Http(service.server.port)
+    with serving(fake, max_body=64 * 1024) as (_service, h):
         status, data = h.post_raw("/filter", b"{not json")
         assert status == 400 and "not valid JSON" in json.loads(data)["Error"]
         for body, needle in (
@@ -48,8 +47,7 @@ def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
 
 
 def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake):
-    with running(fake, max_body=1024) as service:
-        h = Http(service.server.port)
+    with serving(fake, max_body=1024) as (service, h):
         status, data = h.post_raw("/filter", b"x" * 4096)
         assert status == 413 and "over 1024" in json.loads(data)["Error"]
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
@@ -58,13 +56,12 @@ def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake):
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
         conn.request("POST", "/filter", body=iter([json.dumps(good_filter()).encode()]))
         assert conn.getresponse().status == 200
-        h = Http(service.server.port)
-        assert h.post("/filter", good_filter())[0] == 200
+        fresh = Http(service.server.port)  # the first connection met the 413s
+        assert fresh.post("/filter", good_filter())[0] == 200
 
 
 def test_unknown_resource_combinations_are_explained(fake):
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (_service, h):
         for resources, needle in (
             ({rn.GPU: 50, rn.GPU_CORE: 50}, "do not combine"),
             ({rn.GPU: 150}, "not a multiple of 100"),
@@ -78,8 +75,7 @@ def test_unknown_resource_combinations_are_explained(fake):
 
 
 def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake):
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (_service, h):
         assert h.post("/tessera/v1/filter", good_filter())[1]["NodeNames"] == ["n"]
         assert h.get("/healthz") == (200, b"ok\n")
         assert h.get("/readyz") == (200, b"ok\n")

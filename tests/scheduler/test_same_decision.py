@@ -16,7 +16,7 @@ from tessera_sim.runner import Trace, measure_workload
 from tessera_sim.synthetic import synthetic_trace
 from tessera_sim.variants import constrain_models
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, heartbeat, running, schedule
+from tests.scheduler.helpers import heartbeat, schedule, serving
 
 PODS = 60
 """Pods replayed: enough to fill several nodes, fill leftovers and fail some."""
@@ -46,8 +46,7 @@ def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer
         )
         fake.create("leases", heartbeat(node.name))
     served: list[tuple[str, tuple[int, ...]] | None] = []
-    with running(fake, policy=rn.DEFAULT_POLICY) as service:
-        http = Http(service.server.port)
+    with serving(fake, policy=rn.DEFAULT_POLICY) as (service, http):
         for i, pod in enumerate(order):
             obj = pod.pod_dict(f"11-{i}")
             obj["metadata"]["namespace"] = "default"

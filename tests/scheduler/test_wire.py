@@ -12,14 +12,7 @@ from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
 from tests.scheduler import godecode as go
-from tests.scheduler.helpers import (
-    KEYRING,
-    VECTORS,
-    Http,
-    heartbeat,
-    running,
-    wait_for,
-)
+from tests.scheduler.helpers import KEYRING, VECTORS, heartbeat, serving, wait_for
 from tests.vectors import require
 
 NODES = ["peer-node-0", "peer-node-1", "peer-node-2"]
@@ -63,8 +56,7 @@ def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict:
 def test_filter_and_prioritize_with_node_cache(fake):
     _cluster(fake)
     body = vector("filter-001.json")
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         status, data = http.post_raw("/filter", body)
         assert status == 200, data
         result, unknown = go.decode(go.ExtenderFilterResult, data)
@@ -85,8 +77,7 @@ def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake):
     _cluster(fake)
     filter_body = vector("filter-001.json")
     created = _create_captured_pod(fake, filter_body)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         assert http.post_raw("/filter", filter_body)[0] == 200
         status, data = http.post_raw("/bind", vector("bind-001.json"))
         assert status == 200
@@ -113,8 +104,7 @@ def test_without_node_cache_the_full_nodes_come_back(fake):
     _cluster(fake)
     body = vector("nodecache-false/filter-002.json")
     created = _create_captured_pod(fake, body)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         status, data = http.post_raw("/filter", body)
         assert status == 200
         result, unknown = go.decode(go.ExtenderFilterResult, data)
@@ -149,8 +139,7 @@ def test_failed_and_unresolvable_nodes_decode_with_reasons(fake):
         vector("nodecache-false/filter-001.json"),
         vector("nodecache-false/filter-003.json"),
     ):
-        with running(fake) as service:
-            http = Http(service.server.port)
+        with serving(fake) as (_service, http):
             _status, data = http.post_raw("/filter", body)
             result, unknown = go.decode(go.ExtenderFilterResult, data)
             assert unknown == []
@@ -168,8 +157,7 @@ def test_keys_are_matched_case_insensitively_like_go(fake):
     _cluster(fake)
     doc = json.loads(vector("filter-001.json"))
     lowered = {"pod": doc["Pod"], "nodes": None, "nodenames": doc["NodeNames"]}
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         _status, data = http.post_raw("/filter", json.dumps(lowered).encode())
         result, _ = go.decode(go.ExtenderFilterResult, data)
         assert go.filter_survivors(result, True) == doc["NodeNames"]
@@ -191,8 +179,7 @@ def test_status_summary_reaches_the_custom_resource(fake):
     _cluster(fake)
     filter_body = vector("filter-001.json")
     _create_captured_pod(fake, filter_body)
-    with running(fake) as service:
-        http = Http(service.server.port)
+    with serving(fake) as (_service, http):
         http.post_raw("/filter", filter_body)
         http.post_raw("/bind", vector("bind-001.json"))
 
