@@ -15,15 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kubectl_tessera.nodes import node_row
-from kubectl_tessera.objects import (
-    holds_devices,
-    name_of,
-    namespace_of,
-    node_of,
-    section,
-    text,
-    uid_of,
-)
+from kubectl_tessera.objects import holds_devices, name_of, namespace_of, node_of, text, uid_of
 from kubectl_tessera.pods import decode_unverified
 from kubectl_tessera.table import clean, render
 from tessera.cluster_decision import Decider
@@ -31,6 +23,7 @@ from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, RequestError, StateError, TesseraError
 from tessera.model import NodeInventory
 from tessera.node_placement import NoFit
+from tessera.pod_fields import section
 from tessera.policy_registry import make_policies
 from tessera.request import ContainerRequest, PodRequest, parse_pod
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kubectl_tessera.objects import age, integer, mib, name_of, parse_time, section, text
+from kubectl_tessera.objects import age, integer, mib, name_of, parse_time, text
 from kubectl_tessera.table import render
 from tessera.errors import TesseraError
 from tessera.model import NodeInventory
+from tessera.pod_fields import section
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
 
 HEARTBEAT_GRACE_S = 5.0

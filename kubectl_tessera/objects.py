@@ -3,18 +3,13 @@ absent, never as an exception."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from tessera.resources import ALLOCATION_ANNOTATION, TESSERA_RESOURCES
+from tessera.pod_fields import section
+from tessera.resources import ALLOCATION_ANNOTATION
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-def section(obj: Any, name: str) -> Mapping[str, Any]:
-    value = obj.get(name) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
 
 
 def text(value: Any) -> str:
@@ -56,21 +51,6 @@ def holds_devices(pod: Any) -> bool:
     return (
         record_of(pod) is not None and bool(node_of(pod)) and phase_of(pod) not in (FINISHED_PHASES)
     )
-
-
-def requests_devices(pod: Any) -> bool:
-    """Whether any container asks for a tessera resource (a non-zero quantity): such a pod,
-    bound and running without a record, is one the scheduler cannot account for."""
-    spec = section(pod, "spec")
-    for group in ("containers", "initContainers"):
-        containers = spec.get(group)
-        for container in containers if isinstance(containers, list) else []:
-            resources = section(container, "resources")
-            for part in ("limits", "requests"):
-                amounts = section(resources, part)
-                if any(amounts.get(r) not in (None, 0, "0") for r in TESSERA_RESOURCES):
-                    return True
-    return False
 
 
 def parse_time(value: Any) -> float | None:

@@ -19,12 +19,12 @@ from kubectl_tessera.objects import (
     node_of,
     phase_of,
     record_of,
-    requests_devices,
 )
 from kubectl_tessera.objects import uid_of as pod_uid
 from kubectl_tessera.table import render
 from tessera.allocation import ContainerAllocation, PodAllocation
 from tessera.errors import RecordError
+from tessera.pod_fields import requests_devices
 from tessera.record import decode
 
 UNVERIFIED_NOTE = "allocation records shown as written, integrity NOT verified (display only)"

@@ -36,9 +36,9 @@ from scheduler_plugin.recovery import (
     pod_identity,
     pod_node,
     record_text,
-    section,
 )
 from scheduler_plugin.views import PodSeen
+from tessera.pod_fields import section
 from tessera.record import KeySource
 from tessera.resources import (
     ALLOCATION_ANNOTATION,

@@ -18,10 +18,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
+from typing import ClassVar
 from urllib.parse import quote
 
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
+from scheduler_plugin.rounds import Rounds
 from tessera.errors import ErrorTable, RecordError, StateError, TesseraError
 
 log = logging.getLogger(__name__)
@@ -93,7 +95,8 @@ def event_body(event: PodEvent, instance: str, now: datetime) -> dict[str, objec
 
 
 @dataclass(eq=False)
-class EventRecorder:
+class EventRecorder(Rounds):
+    ROUNDS: ClassVar[str] = "event recorder"
     client: KubeClient
     _: KW_ONLY
     instance: str = COMPONENT
@@ -108,8 +111,7 @@ class EventRecorder:
         self._queue: OrderedDict[tuple[str, str], PodEvent] = OrderedDict()
         self._posted: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_rounds()
 
     def warn(self, event: PodEvent) -> None:
         """Queue a Warning Event (cheap; never blocks on the API)."""
@@ -153,21 +155,8 @@ class EventRecorder:
             posted += 1
         return posted
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True, name="events")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.flush()
-                if self.dropped:
-                    log.warning("dropped %d events (queue full)", self.dropped)
-                    self.dropped = 0
-            except Exception:
-                log.exception("event recorder round failed")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def one_round(self) -> None:
+        self.flush()
+        if self.dropped:
+            log.warning("dropped %d events (queue full)", self.dropped)
+            self.dropped = 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from scheduler_plugin.recovery import section
+from tessera.pod_fields import section
 from tessera.resources import HEARTBEAT_LEASE_PREFIX
 
 DEFAULT_LEASE_DURATION = 40

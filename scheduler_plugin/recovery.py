@@ -35,8 +35,9 @@ from tessera.allocation import PodAllocation
 from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, StateError
 from tessera.model import NodeInventory
+from tessera.pod_fields import requests_devices, section
 from tessera.record import KeySource, decode
-from tessera.resources import ALLOCATION_ANNOTATION, TESSERA_RESOURCES
+from tessera.resources import ALLOCATION_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +72,6 @@ class Invalid:
 Verdict = Holds | Nothing | Invalid
 
 
-def section(obj: Any, name: str) -> Mapping[str, Any]:
-    """obj[name] when both are objects, else {}: API objects are read without trusting
-    their shape (a field of the wrong type reads as absent)."""
-    value = obj.get(name) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -104,22 +98,6 @@ def record_text(pod: Mapping[str, Any]) -> str | None:
 
 def is_finished(pod: Mapping[str, Any]) -> bool:
     return section(pod, "status").get("phase") in FINISHED_PHASES
-
-
-def requests_devices(pod: Mapping[str, Any]) -> bool:
-    """Whether any container asks for a tessera resource (a non-zero quantity)."""
-    spec = section(pod, "spec")
-    for group in ("containers", "initContainers"):
-        containers = spec.get(group)
-        if not isinstance(containers, list):
-            continue
-        for container in containers:
-            resources = section(container, "resources")
-            for part in ("limits", "requests"):
-                amounts = section(resources, part)
-                if any(amounts.get(r) not in (None, 0, "0") for r in TESSERA_RESOURCES):
-                    return True
-    return False
 
 
 def apply_order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from kube_edge.client import KubeClient
@@ -28,6 +28,7 @@ from kube_edge.errors import ApiError
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import INVENTORY_PATH
 from scheduler_plugin.metrics import Metrics
+from scheduler_plugin.rounds import Rounds
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ def status_path(node: str) -> str:
 
 
 @dataclass(eq=False)
-class StatusWriter:
+class StatusWriter(Rounds):
+    ROUNDS: ClassVar[str] = "status writer"
     cache: Cache
     client: KubeClient
     _: KW_ONLY
@@ -50,8 +52,7 @@ class StatusWriter:
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
         self._written: dict[str, Any] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_rounds()
         self.cache.subscribe(self.mark)
 
     def mark(self, node: str) -> None:
@@ -103,18 +104,5 @@ class StatusWriter:
         if self.metrics is not None:
             self.metrics.status_writes.labels(outcome).inc()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True, name="status-writer")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.flush()
-            except Exception:
-                log.exception("status writer round failed")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def one_round(self) -> None:
+        self.flush()

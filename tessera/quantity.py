@@ -30,18 +30,9 @@ scheduler's columns are int64."""
 _SUFFIXES: dict[str, Decimal] = {
     "": Decimal(1),
     "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
+    # decimal k M G T P E = 10^3 .. 10^18; binary Ki Mi .. Ei = 2^10 .. 2^60
+    **{p: Decimal(10) ** (3 * n) for n, p in enumerate("kMGTPE", 1)},
+    **{p + "i": Decimal(2) ** (10 * n) for n, p in enumerate("KMGTPE", 1)},
 }
 _QUANTITY = re.compile(
     r"^([+-]?)([0-9]*\.?[0-9]*)(?:[eE]([+-]?[0-9]+))?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"

@@ -23,6 +23,7 @@ import math
 import statistics
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tessera_sim.replay import arrival_order
 from tessera_sim.runner import NODE_FILE, OPENB_TRACES, POD_PREFIX
 from tessera_sim.trace import TracePod, load_nodes, load_pods
+
+
+def _best_pattern(sizes: list[int], duals: Sequence[float]) -> tuple[float, list[int]]:
+    """Column generation's pricing step: the packing of one GPU (100 %) with the most dual
+    value, by an unbounded knapsack over the share sizes; (that value, count per size)."""
+    best = [0.0] * 101
+    take: list[int | None] = [None] * 101
+    for cap in range(1, 101):
+        best[cap], take[cap] = best[cap - 1], None
+        for i, s in enumerate(sizes):
+            if s <= cap and best[cap - s] + duals[i] > best[cap] + 1e-12:
+                best[cap], take[cap] = best[cap - s] + duals[i], i
+    pattern = [0] * len(sizes)
+    cap = 100
+    while cap > 0:
+        i = take[cap]
+        if i is None:
+            cap -= 1
+        else:
+            pattern[i] += 1
+            cap -= sizes[i]
+    return best[100], pattern
 
 
 def lp_gpus(shares_pct: list[int]) -> float:
@@ -49,24 +72,9 @@ def lp_gpus(shares_pct: list[int]) -> float:
             np.ones(len(patterns)), A_ub=-a, b_ub=-demand, bounds=(0, None), method="highs"
         )
         duals = -res.ineqlin.marginals
-        best = [0.0] * 101
-        take: list[int | None] = [None] * 101
-        for cap in range(1, 101):
-            best[cap], take[cap] = best[cap - 1], None
-            for i, s in enumerate(sizes):
-                if s <= cap and best[cap - s] + duals[i] > best[cap] + 1e-12:
-                    best[cap], take[cap] = best[cap - s] + duals[i], i
-        if best[100] <= 1 + 1e-9:
+        value, pattern = _best_pattern(sizes, duals)
+        if value <= 1 + 1e-9:
             return float(res.fun)
-        pattern = [0] * len(sizes)
-        cap = 100
-        while cap > 0:
-            i = take[cap]
-            if i is None:
-                cap -= 1
-            else:
-                pattern[i] += 1
-                cap -= sizes[i]
         patterns.append(pattern)
 
 
@@ -101,24 +109,9 @@ def lp_failed(shares_pct: list[int], whole_gpus: int, gpus: int) -> float:
         )
         duals = -res.ineqlin.marginals[:k]
         mu = -res.ineqlin.marginals[k]
-        best = [0.0] * 101
-        take: list[int | None] = [None] * 101
-        for cp in range(1, 101):
-            best[cp], take[cp] = best[cp - 1], None
-            for i, s in enumerate(sizes):
-                if s <= cp and best[cp - s] + duals[i] > best[cp] + 1e-12:
-                    best[cp], take[cp] = best[cp - s] + duals[i], i
-        if best[100] <= mu + 1e-9:
+        value, pattern = _best_pattern(sizes, duals)
+        if value <= mu + 1e-9:
             return float(res.fun)
-        pattern = [0] * k
-        cp = 100
-        while cp > 0:
-            i = take[cp]
-            if i is None:
-                cp -= 1
-            else:
-                pattern[i] += 1
-                cp -= sizes[i]
         patterns.append(pattern)
 
 

@@ -277,13 +277,7 @@ state = "{work / "state"}"
     sandbox = "{SANDBOX_IMAGE}"
 [plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
-        SystemdCgroup = false
+{_runc_runtime('plugins."io.containerd.cri.v1.runtime".containerd', runc)}
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
 {_cni_section('plugins."io.containerd.cri.v1.runtime".cni', work, cni, v2)}
@@ -295,17 +289,23 @@ state = "{work / "state"}"
   sandbox_image = "{SANDBOX_IMAGE}"
   restrict_oom_score_adj = true
   disable_tcp_service = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
-        SystemdCgroup = false
+{_runc_runtime('plugins."io.containerd.grpc.v1.cri".containerd', runc, 'snapshotter = "native"')}
 {_cni_section('plugins."io.containerd.grpc.v1.cri".cni', work, cni, v2)}
 {nri}
 """
+
+
+def _runc_runtime(table: str, runc: Path, extra: str = "") -> str:
+    """The CRI plugin's `containerd` table (named `table` in this release's config) with
+    runc as its only and default runtime."""
+    return f"""[{table}]
+  {extra}
+  default_runtime_name = "runc"
+  [{table}.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [{table}.runtimes.runc.options]
+      BinaryName = "{runc}"
+      SystemdCgroup = false"""
 
 
 def _cni_section(table: str, work: Path, cni: Path | None, v2: bool) -> str:
