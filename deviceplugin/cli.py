@@ -32,6 +32,7 @@ from deviceplugin.inventory import (
     DriverVersions,
     cr_spec,
 )
+from deviceplugin.metrics import DEFAULT_METRICS_PORT, agent_registry
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from deviceplugin.units import LimitError, UnitConfig, socket_name, validate_resource_name
 from tessera.errors import InventoryError
@@ -42,6 +43,7 @@ from tessera.resources import (
     DEFAULT_MEMORY_UNIT_MIB,
 )
 from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.metrics import add_metrics_flags, serve_metrics
 from tessera_cli.paths import (
     check_directory,
     check_readable_file,
@@ -261,8 +263,9 @@ def build_parser() -> CliParser:
         "even when nothing changed. Default: %(default)s.",
     )
 
-    o = p.add_argument_group("output")
+    o = p.add_argument_group("logs and metrics")
     add_log_flags(o)
+    add_metrics_flags(o, DEFAULT_METRICS_PORT)
     o.add_argument(
         "--print-inventory",
         action="store_true",
@@ -428,7 +431,7 @@ def _run(config: DevicePluginConfig) -> int:
                 gfd_labels=_driver_versions(backend) if config.gfd_labels else None,
             ),
         )
-    return _serve(agent)
+    return _serve(agent, config.metrics_port, config.metrics_address)
 
 
 def _check_inventory(
@@ -449,7 +452,7 @@ def _check_inventory(
         )
 
 
-def _serve(agent: Agent) -> int:
+def _serve(agent: Agent, metrics_port: int = 0, metrics_address: str = "") -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -458,6 +461,13 @@ def _serve(agent: Agent) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if metrics_port:  # before the kubelet hears of us: a taken port is a usage error
+        try:
+            serve_metrics(agent_registry(agent), metrics_port, metrics_address)
+        except ConfigError:
+            agent.backend.close()
+            raise
+        log.info("metrics on %s:%d", metrics_address or "0.0.0.0", metrics_port)
     try:
         agent.start()
     except (OSError, RuntimeError) as exc:  # gRPC reports a failed bind as RuntimeError

@@ -36,7 +36,9 @@ class DevicePluginConfig:
     lease_duration: int
     gfd_labels: bool
     resync_interval: float
-    # output
+    # logs and metrics
     log_format: str
     log_level: str
+    metrics_port: int
+    metrics_address: str
     print_inventory: bool

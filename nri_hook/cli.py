@@ -33,8 +33,9 @@ from nri_hook.plugin import (
 from tessera.record_keys import KeyFileError
 from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
 from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.metrics import add_metrics_flags, serve_metrics
 from tessera_cli.paths import check_directory, check_socket_path
-from tessera_cli.values import absolute_path, node_name, port, seconds
+from tessera_cli.values import absolute_path, node_name, seconds
 from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.logs import add_log_flags, setup_logging
 
@@ -203,19 +204,7 @@ def build_parser() -> CliParser:
         help="append logs to this file (default: stderr; a plugin launched by containerd "
         "has its stderr sent to /dev/null, so give it a file)",
     )
-    obs.add_argument(
-        "--metrics-port",
-        type=port,
-        default=0,
-        metavar="PORT",
-        help="serve Prometheus metrics on this port (default: 0, off)",
-    )
-    obs.add_argument(
-        "--metrics-address",
-        default="",
-        metavar="ADDR",
-        help="address for the metrics port (default: all addresses)",
-    )
+    add_metrics_flags(obs, Metrics.DEFAULT_PORT)
     return p
 
 
@@ -316,15 +305,7 @@ def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int
     metrics: Metrics | None = None
     if config.metrics_port:
         metrics = Metrics()
-        try:
-            metrics.serve(config.metrics_port, config.metrics_address)
-        except OSError as exc:
-            where = f"{config.metrics_address or '0.0.0.0'}:{config.metrics_port}"
-            raise ConfigError(
-                "--metrics-port",
-                f"{config.metrics_port} / --metrics-address {config.metrics_address or '(all)'}: "
-                f"cannot listen on {where}: {getattr(exc, 'strerror', None) or exc}",
-            ) from None
+        serve_metrics(metrics.registry, config.metrics_port, config.metrics_address)
     if config.no_integrity:
         log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
     enforcer = Enforcer(

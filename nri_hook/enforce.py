@@ -471,6 +471,10 @@ def _same_file(path: str, fd: int) -> bool:
 class Metrics:
     """Prometheus counters in a private registry; served only when a port is given."""
 
+    DEFAULT_PORT = 9466
+    """The hook's metrics port in the shipped DaemonSet (host network; 9465 is the node
+    agent's, 9400 dcgm-exporter's)."""
+
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -502,8 +506,3 @@ class Metrics:
 
     def observe_create(self, seconds: float) -> None:
         self._create.observe(seconds)
-
-    def serve(self, port: int, address: str = "") -> None:
-        from prometheus_client import start_http_server
-
-        start_http_server(port, addr=address or "0.0.0.0", registry=self.registry)

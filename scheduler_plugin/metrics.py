@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from scheduler_plugin.cache import Cache
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_MIB = 1 << 20  # metrics are in base units: bytes, not the MiB the model counts in
 
 _LATENCY_BUCKETS = (
     0.0005,
@@ -78,11 +79,11 @@ class _GpuCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         cache = self._source()
         core = _per_gpu(
-            "tessera_gpu_core_allocated_percent",
-            "Compute share of the GPU allocated to pods, in percent",
+            "tessera_gpu_core_allocated_ratio",
+            "Compute share of the GPU allocated to pods, from 0 (none) to 1 (all of it)",
         )
-        mem = _per_gpu("tessera_gpu_memory_allocated_mib", "GPU memory allocated to pods, in MiB")
-        total = _per_gpu("tessera_gpu_memory_total_mib", "GPU memory of the device, in MiB")
+        mem = _per_gpu("tessera_gpu_memory_allocated_bytes", "GPU memory allocated to pods")
+        total = _per_gpu("tessera_gpu_memory_total_bytes", "GPU memory of the device")
         unusable = GaugeMetricFamily(
             "tessera_nodes_unusable",
             "Nodes that take no new tessera pods (bad inventory or silent node agent)",
@@ -104,9 +105,9 @@ class _GpuCollector(Collector):
             stats = cache.stats()
             for g in stats.gpus:
                 labels = [g.node, str(g.index), g.uuid, g.model]
-                core.add_metric(labels, UNITS_PER_DEVICE - g.free_core)
-                mem.add_metric(labels, g.memory_mib - g.free_memory_mib)
-                total.add_metric(labels, g.memory_mib)
+                core.add_metric(labels, (UNITS_PER_DEVICE - g.free_core) / UNITS_PER_DEVICE)
+                mem.add_metric(labels, (g.memory_mib - g.free_memory_mib) * _MIB)
+                total.add_metric(labels, g.memory_mib * _MIB)
             unusable.add_metric([], stats.unusable)
             invalid.add_metric([], stats.invalid_records)
             fenced.add_metric(["untrusted_record"], stats.fenced_untrusted)

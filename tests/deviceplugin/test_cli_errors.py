@@ -96,7 +96,8 @@ CASES: list[tuple[str, list[str], str, str]] = [
     ("kubeconfig missing", ["--kubeconfig", "{f}/nope"], "--kubeconfig", "does not exist"),
     ("kubeconfig garbage", ["--kubeconfig", "{f}/list.yaml"], "--kubeconfig", "cannot configure"),
     ("kube context", ["--kube-context", " "], "--kube-context", "may not be empty"),
-    ("unknown flag", ["--metrics-port", "99999"], "--metrics-port", "unrecognized"),
+    ("unknown flag", ["--metrics-prot", "9465"], "--metrics-prot", "unrecognized"),
+    ("port out of range", ["--metrics-port", "99999"], "--metrics-port", "0..65535"),
 ]
 
 

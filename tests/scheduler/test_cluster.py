@@ -177,10 +177,11 @@ def test_metrics_count_decisions_failures_and_gpu_use(fake):
         assert status == 200
         assert 'tessera_scheduler_decisions_total{outcome="bound",verb="bind"} 1.0' in body
         assert 'tessera_scheduler_node_failures_total{reason="gpu_share"} 1.0' in body
-        assert 'tessera_gpu_core_allocated_percent{gpu="0",model="NVIDIA H100 80GB HBM3"' in body
+        assert 'tessera_gpu_core_allocated_ratio{gpu="0",model="NVIDIA H100 80GB HBM3"' in body
         assert "tessera_scheduler_request_duration_seconds_bucket" in body
         labels = {"node": "n", "gpu": "0", "uuid": "GPU-n-0", "model": "NVIDIA H100 80GB HBM3"}
-        assert sample(service.metrics, "tessera_gpu_memory_allocated_mib", labels) == 81920
+        assert sample(service.metrics, "tessera_gpu_core_allocated_ratio", labels) == 1.0
+        assert sample(service.metrics, "tessera_gpu_memory_allocated_bytes", labels) == 80 << 30
 
 
 def test_lists_are_paged(fake):

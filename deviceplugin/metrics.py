@@ -1,0 +1,96 @@
+"""Prometheus metrics of the node agent, read from the agent when Prometheus scrapes.
+
+Nothing is counted on the kubelet's request path: the collector reads the agent's current
+inventory (devices, health), the units it advertises and the state of its API writes, so a
+scrape always agrees with what the kubelet and the NodeDevices object were last told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from deviceplugin.agent import Agent
+
+DEFAULT_METRICS_PORT = 9465
+"""The agent's metrics port on the node (the DaemonSet runs in the host network); 9400 is
+dcgm-exporter's, so tessera's components take 9465 (agent) and 9466 (NRI hook)."""
+
+_MIB = 1 << 20
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        agent = self._agent
+        inventory = agent.inventory
+        node = inventory.node_name
+        gpu_info = GaugeMetricFamily(
+            "tessera_node_gpu_info",
+            "One per GPU the agent discovered (value 1), with what identifies it",
+            labels=["node", "gpu", "uuid", "model", "minor", "pci_bus_id"],
+        )
+        healthy = GaugeMetricFamily(
+            "tessera_node_gpu_healthy",
+            "1 while the GPU is healthy (advertised to the kubelet as usable), else 0",
+            labels=["node", "gpu", "uuid"],
+        )
+        memory = GaugeMetricFamily(
+            "tessera_node_gpu_memory_bytes",
+            "GPU memory of the device",
+            labels=["node", "gpu", "uuid"],
+        )
+        nic_healthy = GaugeMetricFamily(
+            "tessera_node_rdma_device_healthy",
+            "1 while every port of the RDMA device is active, else 0",
+            labels=["node", "device"],
+        )
+        units = GaugeMetricFamily(
+            "tessera_device_plugin_units",
+            "Units advertised to the kubelet, by resource and health",
+            labels=["node", "resource", "health"],
+        )
+        skipped = GaugeMetricFamily(
+            "tessera_device_plugin_discovery_errors",
+            "Devices discovery could not read (logged; the rest is served)",
+            labels=["node"],
+        )
+        api_ok = GaugeMetricFamily(
+            "tessera_device_plugin_api_ok",
+            "1 when the last write of this kind to the API server succeeded, else 0",
+            labels=["node", "write"],
+        )
+        for g in inventory.gpus:
+            gpu = str(g.index)
+            gpu_info.add_metric([node, gpu, g.uuid, g.model, str(g.minor), g.pci_bus_id], 1)
+            healthy.add_metric([node, gpu, g.uuid], 1 if g.healthy else 0)
+            memory.add_metric([node, gpu, g.uuid], g.memory_mib * _MIB)
+        for nic in inventory.nics:
+            nic_healthy.add_metric([node, nic.ibdev], 1 if nic.healthy else 0)
+        for resource, advertised in sorted(agent.units.items()):
+            good = advertised.healthy_count
+            units.add_metric([node, resource, "healthy"], good)
+            units.add_metric([node, resource, "unhealthy"], len(advertised.units) - good)
+        skipped.add_metric([node], len(agent.errors))
+        if agent.publisher is not None:
+            api_ok.add_metric([node, "inventory"], 0 if agent.inventory_error else 1)
+            api_ok.add_metric([node, "heartbeat"], 0 if agent.heartbeat_error else 1)
+        yield from (gpu_info, healthy, memory, nic_healthy, units, skipped, api_ok)
+
+
+def agent_registry(agent: Agent) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(AgentCollector(agent))
+    return registry
+
+
+def serve(registry: CollectorRegistry, port: int, address: str = "") -> None:
+    """Serve /metrics on a daemon thread (prometheus_client's own server)."""
+    start_http_server(port, addr=address or "0.0.0.0", registry=registry)
