@@ -93,7 +93,7 @@ def test_panels_do_not_overlap_and_fit_the_grid() -> None:
     for panel in _panels():
         g = panel["gridPos"]
         assert isinstance(g, dict)
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, panel["title"]
         for x in range(g["x"], g["x"] + g["w"]):
             for y in range(g["y"], g["y"] + g["h"]):
                 assert (x, y) not in cells, f"panel {panel['title']!r} overlaps another"
