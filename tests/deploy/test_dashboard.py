@@ -76,7 +76,9 @@ def test_every_panel_queries_only_exported_metrics() -> None:
 
 def test_the_dashboard_covers_what_operators_watch() -> None:
     text = " ".join(
-        t["expr"] for p in _panels() for t in p["targets"]  # type: ignore[attr-defined]
+        t["expr"]
+        for p in _panels()
+        for t in p["targets"]  # type: ignore[attr-defined]
     )
     for metric in (
         "tessera_gpu_core_allocated_ratio",
@@ -102,9 +104,7 @@ def test_panels_do_not_overlap_and_fit_the_grid() -> None:
 
 def test_the_checker_sees_a_panel_that_queries_a_missing_metric() -> None:
     bogus = "sum(tessera_gpu_core_allocated_percent)"
-    assert set(_METRIC.findall(bogus)) - exported_series() == {
-        "tessera_gpu_core_allocated_percent"
-    }
+    assert set(_METRIC.findall(bogus)) - exported_series() == {"tessera_gpu_core_allocated_percent"}
 
 
 @pytest.mark.parametrize(("component", "name", "kind"), _families())
