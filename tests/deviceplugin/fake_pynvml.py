@@ -5,7 +5,9 @@ from the numeric code (`NVMLError(3)` is an `NVMLError_NotSupported` with `.valu
 pynvml's `__new__` does); structures are objects with attributes; names and bus IDs are `str`
 in current releases and `bytes` in older ones (`legacy=True`), where
 `nvmlDeviceGetHandleByUUID` also wants bytes. Bus IDs use NVML's 8-digit domain in capitals
-("00000000:18:00.0"). Constants have pynvml's names and values.
+("00000000:18:00.0"). Constants have pynvml's names and values, functions pynvml's parameter
+names (mixedCase where pynvml's are): test_fake_pynvml_matches.py holds the stand-in to the
+installed pynvml.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
-NVML_NVLINK_MAX_LINKS = 18
+NVML_NVLINK_MAX_LINKS = 36
 NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
 NVML_NVLINK_DEVICE_TYPE_IBMNPU = 0x01
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
@@ -208,7 +210,8 @@ class FakeNvml:
         gpu = self._gpu(handle, "nvmlDeviceGetMinorNumber")
         return handle.index if gpu.minor is None else gpu.minor
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle) -> Memory:
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int | None = None) -> Memory:
+        # a version asks for nvmlMemory_v2 (with `reserved`); the backend asks for v1
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         total = gpu.memory_mib * 1024 * 1024
         return Memory(total=total, free=total - 512 * 1024 * 1024, used=512 * 1024 * 1024)
@@ -218,8 +221,8 @@ class FakeNvml:
         legacy_form = gpu.bus_id[4:]  # "0000:18:00.0"
         return PciInfo(busId=self._text(gpu.bus_id), busIdLegacy=self._text(legacy_form))
 
-    def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
-        gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
+    def nvmlDeviceGetMigMode(self, device: Handle) -> list[int]:
+        gpu = self._gpu(device, "nvmlDeviceGetMigMode")
         if gpu.mig is None:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig, gpu.mig]
@@ -232,12 +235,12 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return gpu.links[link]
 
-    def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int) -> int:
-        far = self._link(handle, link, "nvmlDeviceGetNvLinkState")
+    def nvmlDeviceGetNvLinkState(self, device: Handle, link: int) -> int:
+        far = self._link(device, link, "nvmlDeviceGetNvLinkState")
         return NVML_FEATURE_ENABLED if far is not None else NVML_FEATURE_DISABLED
 
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: Handle, link: int) -> PciInfo:
-        far = self._link(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo")
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, device: Handle, link: int) -> PciInfo:
+        far = self._link(device, link, "nvmlDeviceGetNvLinkRemotePciInfo")
         if far is None:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return PciInfo(busId=self._text(far[0]))
@@ -256,11 +259,11 @@ class FakeNvml:
     def nvmlDeviceGetSupportedEventTypes(self, handle: Handle) -> int:
         return self._gpu(handle, "nvmlDeviceGetSupportedEventTypes").supported_events
 
-    def nvmlDeviceRegisterEvents(self, handle: Handle, event_types: int, event_set: str) -> None:
+    def nvmlDeviceRegisterEvents(self, handle: Handle, eventTypes: int, eventSet: str) -> None:  # noqa: N803
         self._gpu(handle, "nvmlDeviceRegisterEvents")
-        self.registered.append((handle.index, event_types))
+        self.registered.append((handle.index, eventTypes))
 
-    def nvmlEventSetWait(self, event_set: str, timeout_ms: int) -> EventData:
+    def nvmlEventSetWait(self, eventSet: str, timeoutms: int) -> EventData:  # noqa: N803
         if not self.events:
             raise NVMLError(NVML_ERROR_TIMEOUT)
         event = self.events.pop(0)
@@ -268,5 +271,5 @@ class FakeNvml:
             raise NVMLError(event)
         return event
 
-    def nvmlEventSetFree(self, event_set: str) -> None:
+    def nvmlEventSetFree(self, eventSet: str) -> None:  # noqa: N803
         pass
