@@ -53,7 +53,12 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--openb", type=Path, default=ROOT.parent / "shared" / "data" / "openb")
-    parser.add_argument("--quick", action="store_true", help="reduced sizes, for a smoke run")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced sizes, for a smoke run: never rewrites docs/benchmarks.md and exits 0 "
+        "unless a benchmark fails to run",
+    )
     parser.add_argument("--only", action="append", default=[], help="substring of module names")
     parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)
@@ -65,9 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         for r in module.run(ctx):
             print(f"   {r.name}: {r.measured_text()} (target {r.target_text()})", flush=True)
             results.append((name.removeprefix("bench_"), r))
-    if not args.no_write and not args.only:
+    if not args.no_write and not args.only and not args.quick:
         (ROOT / "docs" / "benchmarks.md").write_text(render(results, args.quick))
-    return 0 if all(r.ok for _, r in results) else 1
+    missed = [f"{group}: {r.name}" for group, r in results if not r.ok]
+    for line in missed:
+        print(f"missed its target: {line}", flush=True)
+    # a quick run uses smaller sizes, so its figures are no verdict: it only has to run
+    return 0 if args.quick or not missed else 1
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
 MAX_UNITS_PER_RESOURCE = 32768
-"""The most unit IDs one resource may advertise (DESIGN.md keeps a node under ~32k IDs)."""
+"""The most unit IDs one resource may advertise: the kubelet keeps every ID of every resource
+in memory and in its checkpoint, so a node stays well under ~32k IDs per resource."""
 KUBELET_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """gRPC's default receive limit, which the kubelet does not raise."""
 MESSAGE_BUDGET_BYTES = 3 * 1024 * 1024

@@ -3,7 +3,7 @@
 Generic NRI machinery; what the plugin *does* lives in a `Handler` (tessera's is
 nri_hook.enforce.Enforcer).
 
-One session on one stream connection (PROTOCOLS.md 2.4-2.6):
+One session on one stream connection (containerd's NRI v0.2+ plugin protocol):
 1. Wrap the connection in the multiplexer; serve the Plugin service on connection 1
    (the runtime is the ttrpc client there) before anything else.
 2. Call Runtime/RegisterPlugin on connection 2 (we are the client) with the name and the

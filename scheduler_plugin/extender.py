@@ -1,7 +1,7 @@
 """The extender verbs as functions of decoded JSON: ExtenderArgs in, reply dict out.
 
 No I/O here: filter, prioritize and preempt read the Cache's immutable views and answer in
-kube-scheduler's exact shapes (PROTOCOLS.md 3.2, docs/scheduler.md):
+kube-scheduler's exact shapes (its extender/v1 types; docs/scheduler.md):
 
 - filter: `{"NodeNames"|"Nodes": survivors, "FailedNodes": {...},
   "FailedAndUnresolvableNodes": {...}, "Error": ""}`; the survivors come back in the form

@@ -1,5 +1,6 @@
 """A kubelet simulator for device plugin tests: the kubelet's side of the v1beta1 API over
-real unix sockets, written from PROTOCOLS.md section 1 independently of the plugin's code.
+real unix sockets, written from the kubelet's device plugin API v1beta1 independently of
+the plugin's code.
 
 What it does, as the kubelet does:
 - serves `v1beta1.Registration/Register` on `<dir>/kubelet.sock`; inside the handler it checks
@@ -44,7 +45,7 @@ _NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
 def kubelet_accepts(resource: str) -> bool:
-    """The kubelet's IsExtendedResourceName as PROTOCOLS.md describes it."""
+    """The kubelet's IsExtendedResourceName rule."""
     if "/" not in resource or "kubernetes.io/" in resource or resource.startswith("requests."):
         return False
     qualified = "requests." + resource

@@ -1,6 +1,6 @@
 """Decode JSON the way kube-scheduler does (Go encoding/json into extender/v1 structs).
 
-Rules modelled (PROTOCOLS.md 3.1-3.2):
+Rules modelled (Go's encoding/json as kube-scheduler's extender client uses it):
 - object keys match struct fields exactly, else case-insensitively; unknown keys are
   ignored (we also report them, so a misspelt key in our replies is caught);
 - `null` leaves a slice or map nil (kept here as None) and a string or number at its zero
