@@ -11,7 +11,9 @@ urlPrefix works:
 - GET /healthz, /readyz, /metrics as on the health server;
 - GET /debug/nodes, /debug/nodes/<name>, /debug/pods, /debug/watch[?node=<name>]: JSON
   views of the devices and pods (see docs/scheduler.md); a verified client certificate or
-  a bearer token that may `get` the path (TokenReview + SubjectAccessReview) is needed.
+  a bearer token that may `get` the path (TokenReview + SubjectAccessReview) is needed;
+- GET /debug/ui: a page that draws those views live (scheduler_plugin.ui); the page itself
+  is a fixed shell without data, its data calls need the same credentials as /debug.
 
 Health server (`--health-listen`, plain HTTP for kubelet probes and Prometheus):
 GET /healthz (alive), /readyz (synced and leader, 503 otherwise), /metrics.
@@ -42,7 +44,7 @@ from urllib.parse import parse_qs, unquote
 
 import uvicorn
 
-from scheduler_plugin import limits
+from scheduler_plugin import limits, ui
 from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
 from scheduler_plugin.protocol import BoundedProtocol
@@ -329,6 +331,8 @@ class App:
                 await _send(send, 404, b"metrics disabled\n", b"text/plain")
             else:
                 await _send(send, 200, service.metrics.render(), CONTENT_TYPE.encode())
+        elif self.role == "extender" and path == ui.PAGE_PATH:
+            await _send(send, 200, ui.PAGE, b"text/html; charset=utf-8")
         elif self.role == "extender" and (path == "/debug" or path.startswith("/debug/")):
             await self._authorize_debug(scope, path)
             await self._debug(scope, send, path)

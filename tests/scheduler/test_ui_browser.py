@@ -1,0 +1,150 @@
+"""The live allocation page in a real browser: headless Chromium (Debian's `chromium`, or
+the binary named by TESSERA_CHROMIUM) opens /debug/ui of a running extender, shows every
+node and the pods that hold GPUs, redraws when a pod is bound while it is open, and its
+screenshot carries each pod's colour. Skipped when no Chromium is installed."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.resources import GPU
+from tessera_testbed.apiserver import FakeApiServer
+from tests.scheduler.helpers import Http, pod, populate, running, schedule, share, wait_for
+
+CHROMIUM = os.environ.get("TESSERA_CHROMIUM") or shutil.which("chromium") or ""
+
+# the page's palette and colour rule (scheduler_plugin.ui), to find a pod in the screenshot
+_COLORS = ["#0969da", "#1a7f37", "#8250df", "#bf3989", "#9a6700", "#0a7f8c", "#bc4c00"]
+
+
+def pod_color(key: str) -> tuple[int, int, int]:
+    h = 0
+    for ch in key:
+        h = (h * 31 + ord(ch)) & 0xFFFFFFFF
+    c = _COLORS[h % len(_COLORS)]
+    return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol (one page)."""
+
+    def __init__(self, profile: Path) -> None:
+        import websocket  # websocket-client, a dependency of the kubernetes client
+
+        self.proc = subprocess.Popen(
+            [
+                CHROMIUM,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--window-size=1400,900",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port_file = profile / "DevToolsActivePort"
+        wait_for(port_file.exists, timeout=30, interval=0.05)
+        port = int(port_file.read_text().split()[0])
+        pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
+        target = next(p for p in pages if p["type"] == "page")
+        self.ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=30)
+        self.next_id = 0
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            message = json.loads(self.ws.recv())
+            if message.get("id") == self.next_id:
+                assert "error" not in message, message
+                result: dict[str, Any] = message["result"]
+                return result
+
+    def text(self) -> str:
+        answer = self.call("Runtime.evaluate", expression="document.body.innerText")
+        return str(answer["result"].get("value", ""))
+
+    def screenshot(self) -> bytes:
+        return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+
+    def close(self) -> None:
+        self.ws.close()
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def _get(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return str(answer.read().decode())
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM:
+        pytest.skip("no chromium (apt-get install chromium, or set TESSERA_CHROMIUM)")
+    with tempfile.TemporaryDirectory() as profile:
+        b = Browser(Path(profile))
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _has_color(png: bytes, rgb: tuple[int, int, int]) -> bool:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    return any(color == rgb for _, color in image.getcolors(maxcolors=1 << 20) or [])
+
+
+def test_the_page_shows_nodes_and_pods_and_follows_a_bind(browser: Browser) -> None:
+    nodes = ["node-a", "node-b", "node-c"]
+    with FakeApiServer() as fake:
+        populate(fake, nodes, gpus=2)
+        with running(fake, policy="binpack") as service:
+            http = Http(service.server.port)
+            assert schedule(http, fake, pod("train-1", {GPU: 100}), nodes)
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{service.server.port}/debug/ui")
+            first = wait_for(lambda: "train-1" in (t := browser.text()) and t, timeout=20)
+            for node in nodes:
+                assert node in first
+            assert "late-2" not in first
+            # bound while the page is open: the watch stream redraws it
+            assert schedule(http, fake, pod("late-2", share(30, 30)), nodes)
+            second = wait_for(lambda: "late-2" in (t := browser.text()) and t, timeout=20)
+            assert "default/late-2 30%" in second and "default/train-1 100%" in second
+            assert "error" not in second  # drawn from the stream, not a reload after a failure
+            png = browser.screenshot()
+    assert png.startswith(b"\x89PNG")
+    assert _has_color(png, pod_color("default/train-1"))
+    assert _has_color(png, pod_color("default/late-2"))
+
+
+def test_the_shell_carries_no_cluster_data_and_the_data_calls_need_credentials() -> None:
+    with FakeApiServer() as fake:
+        populate(fake, ["node-secret"], gpus=1)
+        with running(fake, open_debug=False) as service:
+            http = Http(service.server.port)
+            status, page = http.get("/debug/ui")
+            assert status == 200 and b"node-secret" not in page
+            assert http.get("/debug/nodes")[0] == 401
+            # the page's colour rule is the one this test looks for in screenshots
+            assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in page
+            assert json.dumps(_COLORS).replace(" ", "").encode() in page.replace(b" ", b"")
