@@ -14,7 +14,7 @@ OPENB  ?= ../shared/data/openb
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
 	@echo "make test   - install everything the tests need, then run the whole test suite"
-	@echo "make lint   - ruff, mypy (strict on the core) and the import contracts"
+	@echo "make lint   - ruff, mypy (strict everywhere) and the import contracts"
 	@echo "make bench  - speed benchmarks (figures go to docs/benchmarks.md)"
 	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
@@ -41,7 +41,7 @@ test: $(PROTO_STAMP)
 lint: $(PROTO_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy tessera tessera_cli tessera_edge kube_edge tessera_sim tessera_ttrpc deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz
+	$(VENV)/bin/mypy tessera tessera_cli tessera_edge kube_edge tessera_sim tessera_ttrpc deviceplugin nri_hook scheduler_plugin tessera_testbed kubectl_tessera tools bench fuzz tests
 	$(VENV)/bin/lint-imports
 
 bench: $(PROTO_STAMP)

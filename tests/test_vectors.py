@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +40,10 @@ def test_every_vector_file_is_listed() -> None:
 
 
 @pytest.mark.parametrize("folder", [EXTENDER, DEVICEPLUGIN, NRI_WIRE])
-def test_each_capture_folder_is_required(folder) -> None:
+def test_each_capture_folder_is_required(folder: Path) -> None:
     assert require(folder) == folder
 
 
-def test_a_missing_folder_fails_rather_than_skips(tmp_path) -> None:
+def test_a_missing_folder_fails_rather_than_skips(tmp_path: Path) -> None:
     with pytest.raises(MissingVectorsError, match="captured vectors missing"):
         require(tmp_path / "absent")

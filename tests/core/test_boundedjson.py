@@ -25,17 +25,17 @@ from tessera.boundedjson import MAX_INT_DIGITS, JsonLimitError, loads
         "nul",
     ],
 )
-def test_bad_documents_raise_the_typed_error(raw):
+def test_bad_documents_raise_the_typed_error(raw: str | bytes) -> None:
     with pytest.raises(JsonLimitError):
         loads(raw, what="doc", max_bytes=1 << 20)
 
 
-def test_size_is_checked_before_parsing():
+def test_size_is_checked_before_parsing() -> None:
     with pytest.raises(JsonLimitError, match="over the 10-byte limit"):
         loads("[" + "1," * 10 + "1]", what="doc", max_bytes=10)
 
 
-def test_depth_limit():
+def test_depth_limit() -> None:
     assert loads("[[1]]", what="d", max_bytes=100, max_depth=2) == [[1]]
     with pytest.raises(JsonLimitError, match="deeper than 2"):
         loads("[[[1]]]", what="d", max_bytes=100, max_depth=2)
@@ -43,7 +43,7 @@ def test_depth_limit():
         loads('{"a": {"b": {"c": 1}}}', what="d", max_bytes=100, max_depth=2)
 
 
-def test_uint64_and_ordinary_floats_pass():
+def test_uint64_and_ordinary_floats_pass() -> None:
     assert loads("18446744073709551615", what="d", max_bytes=100) == 2**64 - 1
     assert loads("[1.5e300, -0.25]", what="d", max_bytes=100) == [1.5e300, -0.25]
 
@@ -58,17 +58,17 @@ json_values = st.recursive(
 
 
 @given(json_values)
-def test_round_trip_of_ordinary_documents(value):
+def test_round_trip_of_ordinary_documents(value: object) -> None:
     assert loads(json.dumps(value), what="d", max_bytes=1 << 20) == value
 
 
 @given(st.binary(max_size=200))
-def test_arbitrary_bytes_parse_or_raise_the_typed_error(raw):
+def test_arbitrary_bytes_parse_or_raise_the_typed_error(raw: bytes) -> None:
     with contextlib.suppress(JsonLimitError):
         loads(raw, what="d", max_bytes=1 << 20, max_depth=8)
 
 
-def _depth(value) -> int:
+def _depth(value: object) -> int:
     if isinstance(value, dict):
         return 1 + max(map(_depth, value.values()), default=0)
     if isinstance(value, list):
@@ -77,7 +77,9 @@ def _depth(value) -> int:
 
 
 @given(json_values, st.integers(0, 6), st.booleans())
-def test_the_depth_limit_holds_for_any_document_however_it_is_written(value, limit, as_bytes):
+def test_the_depth_limit_holds_for_any_document_however_it_is_written(
+    value: object, limit: int, as_bytes: bool
+) -> None:
     """The bracket count that lets shallow bodies skip the walk never lets a deep one by."""
     raw = json.dumps(value)
     deep = _depth(value) > limit

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from tessera import resources as rn
 from tessera.cluster_decision import UNKNOWN_NODE, Decider
 from tessera.cluster_state import ClusterState
-from tessera.node_placement import Placement, place_pod
+from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.policy_registry import POLICIES
 from tessera.request import parse_pod
 from tessera_edge.topology_file import load_topology
@@ -38,7 +38,12 @@ def make_decider(nodes: int = 9) -> Decider:
     return Decider(state, policies, "binpack")
 
 
-def fill(decider: Decider, ops) -> None:
+def placed(result: Placement | NoFit) -> Placement:
+    assert isinstance(result, Placement), result
+    return result
+
+
+def fill(decider: Decider, ops: list[tuple[int, int]]) -> None:
     names = sorted(decider.state.nodes)
     for k, (req, which) in enumerate(ops):
         request = parse_pod(pod(f"f{k}", containers={"main": REQUESTS[req]}))
@@ -52,7 +57,9 @@ def fill(decider: Decider, ops) -> None:
     st.lists(st.tuples(st.integers(0, len(REQUESTS) - 1), st.integers(0, 8)), max_size=60),
     st.sampled_from(sorted(POLICIES)),
 )
-def test_vector_path_agrees_with_exact_placement(ops, policy_name):
+def test_vector_path_agrees_with_exact_placement(
+    ops: list[tuple[int, int]], policy_name: str
+) -> None:
     decider = make_decider()
     fill(decider, ops)
     policy = decider.policies[policy_name]
@@ -71,7 +78,7 @@ def test_vector_path_agrees_with_exact_placement(ops, policy_name):
                     assert got.unresolvable == exact.unresolvable, (name, got, exact)
 
 
-def test_unknown_nodes_fail_as_unresolvable():
+def test_unknown_nodes_fail_as_unresolvable() -> None:
     decider = make_decider(2)
     request = parse_pod(pod(containers={"main": {rn.GPU: "10"}}))
     evaluation = decider.evaluate(request, ["n0", "ghost"])
@@ -80,7 +87,7 @@ def test_unknown_nodes_fail_as_unresolvable():
     assert decider.place(request, "ghost") is UNKNOWN_NODE
 
 
-def test_failure_reasons_on_the_vector_path():
+def test_failure_reasons_on_the_vector_path() -> None:
     state = ClusterState()
     state.set_node(node("t4", [gpu(0, model="Tesla T4", memory=15360)]))
     state.set_node(node("empty", []))
@@ -108,7 +115,7 @@ def test_failure_reasons_on_the_vector_path():
     assert whole.failures["t4"].unresolvable and "the node has 1" in whole.failures["t4"].reason
 
 
-def test_exact_path_is_used_for_complex_requests_and_follows_changes():
+def test_exact_path_is_used_for_complex_requests_and_follows_changes() -> None:
     decider = make_decider(3)
     request = parse_pod(pod(containers={"a": {rn.GPU: "50"}, "b": {rn.GPU: "200", rn.RDMA: "10"}}))
     first = decider.evaluate(request)
@@ -116,15 +123,15 @@ def test_exact_path_is_used_for_complex_requests_and_follows_changes():
     assert "RDMA" in first.failures["n2"].reason
     # fill n0 completely; the cached verdict for n0 must not survive the change
     fill_request = parse_pod(pod("big", containers={"main": {rn.GPU: "800"}}))
-    decider.state.add(decider.place(fill_request, "n0").allocation)
+    decider.state.add(placed(decider.place(fill_request, "n0")).allocation)
     second = decider.evaluate(request)
     assert "n0" in second.failures and "n1" in second.scores
 
 
-def test_policy_override_per_pod():
+def test_policy_override_per_pod() -> None:
     decider = make_decider(3)
     busy = parse_pod(pod("busy", containers={"main": {rn.GPU: "400"}}))
-    decider.state.add(decider.place(busy, "n0").allocation)
+    decider.state.add(placed(decider.place(busy, "n0")).allocation)
     packed = decider.evaluate(parse_pod(pod(containers={"main": {rn.GPU: "10"}})))
     spread = decider.evaluate(
         parse_pod(
@@ -138,6 +145,6 @@ def test_policy_override_per_pod():
     assert spread.policy == "spread"
 
 
-def test_unknown_default_policy():
+def test_unknown_default_policy() -> None:
     with pytest.raises(ValueError):
         Decider(ClusterState(), {}, "binpack")

@@ -9,6 +9,7 @@ from tessera.cluster_decision import Decider
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
+from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.scoring_policy import BinpackPolicy, FloatArray, IntArray, Policy, VectorCase
 from tests.core.test_fragmentation_policy import inventory, pod
@@ -60,7 +61,7 @@ class Learning(Policy):
         self.level = 0.25 if len(self.seen) > 1 else 0.5
         self.generation = len(self.seen)
 
-    def option_score(self, node, free, option):  # type: ignore[no-untyped-def]
+    def option_score(self, node, free, option) -> float:  # type: ignore[no-untyped-def]
         return 0.0
 
     def node_score(self, node, before, after):  # type: ignore[no-untyped-def]
@@ -86,7 +87,9 @@ def test_observe_generation_and_nan_rows() -> None:
 
 def test_placement_score_sees_the_pod() -> None:
     class HostAware(BinpackPolicy):
-        def placement_score(self, node, request, before, after):  # type: ignore[no-untyped-def]
+        def placement_score(
+            self, node: NodeState, request: PodRequest, before: GpuCapacity, after: GpuCapacity
+        ) -> float:
             return request.cpu_milli / 10_000
 
     state = small_state()

@@ -77,7 +77,9 @@ def check_index(state: ClusterState, index: ClusterIndex) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OPS)
-def test_random_operations_keep_every_invariant(ops):
+def test_random_operations_keep_every_invariant(
+    ops: list[tuple[str, dict[str, str], int, bool]],
+) -> None:
     state = cluster()
     index = ClusterIndex(state, rows=2)  # starts small so rows are reallocated on the way
     empty = state.snapshot()
@@ -125,7 +127,7 @@ def small_cluster() -> ClusterState:
     return state
 
 
-def test_overcommit_is_refused_and_changes_nothing():
+def test_overcommit_is_refused_and_changes_nothing() -> None:
     state = small_cluster()
     state.add(manual_alloc("a", "n1", "GPU-00000000", 70))
     before = state.snapshot()
@@ -134,7 +136,7 @@ def test_overcommit_is_refused_and_changes_nothing():
     assert state.snapshot() == before
 
 
-def test_two_grants_on_one_gpu_in_one_pod_are_summed():
+def test_two_grants_on_one_gpu_in_one_pod_are_summed() -> None:
     state = small_cluster()
     g = GpuGrant("GPU-00000000", 0, 0, 60, 10)
     alloc = PodAllocation(
@@ -144,13 +146,13 @@ def test_two_grants_on_one_gpu_in_one_pod_are_summed():
         state.add(alloc)
 
 
-def test_unknown_device_is_refused():
+def test_unknown_device_is_refused() -> None:
     state = small_cluster()
     with pytest.raises(StateError, match="not a GPU of node n1"):
         state.add(manual_alloc("a", "n1", "GPU-nope", 10))
 
 
-def test_same_pod_twice():
+def test_same_pod_twice() -> None:
     state = small_cluster()
     alloc = manual_alloc("a", "n1", "GPU-00000000", 10)
     state.add(alloc, assumed=True)
@@ -161,7 +163,7 @@ def test_same_pod_twice():
         state.add(manual_alloc("a", "n1", "GPU-00000000", 20))
 
 
-def test_allocations_for_unknown_nodes_wait_until_the_node_arrives():
+def test_allocations_for_unknown_nodes_wait_until_the_node_arrives() -> None:
     state = ClusterState()
     alloc = manual_alloc("a", "late", "GPU-00000000", 40)
     state.add(alloc)
@@ -173,7 +175,7 @@ def test_allocations_for_unknown_nodes_wait_until_the_node_arrives():
     assert state.remove("a") == alloc and not state.pending
 
 
-def test_removing_is_idempotent_and_inventory_updates_keep_usage():
+def test_removing_is_idempotent_and_inventory_updates_keep_usage() -> None:
     state = small_cluster()
     state.add(manual_alloc("a", "n1", "GPU-00000000", 40))
     state.set_node(state.nodes["n1"].inventory.with_gpu_health("GPU-00000000", False))
@@ -183,7 +185,7 @@ def test_removing_is_idempotent_and_inventory_updates_keep_usage():
     assert state.nodes["n1"].free_core == [100]
 
 
-def test_usage_of_a_vanished_gpu_survives_rediscovery():
+def test_usage_of_a_vanished_gpu_survives_rediscovery() -> None:
     state = ClusterState()
     state.set_node(node("n", [gpu(0), gpu(1)]))
     state.add(manual_alloc("a", "n", "GPU-00000001", 50))
@@ -192,7 +194,7 @@ def test_usage_of_a_vanished_gpu_survives_rediscovery():
     assert state.nodes["n"].free_core == [100, 50]
 
 
-def test_index_tracks_host_capacity_and_node_removal():
+def test_index_tracks_host_capacity_and_node_removal() -> None:
     state = ClusterState()
     index = ClusterIndex(state)
     state.set_node(node("a", [gpu(0)]), cpu_milli=4000, memory_mib=8192)

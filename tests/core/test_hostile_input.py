@@ -25,12 +25,12 @@ from .test_record import GOLDEN_UNSIGNED, KEY
 
 
 @pytest.mark.parametrize("text", ["[" * 1000, '{"a":' * 1000, "[" * 100_000])
-def test_deep_nesting_is_a_record_error(text):
+def test_deep_nesting_is_a_record_error(text: str) -> None:
     with pytest.raises(RecordError, match="record"):
         record.decode(text, KEY)
 
 
-def test_non_ascii_proof_is_a_record_error():
+def test_non_ascii_proof_is_a_record_error() -> None:
     doc = json.loads(record.encode(record.decode(GOLDEN_UNSIGNED), KEY))
     for field in list(doc["integrity"]):
         if field not in ("alg", "keyId"):
@@ -43,7 +43,7 @@ def test_non_ascii_proof_is_a_record_error():
     "block",
     [None, [], "x", 1, {}, {"alg": 1, "keyId": [], "sig": {}}, {"keyId": {"a": 1}}],
 )
-def test_any_integrity_block_is_a_record_error(block):
+def test_any_integrity_block_is_a_record_error(block: object) -> None:
     doc = json.loads(GOLDEN_UNSIGNED)
     doc["integrity"] = block
     with pytest.raises(RecordError):
@@ -62,7 +62,9 @@ def test_any_integrity_block_is_a_record_error(block):
         (("containers", 0, "name"), "x" * 5000),
     ],
 )
-def test_record_numbers_and_strings_are_bounded(path, value):
+def test_record_numbers_and_strings_are_bounded(
+    path: tuple[str | int, ...], value: int | str
+) -> None:
     doc = json.loads(GOLDEN_UNSIGNED)
     target = doc
     for step in path[:-1]:
@@ -72,7 +74,7 @@ def test_record_numbers_and_strings_are_bounded(path, value):
         record.decode(json.dumps(doc))
 
 
-def test_huge_numbers_in_records_are_refused_without_building_them():
+def test_huge_numbers_in_records_are_refused_without_building_them() -> None:
     text = GOLDEN_UNSIGNED.replace('"cpuMilli":4000', '"cpuMilli":' + "9" * 5000)
     with pytest.raises(RecordError):
         record.decode(text)
@@ -85,12 +87,12 @@ def test_huge_numbers_in_records_are_refused_without_building_them():
     "value",
     ["1e999999", "1e-999999", "9" * 100_000, "1" + "0" * 200 + "Gi", "1e40", math.inf, math.nan],
 )
-def test_absurd_quantities_are_refused(value):
+def test_absurd_quantities_are_refused(value: str | float) -> None:
     with pytest.raises(QuantityError):
         parse_quantity(value)
 
 
-def test_quantity_error_is_a_value_error_for_existing_callers():
+def test_quantity_error_is_a_value_error_for_existing_callers() -> None:
     assert issubclass(QuantityError, ValueError)
 
 
@@ -104,14 +106,14 @@ def test_quantity_error_is_a_value_error_for_existing_callers():
         ("memory", "9" * 100_000),
     ],
 )
-def test_absurd_quantities_in_pods_name_container_and_resource(resource, value):
+def test_absurd_quantities_in_pods_name_container_and_resource(resource: str, value: str) -> None:
     with pytest.raises(RequestError) as info:
         parse_pod(pod(containers={"main": {resource: value}}))
     assert info.value.container == "main"
     assert info.value.resource == resource
 
 
-def test_huge_overhead_is_a_request_error():
+def test_huge_overhead_is_a_request_error() -> None:
     p = pod(containers={"main": {rn.GPU: "1"}})
     p["spec"]["overhead"] = {"cpu": "1e999999"}
     with pytest.raises(RequestError):
@@ -121,14 +123,19 @@ def test_huge_overhead_is_a_request_error():
 # --- node inventories (NodeDevices specs written by node agents) ----------------------------
 
 
-def _gpu(**fields):
-    g = {"uuid": "GPU-a", "model": "T4", "memoryMiB": 15360, "pciBusId": "0000:3b:00.0"}
+def _gpu(**fields: object) -> dict[str, object]:
+    g: dict[str, object] = {
+        "uuid": "GPU-a",
+        "model": "T4",
+        "memoryMiB": 15360,
+        "pciBusId": "0000:3b:00.0",
+    }
     g.update(fields)
     return g
 
 
-def _nic(**fields):
-    n = {"ibdev": "mlx5_0", "pciBusId": "0000:0c:00.0", "uverbsMinor": 0}
+def _nic(**fields: object) -> dict[str, object]:
+    n: dict[str, object] = {"ibdev": "mlx5_0", "pciBusId": "0000:0c:00.0", "uverbsMinor": 0}
     n.update(fields)
     return n
 
@@ -153,13 +160,15 @@ def _nic(**fields):
         ({"gpus": [_gpu(nvlinks={"x": 2**70})]}, "gpus[0].nvlinks.x"),
     ],
 )
-def test_inventory_numbers_lists_and_strings_are_bounded(doc, where):
+def test_inventory_numbers_lists_and_strings_are_bounded(
+    doc: dict[str, object], where: str
+) -> None:
     with pytest.raises(InventoryError) as info:
         NodeInventory.from_dict(doc, source="nodedevices/n1")
     assert info.value.field == where
 
 
-def test_a_parsed_inventory_always_fits_the_index():
+def test_a_parsed_inventory_always_fits_the_index() -> None:
     """The reported crash: memoryMiB above 2^63 reached numpy as an OverflowError."""
     inv = NodeInventory.from_dict({"gpus": [_gpu()]}, node_name="n1")
     state = ClusterState()

@@ -78,7 +78,7 @@ def allocations(draw: Any) -> PodAllocation:
 
 @settings(max_examples=150, deadline=None)
 @given(allocations())
-def test_every_allocation_round_trips_signed(alloc):
+def test_every_allocation_round_trips_signed(alloc: PodAllocation) -> None:
     text = record.encode(alloc, SIGNER)
     assert record.decode(text, NODE, pod_uid=alloc.pod_uid, node=alloc.node) == alloc
     assert record.encode(record.decode(text, NODE), SIGNER) == text
@@ -86,7 +86,9 @@ def test_every_allocation_round_trips_signed(alloc):
 
 @settings(max_examples=200, deadline=None)
 @given(allocations(), st.integers(0, 2**32), st.integers(1, 4))
-def test_a_mutated_signed_record_is_the_signed_allocation_or_a_record_error(alloc, seed, edits):
+def test_a_mutated_signed_record_is_the_signed_allocation_or_a_record_error(
+    alloc: PodAllocation, seed: int, edits: int
+) -> None:
     rng = random.Random(seed)
     data = record.encode(alloc, SIGNER).encode()
     for _ in range(edits):
@@ -114,7 +116,9 @@ json_values = st.recursive(
 
 @settings(max_examples=120, deadline=None)
 @given(allocations(), st.dictionaries(st.sampled_from(["alg", "keyId", "sig", "mac"]), json_values))
-def test_any_integrity_block_is_refused_with_a_record_error(alloc, block):
+def test_any_integrity_block_is_refused_with_a_record_error(
+    alloc: PodAllocation, block: dict[str, Any]
+) -> None:
     doc = json.loads(record.encode(alloc, SIGNER))
     doc["integrity"] = block
     with contextlib.suppress(RecordError):
@@ -124,7 +128,7 @@ def test_any_integrity_block_is_refused_with_a_record_error(alloc, block):
 
 @settings(max_examples=150, deadline=None)
 @given(json_values)
-def test_arbitrary_json_only_ever_raises_record_errors(doc):
+def test_arbitrary_json_only_ever_raises_record_errors(doc: Any) -> None:
     with contextlib.suppress(RecordError):
         record.decode(json.dumps(doc), NODE)
 
@@ -138,7 +142,7 @@ quantity_text = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(quantity_text, st.integers(), st.floats(), st.none(), st.booleans()))
-def test_any_quantity_parses_or_is_a_quantity_error(value):
+def test_any_quantity_parses_or_is_a_quantity_error(value: str | int | float | bool | None) -> None:
     for convert in (parse_quantity, cpu_millis, memory_mib, whole_count):
         try:
             result = convert(value)
@@ -163,11 +167,13 @@ def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
 
 @settings(max_examples=120, deadline=None)
 @given(st.sampled_from(TOPOLOGIES), st.data())
-def test_a_mutated_node_devices_spec_parses_or_is_an_inventory_error(spec, data):
+def test_a_mutated_node_devices_spec_parses_or_is_an_inventory_error(
+    spec: dict[str, Any], data: st.DataObject
+) -> None:
     doc = spec
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(paths(doc)))
-        value = data.draw(
+        value: object = data.draw(
             json_values
             | st.integers(2**62, 2**70)
             | st.just([{}] * 3000)
@@ -185,7 +191,9 @@ def test_a_mutated_node_devices_spec_parses_or_is_an_inventory_error(spec, data)
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(TOPOLOGIES), st.integers(0, 2**32))
-def test_a_byte_mutated_node_devices_spec_parses_or_is_an_inventory_error(spec, seed):
+def test_a_byte_mutated_node_devices_spec_parses_or_is_an_inventory_error(
+    spec: dict[str, Any], seed: int
+) -> None:
     from tessera.boundedjson import JsonLimitError, loads
 
     rng = random.Random(seed)

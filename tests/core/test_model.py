@@ -1,3 +1,6 @@
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tessera.errors import InventoryError
@@ -6,13 +9,13 @@ from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_
 
 
 @pytest.mark.parametrize("name", BUILTIN_TOPOLOGIES)
-def test_builtin_topologies_load_and_round_trip(name):
+def test_builtin_topologies_load_and_round_trip(name: str) -> None:
     inv = load_topology(name, "node-1")
     assert inv.node_name == "node-1" and inv.gpus
     assert NodeInventory.from_dict(inv.to_dict()) == inv
 
 
-def test_h100_topology_matches_its_description():
+def test_h100_topology_matches_its_description() -> None:
     inv = load_topology("h100-sxm-8x")
     assert len(inv.gpus) == 8 and len(inv.nics) == 4
     assert all(len(g.nvlinks) == 7 for g in inv.gpus)
@@ -21,21 +24,26 @@ def test_h100_topology_matches_its_description():
     assert all(len(n.vfs) == 8 for n in inv.nics)
 
 
-def test_a100_topology_has_four_switches_on_two_numa_nodes():
+def test_a100_topology_has_four_switches_on_two_numa_nodes() -> None:
     inv = load_topology("a100-pcie-8x")
     assert len({g.pcie_switch for g in inv.gpus}) == 4
     assert {g.numa_node for g in inv.gpus} == {0, 1}
     assert not any(g.nvlinks for g in inv.gpus)
 
 
-def test_bus_ids_are_normalized():
+def test_bus_ids_are_normalized() -> None:
     assert normalize_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
     with pytest.raises(ValueError):
         normalize_bus_id("1a:00.0")
 
 
-def doc_with(**gpu_fields):
-    g = {"uuid": "GPU-a", "model": "T4", "memoryMiB": 15360, "pciBusId": "0000:3b:00.0"}
+def doc_with(**gpu_fields: object) -> dict[str, Any]:
+    g: dict[str, object] = {
+        "uuid": "GPU-a",
+        "model": "T4",
+        "memoryMiB": 15360,
+        "pciBusId": "0000:3b:00.0",
+    }
     g.update(gpu_fields)
     return {"gpus": [g]}
 
@@ -52,7 +60,9 @@ def doc_with(**gpu_fields):
         ({"healthy": "yes"}, "gpus[0].healthy", "true or false"),
     ],
 )
-def test_inventory_errors_name_source_and_field(fields, where, needle):
+def test_inventory_errors_name_source_and_field(
+    fields: dict[str, object], where: str, needle: str
+) -> None:
     with pytest.raises(InventoryError) as info:
         NodeInventory.from_dict(doc_with(**fields), source="topo.yaml")
     assert info.value.source == "topo.yaml"
@@ -61,13 +71,13 @@ def test_inventory_errors_name_source_and_field(fields, where, needle):
     assert str(info.value).startswith("topo.yaml: " + where)
 
 
-def test_duplicate_devices_are_refused():
+def test_duplicate_devices_are_refused() -> None:
     doc = {"gpus": [doc_with()["gpus"][0], doc_with(pciBusId="0000:3c:00.0")["gpus"][0]]}
     with pytest.raises(InventoryError, match=r"gpus\[1\].uuid: duplicate"):
         NodeInventory.from_dict(doc)
 
 
-def test_nvlinks_by_index_resolve_to_uuids():
+def test_nvlinks_by_index_resolve_to_uuids() -> None:
     doc = {
         "gpus": [
             {
@@ -91,7 +101,7 @@ def test_nvlinks_by_index_resolve_to_uuids():
     assert inv.gpus[1].nvlink_count("GPU-a") == 4
 
 
-def test_topology_text_errors(tmp_path):
+def test_topology_text_errors(tmp_path: Path) -> None:
     with pytest.raises(InventoryError, match="not valid YAML"):
         parse_topology_text("gpus: [", "bad.yaml")
     with pytest.raises(InventoryError, match="empty"):
@@ -102,7 +112,7 @@ def test_topology_text_errors(tmp_path):
         parse_topology_text("- 1\n- 2\n", "list.yaml")
 
 
-def test_health_changes_make_new_inventories():
+def test_health_changes_make_new_inventories() -> None:
     inv = load_topology("t4-4x", "n")
     sick = inv.with_gpu_health(inv.gpus[1].uuid, False, "XID 79")
     assert inv.gpus[1].healthy and not sick.gpus[1].healthy
@@ -114,5 +124,5 @@ def test_health_changes_make_new_inventories():
     ("wanted", "expected"),
     [("NVIDIA H100 80GB HBM3", True), ("h100", True), ("H10", False), ("HBM3", True), ("", False)],
 )
-def test_model_matching(wanted, expected):
+def test_model_matching(wanted: str, expected: bool) -> None:
     assert model_matches("NVIDIA H100 80GB HBM3", wanted) is expected

@@ -3,6 +3,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -56,11 +57,11 @@ GOLDEN_UNSIGNED = (
 )
 
 
-def test_golden_unsigned_encoding():
+def test_golden_unsigned_encoding() -> None:
     assert record.encode(ALLOC) == GOLDEN_UNSIGNED
 
 
-def test_golden_signature():
+def test_golden_signature() -> None:
     signed = json.loads(record.encode(ALLOC, KEY))
     # Ed25519 over GOLDEN_UNSIGNED with the fixed key, computed independently of the codec
     expected = Ed25519PrivateKey.from_private_bytes(SEED).sign(GOLDEN_UNSIGNED.encode())
@@ -71,19 +72,19 @@ def test_golden_signature():
     }
 
 
-def test_round_trip_signed_and_unsigned():
+def test_round_trip_signed_and_unsigned() -> None:
     assert record.decode(record.encode(ALLOC)) == ALLOC
     assert record.decode(record.encode(ALLOC, KEY), KEY) == ALLOC
 
 
-def test_tampering_is_detected():
+def test_tampering_is_detected() -> None:
     doc = json.loads(record.encode(ALLOC, KEY))
     doc["containers"][0]["gpus"][0]["core"] = 100
     with pytest.raises(IntegrityError, match="does not verify"):
         record.decode(json.dumps(doc), KEY)
 
 
-def test_missing_or_foreign_proof():
+def test_missing_or_foreign_proof() -> None:
     with pytest.raises(IntegrityError, match="no integrity proof"):
         record.decode(record.encode(ALLOC), KEY)
     other = record.Keyring.generate("k2")
@@ -94,12 +95,12 @@ def test_missing_or_foreign_proof():
         record.decode(record.encode(ALLOC, same_id), KEY)
 
 
-def test_integrity_required_without_key_is_an_error():
+def test_integrity_required_without_key_is_an_error() -> None:
     with pytest.raises(IntegrityError, match="no integrity key"):
         record.decode(record.encode(ALLOC), None, require_integrity=True)
 
 
-def test_rotation_verifies_with_any_public_key_and_signs_with_the_signing_key():
+def test_rotation_verifies_with_any_public_key_and_signs_with_the_signing_key() -> None:
     new = record.Keyring.generate("new")
     assert KEY.signing_key is not None and new.signing_key is not None
     ring = record.Keyring({"k1": KEY.signing_key.public_key()}, signing=("new", new.signing_key))
@@ -107,7 +108,7 @@ def test_rotation_verifies_with_any_public_key_and_signs_with_the_signing_key():
     assert json.loads(record.encode(ALLOC, ring))["integrity"]["keyId"] == "new"
 
 
-def test_a_node_verifies_but_cannot_sign():
+def test_a_node_verifies_but_cannot_sign() -> None:
     node = KEY.verifier()
     assert node.signing_id is None and node.signing_key is None
     assert record.decode(record.encode(ALLOC, KEY), node) == ALLOC
@@ -115,7 +116,7 @@ def test_a_node_verifies_but_cannot_sign():
         record.encode(ALLOC, node)
 
 
-def test_a_public_key_must_match_the_signing_key_of_its_id():
+def test_a_public_key_must_match_the_signing_key_of_its_id() -> None:
     assert KEY.signing_key is not None
     with pytest.raises(ValueError, match="does not belong"):
         record.Keyring(
@@ -130,7 +131,7 @@ def _hmac_record(key: bytes, key_id: str = "default") -> str:
     return json.dumps(doc)
 
 
-def test_hmac_records_verify_only_with_legacy_keys():
+def test_hmac_records_verify_only_with_legacy_keys() -> None:
     old = b"0123456789abcdef0123456789abcdef"
     text = _hmac_record(old)
     with pytest.raises(IntegrityError, match="not trusted"):
@@ -145,12 +146,12 @@ def test_hmac_records_verify_only_with_legacy_keys():
         record.decode(_hmac_record(b"x" * 32), upgraded)
 
 
-def test_short_legacy_keys_are_refused():
+def test_short_legacy_keys_are_refused() -> None:
     with pytest.raises(ValueError, match="shorter"):
         KEY.with_legacy_hmac({"default": b"short"})
 
 
-def test_pod_and_node_binding():
+def test_pod_and_node_binding() -> None:
     text = record.encode(ALLOC, KEY)
     record.decode(text, KEY, pod_uid=ALLOC.pod_uid, node="gpu-node-7")
     with pytest.raises(RecordMismatchError, match="not 'other-uid'"):
@@ -164,7 +165,7 @@ def test_pod_and_node_binding():
         record.decode(text, KEY, namespace="dev")
 
 
-def mutate(path, value):
+def mutate(path: tuple[str | int, ...], value: object) -> str:
     doc = json.loads(GOLDEN_UNSIGNED)
     target = doc
     for step in path[:-1]:
@@ -195,19 +196,21 @@ def mutate(path, value):
         (("containers",), {}, "expected a list"),
     ],
 )
-def test_malformed_records_say_what_is_wrong(path, value, needle):
+def test_malformed_records_say_what_is_wrong(
+    path: tuple[str | int, ...], value: object, needle: str
+) -> None:
     with pytest.raises(RecordError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         record.decode(mutate(path, value))
 
 
-def test_same_gpu_twice_in_a_container():
+def test_same_gpu_twice_in_a_container() -> None:
     doc = json.loads(GOLDEN_UNSIGNED)
     doc["containers"][0]["gpus"] *= 2
     with pytest.raises(RecordError, match="listed twice"):
         record.decode(json.dumps(doc))
 
 
-def test_not_json_and_too_large():
+def test_not_json_and_too_large() -> None:
     with pytest.raises(RecordError, match="not valid JSON"):
         record.decode("{")
     with pytest.raises(RecordError, match="must be a JSON object"):
@@ -220,7 +223,7 @@ def test_not_json_and_too_large():
 
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(st.binary(max_size=300), st.text(max_size=300)))
-def test_arbitrary_input_only_ever_raises_record_errors(data):
+def test_arbitrary_input_only_ever_raises_record_errors(data: bytes | str) -> None:
     with contextlib.suppress(RecordError):
         record.decode(data, KEY)
 
@@ -241,7 +244,7 @@ json_values = st.recursive(
         json_values,
     )
 )
-def test_arbitrary_structures_only_ever_raise_record_errors(doc):
+def test_arbitrary_structures_only_ever_raise_record_errors(doc: dict[str, Any]) -> None:
     doc.setdefault("v", 1)
     with contextlib.suppress(RecordError):
         record.decode(json.dumps(doc))
@@ -268,7 +271,9 @@ grants = st.builds(
         unique_by=lambda t: t[0],
     ),
 )
-def test_any_allocation_round_trips(uid, node_name, containers):
+def test_any_allocation_round_trips(
+    uid: str, node_name: str, containers: list[tuple[str, list[GpuGrant]]]
+) -> None:
     alloc = PodAllocation(
         uid, "ns", "pod", node_name, tuple(ContainerAllocation(n, tuple(g)) for n, g in containers)
     )

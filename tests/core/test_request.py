@@ -1,26 +1,28 @@
+from typing import Any
+
 import pytest
 
 from tessera import resources as rn
 from tessera.errors import RequestError
-from tessera.request import parse_pod
+from tessera.request import ContainerRequest, parse_pod
 from tessera.topology import Scope, Tier
 
 from .builders import pod
 
 
-def one(limits, **kw):
+def one(limits: dict[str, str], **kw: Any) -> ContainerRequest:
     request = parse_pod(pod(containers={"main": limits}, **kw))
     assert len(request.containers) == 1
     return request.containers[0]
 
 
-def error(limits=None, **kw) -> RequestError:
+def error(limits: dict[str, object] | None = None, **kw: Any) -> RequestError:
     with pytest.raises(RequestError) as info:
         parse_pod(pod(containers={"main": limits or {}}, **kw))
     return info.value
 
 
-def test_gpu_share_means_compute_and_memory_together():
+def test_gpu_share_means_compute_and_memory_together() -> None:
     c = one({rn.GPU: "30"})
     assert (c.gpu_count, c.core, c.memory_ratio, c.memory_units) == (0, 30, 30, 0)
     assert c.is_share and c.wants_gpu and not c.wants_rdma
@@ -28,23 +30,23 @@ def test_gpu_share_means_compute_and_memory_together():
 
 
 @pytest.mark.parametrize(("value", "count"), [(100, 1), (200, 2), (800, 8)])
-def test_gpu_multiples_of_100_are_whole_gpus(value, count):
+def test_gpu_multiples_of_100_are_whole_gpus(value: int, count: int) -> None:
     c = one({rn.GPU: str(value)})
     assert c.gpu_count == count and not c.is_share
 
 
-def test_share_above_100_must_be_multiple_of_100():
+def test_share_above_100_must_be_multiple_of_100() -> None:
     e = error({rn.GPU: "150"})
     assert e.container == "main" and e.resource == rn.GPU
     assert "multiple of 100" in str(e)
 
 
-def test_compute_alone_needs_a_memory_bound():
+def test_compute_alone_needs_a_memory_bound() -> None:
     e = error({rn.GPU_CORE: "30"})
     assert e.resource == rn.GPU_CORE and "memory bound" in e.rule
 
 
-def test_compute_with_memory_units_or_ratio():
+def test_compute_with_memory_units_or_ratio() -> None:
     c = one({rn.GPU_CORE: "30", rn.GPU_MEMORY: "10"})
     assert (c.core, c.memory_units, c.memory_ratio) == (30, 10, 0)
     assert c.memory_mib_on(81920, 512) == 5120
@@ -52,32 +54,32 @@ def test_compute_with_memory_units_or_ratio():
     assert (c.core, c.memory_ratio) == (30, 25)
 
 
-def test_memory_alone_is_a_share_without_compute_guarantee():
+def test_memory_alone_is_a_share_without_compute_guarantee() -> None:
     c = one({rn.GPU_MEMORY: "8"})
     assert c.is_share and c.core == 0 and c.memory_units == 8
 
 
-def test_memory_ratio_and_units_together_are_refused():
+def test_memory_ratio_and_units_together_are_refused() -> None:
     e = error({rn.GPU_CORE: "10", rn.GPU_MEMORY_RATIO: "10", rn.GPU_MEMORY: "4"})
     assert "either" in e.rule
 
 
-def test_gpu_cannot_combine_with_fine_grained_resources():
+def test_gpu_cannot_combine_with_fine_grained_resources() -> None:
     e = error({rn.GPU: "50", rn.GPU_CORE: "50"})
     assert e.resource == rn.GPU and rn.GPU_CORE in e.rule
 
 
-def test_nvidia_gpu_is_whole_gpus_and_exclusive():
+def test_nvidia_gpu_is_whole_gpus_and_exclusive() -> None:
     assert one({rn.NVIDIA_GPU: "2"}).gpu_count == 2
     assert error({rn.NVIDIA_GPU: "1", rn.GPU: "50"}).resource == rn.NVIDIA_GPU
 
 
-def test_nvidia_gpu_left_alone_when_not_managed():
+def test_nvidia_gpu_left_alone_when_not_managed() -> None:
     request = parse_pod(pod(containers={"main": {rn.NVIDIA_GPU: "1"}}), nvidia_gpu_enabled=False)
     assert not request.wants_devices
 
 
-def test_whole_compute_with_matching_or_absent_ratio():
+def test_whole_compute_with_matching_or_absent_ratio() -> None:
     assert one({rn.GPU_CORE: "200"}).gpu_count == 2
     assert one({rn.GPU_CORE: "200", rn.GPU_MEMORY_RATIO: "200"}).gpu_count == 2
     e = error({rn.GPU_CORE: "200", rn.GPU_MEMORY_RATIO: "50"})
@@ -86,59 +88,59 @@ def test_whole_compute_with_matching_or_absent_ratio():
     assert e.resource == rn.GPU_MEMORY and "all their memory" in e.rule
 
 
-def test_whole_memory_ratio_alone_is_whole_gpus():
+def test_whole_memory_ratio_alone_is_whole_gpus() -> None:
     assert one({rn.GPU_MEMORY_RATIO: "300"}).gpu_count == 3
 
 
-def test_quantities_must_be_whole_numbers():
+def test_quantities_must_be_whole_numbers() -> None:
     for bad in ("0.5", "500m", "-1", "abc", True):
         e = error({rn.GPU: bad})
         assert e.resource == rn.GPU
 
 
-def test_quantity_suffixes_that_are_whole_are_fine():
+def test_quantity_suffixes_that_are_whole_are_fine() -> None:
     assert one({rn.GPU_MEMORY: "1k", rn.GPU_CORE: "10"}).memory_units == 1000
 
 
-def test_request_must_equal_limit():
+def test_request_must_equal_limit() -> None:
     p = pod()
     p["spec"]["containers"][0]["resources"] = {"limits": {rn.GPU: "50"}, "requests": {rn.GPU: "40"}}
     with pytest.raises(RequestError, match="must equal limit"):
         parse_pod(p)
 
 
-def test_request_alone_counts():
+def test_request_alone_counts() -> None:
     p = pod()
     p["spec"]["containers"][0]["resources"] = {"requests": {rn.GPU: "50"}}
     assert parse_pod(p).containers[0].core == 50
 
 
-def test_unknown_tessera_resource_is_refused():
+def test_unknown_tessera_resource_is_refused() -> None:
     e = error({"tessera.dev/gpu-cores": "10"})
     assert e.resource == "tessera.dev/gpu-cores" and "unknown" in e.rule
 
 
-def test_other_resources_are_ignored():
+def test_other_resources_are_ignored() -> None:
     request = parse_pod(pod(containers={"main": {"cpu": "2", "example.com/foo": "1"}}))
     assert not request.wants_devices
     assert request.cpu_milli == 2000
 
 
-def test_rdma_share_and_whole():
+def test_rdma_share_and_whole() -> None:
     assert one({rn.RDMA: "25"}).rdma_share == 25
     c = one({rn.RDMA: "200", rn.GPU: "100"})
     assert (c.rdma_count, c.rdma_share, c.gpu_count) == (2, 0, 1)
     assert error({rn.RDMA: "250"}).resource == rn.RDMA
 
 
-def test_containers_without_devices_are_dropped_and_order_kept():
+def test_containers_without_devices_are_dropped_and_order_kept() -> None:
     request = parse_pod(
         pod(containers={"side": {"cpu": "1"}, "a": {rn.GPU: "10"}, "b": {rn.GPU: "200"}})
     )
     assert [c.name for c in request.containers] == ["a", "b"]
 
 
-def test_host_requests_follow_kubernetes_rules():
+def test_host_requests_follow_kubernetes_rules() -> None:
     p = pod(
         containers={"a": {"cpu": "1", "memory": "1Gi"}, "b": {"cpu": "500m", "memory": "512Mi"}}
     )
@@ -153,12 +155,12 @@ def test_host_requests_follow_kubernetes_rules():
     assert request.memory_mib == 1536
 
 
-def test_init_containers_are_marked():
+def test_init_containers_are_marked() -> None:
     request = parse_pod(pod(containers={"a": {rn.GPU: "50"}}, init={"i": {rn.GPU: "10"}}))
     assert [(c.name, c.init) for c in request.containers] == [("a", False), ("i", True)]
 
 
-def test_hints_parse():
+def test_hints_parse() -> None:
     request = parse_pod(
         pod(
             containers={"a": {rn.GPU: "200"}},
@@ -188,12 +190,12 @@ def test_hints_parse():
         (rn.GPU_MODEL_ANNOTATION, "A100,,H100", "empty item"),
     ],
 )
-def test_bad_hints_name_the_annotation(key, value, needle):
+def test_bad_hints_name_the_annotation(key: str, value: str, needle: str) -> None:
     e = error({rn.GPU: "10"}, annotations={key: value})
     assert e.resource == key and needle in e.rule
 
 
-def test_uuid_both_allowed_and_excluded():
+def test_uuid_both_allowed_and_excluded() -> None:
     e = error(
         {rn.GPU: "10"},
         annotations={rn.GPU_UUID_ANNOTATION: "GPU-1", rn.GPU_UUID_EXCLUDE_ANNOTATION: "GPU-1"},
@@ -201,30 +203,30 @@ def test_uuid_both_allowed_and_excluded():
     assert "both allowed" in e.rule
 
 
-def test_more_whole_gpus_than_allowed_uuids():
+def test_more_whole_gpus_than_allowed_uuids() -> None:
     e = error({rn.GPU: "300"}, annotations={rn.GPU_UUID_ANNOTATION: "GPU-1,GPU-2"})
     assert e.container == "main" and "only 2 UUIDs" in e.rule
 
 
-def test_hints_ignored_for_pods_without_devices():
+def test_hints_ignored_for_pods_without_devices() -> None:
     request = parse_pod(pod(annotations={rn.TOPOLOGY_ANNOTATION: "bogus"}))
     assert not request.wants_devices
 
 
 @pytest.mark.parametrize("bad", [[], "x", {"metadata": [], "spec": {}}])
-def test_malformed_pods_get_an_error(bad):
+def test_malformed_pods_get_an_error(bad: Any) -> None:  # deliberately not a pod mapping
     with pytest.raises(RequestError):
         parse_pod(bad)
 
 
-def test_container_without_name():
+def test_container_without_name() -> None:
     p = pod()
     del p["spec"]["containers"][0]["name"]
     with pytest.raises(RequestError, match="needs a name"):
         parse_pod(p)
 
 
-def test_shape_ignores_names():
+def test_shape_ignores_names() -> None:
     a = parse_pod(pod("a", containers={"x": {rn.GPU: "10"}}))
     b = parse_pod(pod("b", containers={"y": {rn.GPU: "10"}}))
     c = parse_pod(pod("c", containers={"y": {rn.GPU: "20"}}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from deviceplugin.agent import Agent
 from deviceplugin.backend import XidEvent
 from deviceplugin.units import UnitConfig
 from tessera.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, RDMA
@@ -20,7 +21,7 @@ class Clock:
         return self.now
 
 
-def _unhealthy(agent) -> dict[str, str]:
+def _unhealthy(agent: Agent) -> dict[str, str]:
     return {f"gpu{g.index}": g.health_reason for g in agent.inventory.gpus if not g.healthy}
 
 

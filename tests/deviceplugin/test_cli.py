@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.cli import build_parser, main, setup_logging
+from deviceplugin.cli import build_parser, main
 from tessera.model import NodeInventory
+from tessera_edge.logs import setup_logging
 from tessera_testbed.kubelet import KubeletSimulator, fake_agent_command
 
 pytestmark = pytest.mark.usefixtures("restore_logging")

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,11 +39,11 @@ def _write(tmp_path: Path, doc: object) -> Path:
     return path
 
 
-def _h100_doc() -> dict:
+def _h100_doc() -> dict[str, Any]:
     from importlib import resources
 
     text = (resources.files("tessera_edge") / "topologies" / "h100-sxm-8x.yaml").read_text()
-    doc: dict = yaml.safe_load(text)
+    doc: dict[str, Any] = yaml.safe_load(text)
     return doc
 
 

@@ -24,7 +24,7 @@ NODE = "gpu-1"
 VERSIONS = DriverVersions("550.54.15", "12.4")
 
 
-def test_labels_in_gfds_formats():
+def test_labels_in_gfds_formats() -> None:
     t4 = load_topology("t4-4x", NODE)
     assert gfd_labels(t4, VERSIONS) == {
         "nvidia.com/gpu.present": "true",
@@ -45,13 +45,13 @@ def test_labels_in_gfds_formats():
 
 
 @pytest.mark.parametrize("driver", ["", "550", "550.54.15.1", "550.x.1", "5500000000000.1"])
-def test_unusable_versions_remove_the_version_labels(driver):
+def test_unusable_versions_remove_the_version_labels(driver: str) -> None:
     labels = gfd_labels(load_topology("t4-4x", NODE), DriverVersions(driver, "12.x"))
     assert all(labels[k] is None for k in GFD_LABELS if "cuda" in k)
     assert labels["nvidia.com/gpu.count"] == "4"
 
 
-def test_no_gpus_removes_every_gfd_label_and_off_writes_none():
+def test_no_gpus_removes_every_gfd_label_and_off_writes_none() -> None:
     assert gfd_labels(NodeInventory(NODE), VERSIONS) == dict.fromkeys(GFD_LABELS)
     t4 = load_topology("t4-4x", NODE)
     assert not any(k.startswith("nvidia.com/") for k in node_labels(t4))
@@ -59,7 +59,7 @@ def test_no_gpus_removes_every_gfd_label_and_off_writes_none():
     assert set(both) == set(node_labels(t4)) | set(GFD_LABELS)
 
 
-def test_the_publisher_writes_them_only_when_asked():
+def test_the_publisher_writes_them_only_when_asked() -> None:
     t4 = load_topology("t4-4x", NODE)
     with FakeApiServer() as server:
         server.create("nodes", {"metadata": {"name": NODE, "labels": {"zone": "a"}}})
@@ -77,7 +77,7 @@ def test_the_publisher_writes_them_only_when_asked():
         assert labels == {"zone": "a"}
 
 
-def test_nvml_reports_the_versions():
+def test_nvml_reports_the_versions() -> None:
     nvml = FakeNvml([FakeGpu("GPU-a", "Tesla T4", "00000000:18:00.0", 15360)])
     backend = NvmlBackend(nvml)
     assert backend.versions() == VERSIONS
@@ -93,6 +93,6 @@ def test_nvml_reports_the_versions():
     assert _driver_versions(object()) == DriverVersions()
 
 
-def test_the_flag_is_off_by_default():
+def test_the_flag_is_off_by_default() -> None:
     assert build_parser().parse_args([]).gfd_labels is False
     assert build_parser().parse_args(["--gfd-labels"]).gfd_labels is True

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +29,8 @@ from tessera.resources import (
 from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin.helpers import make_agent, running
+
+T = TypeVar("T")
 
 NODE = "node-a"
 CR = cr_path(NODE)
@@ -132,7 +134,7 @@ def test_conflict_is_retried_and_the_schedulers_status_kept(
 ) -> None:
     publisher = _publisher(apiserver)
     publisher.publish(h100)
-    scheduler_writes = []
+    scheduler_writes: list[dict[str, Any]] = []
 
     def scheduler(method: str, path: str) -> None:
         # the scheduler writes its status between our GET and our PUT, once
@@ -246,7 +248,7 @@ def test_micro_time_format() -> None:
     assert micro_time(1_700_000_000.25) == "2023-11-14T22:13:20.250000Z"
 
 
-def _wait(predicate, timeout_s: float = 10.0) -> Any:
+def _wait(predicate: Callable[[], T], timeout_s: float = 10.0) -> T:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
@@ -256,16 +258,20 @@ def _wait(predicate, timeout_s: float = 10.0) -> Any:
     raise TimeoutError("condition not met")
 
 
-def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_path) -> None:
+def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_path: Path) -> None:
     agent, backend = make_agent(tmp_path, "t4-4x", quiet_period_s=600)
     agent.publisher = _publisher(apiserver, Clock())
     with running(agent):
         _wait(lambda: _cr(apiserver))
         _wait(lambda: _lease(apiserver))
         backend.inject_xid(backend.gpu(1).uuid, 79)
-        obj = _wait(
-            lambda: (o := _cr(apiserver)) and o["spec"]["summary"]["healthyGpuCount"] == 3 and o
-        )
+
+        def three_healthy() -> dict[str, Any] | None:
+            o = _cr(apiserver)
+            return o if o and o["spec"]["summary"]["healthyGpuCount"] == 3 else None
+
+        obj = _wait(three_healthy)
+        assert obj is not None
         assert obj["spec"]["gpus"][1]["healthy"] is False
         labels = _labels(apiserver)
         assert labels[GPU_MODEL_LABEL] == "Tesla-T4"

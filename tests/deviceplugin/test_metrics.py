@@ -17,6 +17,8 @@ from tessera.resources import GPU, GPU_CORE
 from tessera_cli.metrics import serve_metrics
 from tests.deviceplugin.helpers import make_agent, running
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -25,7 +27,7 @@ def _free_port() -> int:
         return port
 
 
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def _scrape(port: int) -> Samples:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
         text = answer.read().decode()
     return {
@@ -35,7 +37,7 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def _value(samples: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+def _value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 

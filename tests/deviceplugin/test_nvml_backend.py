@@ -78,8 +78,8 @@ def test_direct_nvlink_bridges_pair_gpus(tmp_path: Path) -> None:
         links = [(peer, nv.NVML_NVLINK_DEVICE_TYPE_GPU)] * 4 + [None] * 8
         gpus.append(nv.FakeGpu(f"GPU-a{i}", "NVIDIA A100 80GB PCIe", bus, 81920, links=links))
     found = NvmlBackend(nv.FakeNvml(gpus), sysfs_root=tmp_path).discover()
-    links = {g.index: dict(g.nvlinks) for g in found.gpus}
-    assert links == {0: {"GPU-a1": 4}, 1: {"GPU-a0": 4}, 2: {"GPU-a3": 4}, 3: {"GPU-a2": 4}}
+    peers = {g.index: dict(g.nvlinks) for g in found.gpus}
+    assert peers == {0: {"GPU-a1": 4}, 1: {"GPU-a0": 4}, 2: {"GPU-a3": 4}, 3: {"GPU-a2": 4}}
 
 
 def test_without_nvlink_support_there_are_no_peers(tmp_path: Path) -> None:

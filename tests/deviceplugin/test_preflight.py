@@ -9,6 +9,7 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def listen(root: Path, path: str, held: list[socket.socket]) -> None:
 
 
 @pytest.fixture
-def good_node(sockets) -> Iterator[Path]:
+def good_node(sockets: list[socket.socket]) -> Iterator[Path]:
     """A GPU node with everything tessera needs, RDMA and HAMi-core included (under a short
     /tmp path: unix socket paths hold at most 107 bytes)."""
     root = Path(tempfile.mkdtemp(prefix="tnc-", dir="/tmp"))
@@ -90,13 +91,15 @@ def _populate(root: Path, sockets: list[socket.socket]) -> Path:
     return root
 
 
-def check(capsys, *argv: str, nvml: FakeNvml | None = None) -> tuple[int, dict[str, dict]]:
+def check(
+    capsys: pytest.CaptureFixture[str], *argv: str, nvml: FakeNvml | None = None
+) -> tuple[int, dict[str, dict[str, Any]]]:
     code = main([*argv, "-o", "json"], nvml=(lambda: nvml) if nvml else None)
     out = capsys.readouterr().out
     return code, {c["name"]: c for c in json.loads(out)}
 
 
-def test_a_good_node_passes(good_node, capsys):
+def test_a_good_node_passes(good_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nvml = FakeNvml()
     code, checks = check(capsys, "--root", str(good_node), nvml=nvml)
     assert code == 0, checks
@@ -110,7 +113,9 @@ def test_a_good_node_passes(good_node, capsys):
     assert code == 0 and out.splitlines()[-1] == "0 failed, 0 warning(s)"
 
 
-def test_no_driver_fails_with_what_to_do(good_node, capsys):
+def test_no_driver_fails_with_what_to_do(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (good_node / "proc/driver/nvidia/version").unlink()
     (good_node / "dev/nvidia-uvm").unlink()
     code, checks = check(
@@ -131,19 +136,23 @@ def test_no_driver_fails_with_what_to_do(good_node, capsys):
     assert "FAIL  nvidia-driver" in out and "-> install the NVIDIA driver" in out
 
 
-def test_a_regular_file_is_not_a_device(good_node, capsys):
+def test_a_regular_file_is_not_a_device(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (good_node / "dev/nvidiactl").unlink()
     touch(good_node, "/dev/nvidiactl")
     code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
     assert code == 0 and checks["/dev/nvidiactl"]["status"] == "warn"
 
 
-def test_nvml_with_no_gpus_fails(good_node, capsys):
+def test_nvml_with_no_gpus_fails(good_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml(count=0))
     assert code == 1 and "no GPUs" in checks["nvml"]["reason"]
 
 
-def test_fake_backend_checks_the_topology_instead(tmp_path, good_node, capsys):
+def test_fake_backend_checks_the_topology_instead(
+    tmp_path: Path, good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (good_node / "proc/driver/nvidia/version").unlink()
     code, checks = check(
         capsys, "--root", str(good_node), "--backend", "fake", "--topology", "h100-sxm-8x"
@@ -157,7 +166,7 @@ def test_fake_backend_checks_the_topology_instead(tmp_path, good_node, capsys):
     assert code == 1 and "topo.yaml" in checks["nvml"]["reason"]
 
 
-def test_plugin_dir_and_nri_socket(good_node, capsys):
+def test_plugin_dir_and_nri_socket(good_node: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (good_node / "var/run/nri/nri.sock").unlink()
     os.chmod(good_node / "var/lib/kubelet/device-plugins", 0o500)
     try:
@@ -183,7 +192,9 @@ def test_plugin_dir_and_nri_socket(good_node, capsys):
     assert "does not exist" in checks["device-plugin-dir"]["reason"]
 
 
-def test_rdma_devices_without_verbs_fail_and_required_rdma(good_node, capsys):
+def test_rdma_devices_without_verbs_fail_and_required_rdma(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (good_node / "dev/infiniband/uverbs0").unlink()
     code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
     assert code == 1 and "ib_uverbs" in checks["rdma"]["fix"]
@@ -194,7 +205,9 @@ def test_rdma_devices_without_verbs_fail_and_required_rdma(good_node, capsys):
     assert code == 1 and checks["rdma"]["status"] == "fail"
 
 
-def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(good_node, capsys):
+def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (good_node / "usr/local/vgpu/libvgpu.so").unlink()
     code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
     assert code == 0 and checks["isolation"]["status"] == "warn"
@@ -208,7 +221,9 @@ def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(good_node
     assert code == 0 and checks["isolation"]["status"] == "ok"
 
 
-def test_toolkit_and_cdi_are_information(good_node, capsys):
+def test_toolkit_and_cdi_are_information(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
     assert "not needed" in checks["container-toolkit"]["reason"]
     touch(good_node, "/etc/cdi/nvidia.yaml")
@@ -219,7 +234,7 @@ def test_toolkit_and_cdi_are_information(good_node, capsys):
     assert "nvidia-ctk" in reason and "nvidia.yaml" in reason
 
 
-def test_usage_errors_are_one_line(tmp_path, capsys):
+def test_usage_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--root", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["--backend", "magic"]) == 2

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter
 
 import pytest
@@ -252,7 +253,7 @@ def _min_devices(free: list[int], need: int) -> int:
     st.integers(min_value=0, max_value=200),
     st.randoms(use_true_random=False),
 )
-def test_preferred_allocation_properties(free: list[int], size: int, rnd) -> None:
+def test_preferred_allocation_properties(free: list[int], size: int, rnd: random.Random) -> None:
     available = [u for i, n in enumerate(free) for u in _ids(f"gpu{i}", "core", n)]
     rnd.shuffle(available)
     chosen = preferred_allocation(available, [], size)

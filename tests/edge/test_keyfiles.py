@@ -27,7 +27,7 @@ def pair(tmp_path: Path, key_id: str = "k1") -> tuple[Path, Path]:
     return private, public
 
 
-def test_generate_writes_a_pair_that_signs_and_verifies(tmp_path):
+def test_generate_writes_a_pair_that_signs_and_verifies(tmp_path: Path) -> None:
     private, public = pair(tmp_path)
     assert private == tmp_path / "keys" / "private" / "k1.pem"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
@@ -41,7 +41,7 @@ def test_generate_writes_a_pair_that_signs_and_verifies(tmp_path):
     assert load_keyring(private, "sign").signing_id == "k1"
 
 
-def test_generate_never_overwrites(tmp_path):
+def test_generate_never_overwrites(tmp_path: Path) -> None:
     pair(tmp_path)
     with pytest.raises(KeyFileError, match="already exists"):
         pair(tmp_path)
@@ -49,7 +49,7 @@ def test_generate_never_overwrites(tmp_path):
         generate_key_files(tmp_path / "keys", "../evil")
 
 
-def test_secret_volume_hidden_entries_are_skipped(tmp_path):
+def test_secret_volume_hidden_entries_are_skipped(tmp_path: Path) -> None:
     _, public = pair(tmp_path)
     (public.parent / "..data").mkdir()
     (public.parent / "..2026_01_01_00_00_00.1").mkdir()
@@ -72,7 +72,7 @@ def _write(path: Path, data: bytes) -> Path:
         (b"x" * 20_000, "larger than"),
     ],
 )
-def test_bad_key_files_are_refused_in_one_line(tmp_path, data, needle):
+def test_bad_key_files_are_refused_in_one_line(tmp_path: Path, data: bytes, needle: str) -> None:
     f = _write(tmp_path / "d" / "k1", data)
     with pytest.raises(KeyFileError, match=needle) as info:
         load_keyring(f.parent)
@@ -85,7 +85,9 @@ def test_bad_key_files_are_refused_in_one_line(tmp_path, data, needle):
     [rsa.generate_private_key(65537, 2048), ec.generate_private_key(ec.SECP256R1())],
     ids=["rsa", "ec"],
 )
-def test_keys_of_another_type_are_refused(tmp_path, key):
+def test_keys_of_another_type_are_refused(
+    tmp_path: Path, key: rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
+) -> None:
     pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
@@ -100,7 +102,7 @@ def test_keys_of_another_type_are_refused(tmp_path, key):
         load_keyring(_write(tmp_path / "k2.pem", priv), "sign")
 
 
-def test_encrypted_private_keys_are_refused(tmp_path):
+def test_encrypted_private_keys_are_refused(tmp_path: Path) -> None:
     ring = record.Keyring.generate("k1")
     assert ring.signing_key is not None
     pem = ring.signing_key.private_bytes(
@@ -119,7 +121,7 @@ def test_encrypted_private_keys_are_refused(tmp_path):
         "deploy/nri-hook/record-verify-secret.example.yaml",
     ],
 )
-def test_the_shipped_example_keys_are_refused(tmp_path, path):
+def test_the_shipped_example_keys_are_refused(tmp_path: Path, path: str) -> None:
     import yaml
 
     secret = yaml.safe_load((ROOT / path).read_text())
@@ -131,13 +133,13 @@ def test_the_shipped_example_keys_are_refused(tmp_path, path):
             load_keyring(f, "sign")
 
 
-def test_nodes_refuse_private_keys(tmp_path):
+def test_nodes_refuse_private_keys(tmp_path: Path) -> None:
     private, _ = pair(tmp_path)
     with pytest.raises(KeyFileError, match="nodes get only public keys"):
         load_keyring(private.parent)
 
 
-def test_directory_problems(tmp_path):
+def test_directory_problems(tmp_path: Path) -> None:
     with pytest.raises(KeyFileError, match="does not exist"):
         load_keyring(tmp_path / "nope")
     empty = tmp_path / "empty"
@@ -167,7 +169,9 @@ def test_directory_problems(tmp_path):
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
-def test_any_bytes_in_a_key_file_are_a_key_file_error(tmp_path_factory, data):
+def test_any_bytes_in_a_key_file_are_a_key_file_error(
+    tmp_path_factory: pytest.TempPathFactory, data: bytes
+) -> None:
     f = tmp_path_factory.mktemp("k") / "k1.pem"
     f.write_bytes(b"-----BEGIN PUBLIC KEY-----\n" + data if data[:1] == b"M" else data)
     with contextlib.suppress(KeyFileError):
@@ -209,7 +213,7 @@ def _pems(ring: record.Keyring) -> tuple[bytes, bytes]:
     return private_pem(ring.signing_key), public_pem(ring.signing_key.public_key())
 
 
-def test_rotation_reaches_signer_and_verifier_without_restart(tmp_path):
+def test_rotation_reaches_signer_and_verifier_without_restart(tmp_path: Path) -> None:
     k1, k2 = record.Keyring.generate("k1"), record.Keyring.generate("k2")
     (k1_priv, k1_pub), (k2_priv, k2_pub) = _pems(k1), _pems(k2)
     scheduler_dir = SecretVolume(tmp_path / "signing")
@@ -237,7 +241,9 @@ def test_rotation_reaches_signer_and_verifier_without_restart(tmp_path):
     assert record.decode(new, verifier) == ALLOC
 
 
-def test_a_failed_reload_keeps_the_last_good_keys_and_logs_once(tmp_path, caplog):
+def test_a_failed_reload_keeps_the_last_good_keys_and_logs_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     k1 = record.Keyring.generate("k1")
     _, k1_pub = _pems(k1)
     volume = SecretVolume(tmp_path / "verify")
@@ -253,7 +259,7 @@ def test_a_failed_reload_keeps_the_last_good_keys_and_logs_once(tmp_path, caplog
     assert record.decode(text, source) == ALLOC
 
 
-def test_a_source_checks_the_files_at_most_every_interval(tmp_path):
+def test_a_source_checks_the_files_at_most_every_interval(tmp_path: Path) -> None:
     _, public = pair(tmp_path)
     source = KeyringSource(public.parent, interval=3600.0)
     first = source.get()
@@ -265,7 +271,9 @@ def test_a_source_checks_the_files_at_most_every_interval(tmp_path):
 # --- tessera-keys ------------------------------------------------------------------------
 
 
-def test_tessera_keys_generate_and_public(tmp_path, capsys):
+def test_tessera_keys_generate_and_public(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert keys_cli.main(["generate", "--out", str(tmp_path / "k"), "--key-id", "r1"]) == 0
     out = capsys.readouterr().out
     assert "private/r1.pem" in out and "fingerprint SHA256:" in out
@@ -284,8 +292,11 @@ def test_tessera_keys_generate_and_public(tmp_path, capsys):
         ["frobnicate"],
     ],
 )
-def test_tessera_keys_bad_input_exits_2(tmp_path, capsys, argv):
+def test_tessera_keys_bad_input_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code: str | int | None
     try:
         code = keys_cli.main(argv)
     except SystemExit as exc:  # argparse's own usage errors
@@ -295,7 +306,7 @@ def test_tessera_keys_bad_input_exits_2(tmp_path, capsys, argv):
     assert "error" in err and "Traceback" not in err
 
 
-def test_tessera_keys_help_explains(capsys):
+def test_tessera_keys_help_explains(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         keys_cli.main(["--help"])
     assert info.value.code == 0

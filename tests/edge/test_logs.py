@@ -2,6 +2,8 @@ import argparse
 import io
 import json
 import logging
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -9,7 +11,7 @@ from tessera_edge.logs import add_log_flags, setup_logging
 
 
 @pytest.fixture(autouse=True)
-def _restore_root_logger():
+def _restore_root_logger() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     yield
@@ -20,7 +22,7 @@ def _restore_root_logger():
     root.setLevel(level)
 
 
-def test_json_lines_carry_fields_and_errors():
+def test_json_lines_carry_fields_and_errors() -> None:
     stream = io.StringIO()
     setup_logging("json", "info", stream=stream)
     log = logging.getLogger("tessera.test")
@@ -37,7 +39,7 @@ def test_json_lines_carry_fields_and_errors():
     assert "ValueError: boom" in lines[1]["error"]
 
 
-def test_text_and_file(tmp_path):
+def test_text_and_file(tmp_path: Path) -> None:
     path = tmp_path / "log"
     setup_logging("text", "warning", path=str(path))
     logging.getLogger("x").warning("careful")
@@ -45,7 +47,7 @@ def test_text_and_file(tmp_path):
     assert "WARNING x: careful" in path.read_text()
 
 
-def test_flags():
+def test_flags() -> None:
     parser = argparse.ArgumentParser()
     add_log_flags(parser)
     args = parser.parse_args(["--log-format", "json", "--log-level", "debug"])

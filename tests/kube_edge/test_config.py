@@ -12,6 +12,7 @@ import pytest
 from kube_edge import config
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
+from tessera_testbed.apiserver import FakeApiServer
 
 
 def _write(tmp_path: Path, doc: dict[str, Any]) -> str:
@@ -60,7 +61,7 @@ def two_contexts(tmp_path: Path) -> str:
     )
 
 
-def test_the_current_context_and_its_token(tmp_path):
+def test_the_current_context_and_its_token(tmp_path: Path) -> None:
     cluster = config.load(two_contexts(tmp_path))
     assert cluster.configuration.host == "http://127.0.0.1:1"
     assert cluster.namespace == "default" and not cluster.in_cluster
@@ -68,7 +69,7 @@ def test_the_current_context_and_its_token(tmp_path):
     assert headers["authorization"] == "Bearer s3cret"
 
 
-def test_a_chosen_context_with_client_certificate_ca_and_namespace(tmp_path):
+def test_a_chosen_context_with_client_certificate_ca_and_namespace(tmp_path: Path) -> None:
     cluster = config.load(two_contexts(tmp_path), context="b")
     cfg = cluster.configuration
     assert cfg.host == "https://127.0.0.1:2" and cluster.namespace == "ml"
@@ -86,7 +87,7 @@ def test_a_chosen_context_with_client_certificate_ca_and_namespace(tmp_path):
         json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "none"}),
     ],
 )
-def test_an_unusable_kubeconfig_is_an_api_error_without_status(tmp_path, doc):
+def test_an_unusable_kubeconfig_is_an_api_error_without_status(tmp_path: Path, doc: str) -> None:
     path = tmp_path / "kc"
     path.write_text(doc)
     with pytest.raises(ApiError) as bad:
@@ -95,7 +96,7 @@ def test_an_unusable_kubeconfig_is_an_api_error_without_status(tmp_path, doc):
     assert "cannot load the Kubernetes configuration" in str(bad.value)
 
 
-def test_which_configuration_is_used(tmp_path, monkeypatch):
+def test_which_configuration_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     existing = tmp_path / "kubeconfig"
     existing.write_text("{}")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
@@ -108,7 +109,7 @@ def test_which_configuration_is_used(tmp_path, monkeypatch):
     assert not config.wants_in_cluster(None)  # a kubeconfig mounted into the pod
 
 
-def test_parts_for_https_with_a_token(tmp_path):
+def test_parts_for_https_with_a_token(tmp_path: Path) -> None:
     cluster = config.for_host("https://127.0.0.1:3/", ca_file="/ca", token="t", namespace="x")
     cfg = cluster.configuration
     assert cfg.host == "https://127.0.0.1:3" and cfg.ssl_ca_cert == "/ca"
@@ -116,7 +117,7 @@ def test_parts_for_https_with_a_token(tmp_path):
     assert KubeClient(cluster).headers()["authorization"] == "Bearer t"
 
 
-def test_errors_carry_status_and_the_status_reason(fake):
+def test_errors_carry_status_and_the_status_reason(fake: FakeApiServer) -> None:
     client = KubeClient.for_host(fake.url, timeout=5)
     with pytest.raises(ApiError) as missing:
         client.get("/api/v1/nodes/absent")

@@ -16,6 +16,7 @@ import pytest
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer, wait_synced
+from tessera_testbed.apiserver import FakeApiServer
 
 
 def node(name: str) -> dict[str, Any]:
@@ -58,7 +59,7 @@ def informer(url: str, handler: Handler, **kw: Any) -> Informer:
     )
 
 
-def test_paged_list_then_events_in_order(fake):
+def test_paged_list_then_events_in_order(fake: FakeApiServer) -> None:
     for i in range(5):
         fake.create("nodes", node(f"n{i}"))
     rec = Recorder(fail_on="boom")
@@ -78,7 +79,7 @@ def test_paged_list_then_events_in_order(fake):
         inf.stop()
 
 
-def test_410_gone_relists_and_the_relist_replaces(fake):
+def test_410_gone_relists_and_the_relist_replaces(fake: FakeApiServer) -> None:
     fake.create("nodes", node("a"))
     relisted: list[str] = []
     rec = Recorder()
@@ -98,7 +99,7 @@ def test_410_gone_relists_and_the_relist_replaces(fake):
         inf.stop()
 
 
-def test_bookmarks_move_the_resource_version_without_events(fake):
+def test_bookmarks_move_the_resource_version_without_events(fake: FakeApiServer) -> None:
     fake.bookmark_interval = 0.2
     rec = Recorder()
     inf = informer(fake.url, rec)
@@ -168,7 +169,7 @@ def _deep(levels: int) -> Any:
     return value
 
 
-def test_a_bad_object_never_stops_the_list_or_the_watch(stream):
+def test_a_bad_object_never_stops_the_list_or_the_watch(stream: _Stream) -> None:
     deep = node("deep")
     deep["spec"] = _deep(100)
     stream.list_body = json.dumps(
@@ -192,7 +193,7 @@ def test_a_bad_object_never_stops_the_list_or_the_watch(stream):
     assert inf.skipped == 1 + 3  # junk in the list; three event lines
 
 
-def test_an_error_event_asks_for_a_relist(stream):
+def test_an_error_event_asks_for_a_relist(stream: _Stream) -> None:
     stream.list_body = json.dumps({"metadata": {"resourceVersion": "1"}, "items": []}).encode()
     gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
     stream.watch_lines = [json.dumps({"type": "ERROR", "object": gone}).encode()]
@@ -214,7 +215,9 @@ class _Counted(Informer):
             self.stop()
 
 
-def test_failures_back_off_doubling_with_jitter_up_to_a_cap(fake, monkeypatch):
+def test_failures_back_off_doubling_with_jitter_up_to_a_cap(
+    fake: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from kube_edge import informer as module
 
     fake.stop()  # every list fails: no answer
@@ -228,7 +231,7 @@ def test_failures_back_off_doubling_with_jitter_up_to_a_cap(fake, monkeypatch):
     assert not inf.synced.is_set()
 
 
-def test_a_failed_list_is_an_api_error_with_the_status(fake):
+def test_a_failed_list_is_an_api_error_with_the_status(fake: FakeApiServer) -> None:
     fake.fail("/api/v1/nodes", method="GET", status=500)
     inf = informer(fake.url, Recorder())
     with pytest.raises(ApiError) as failed:

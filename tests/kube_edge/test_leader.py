@@ -29,7 +29,7 @@ def elector(fake: FakeApiServer, identity: str, clock: list[float], **kw: Any) -
     )
 
 
-def test_one_leader_takeover_after_expiry_and_on_release(fake):
+def test_one_leader_takeover_after_expiry_and_on_release(fake: FakeApiServer) -> None:
     clock = [100.0]
     a, b = elector(fake, "a", clock), elector(fake, "b", clock)
     assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
@@ -49,7 +49,7 @@ def test_one_leader_takeover_after_expiry_and_on_release(fake):
     assert a.try_acquire_or_renew()
 
 
-def test_a_lost_update_race_makes_no_second_leader(fake):
+def test_a_lost_update_race_makes_no_second_leader(fake: FakeApiServer) -> None:
     clock = [0.0]
     a, b = elector(fake, "a", clock), elector(fake, "b", clock)
     assert a.try_acquire_or_renew()
@@ -59,7 +59,7 @@ def test_a_lost_update_race_makes_no_second_leader(fake):
     assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
 
 
-def test_the_lease_is_a_coordination_v1_lease_with_client_go_fields(fake):
+def test_the_lease_is_a_coordination_v1_lease_with_client_go_fields(fake: FakeApiServer) -> None:
     clock = [0.0]
     changes: list[bool] = []
     a = elector(fake, "a", clock, on_change=changes.append)
@@ -75,7 +75,9 @@ def test_the_lease_is_a_coordination_v1_lease_with_client_go_fields(fake):
     assert changes == [True, False]
 
 
-def test_an_unreachable_api_server_ends_leadership_only_after_the_renew_deadline(fake):
+def test_an_unreachable_api_server_ends_leadership_only_after_the_renew_deadline(
+    fake: FakeApiServer,
+) -> None:
     clock = [0.0]
     a = elector(fake, "a", clock)
     assert a.try_acquire_or_renew()
@@ -86,6 +88,6 @@ def test_an_unreachable_api_server_ends_leadership_only_after_the_renew_deadline
     assert not a.try_acquire_or_renew() and not a.leading
 
 
-def test_renew_deadline_must_be_shorter_than_the_lease(fake):
+def test_renew_deadline_must_be_shorter_than_the_lease(fake: FakeApiServer) -> None:
     with pytest.raises(ValueError, match="renew_deadline"):
         LeaderElector(client_for(fake), "ns", "l", "a", lease_duration=5, renew_deadline=5)

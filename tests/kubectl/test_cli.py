@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from kubectl_tessera.cli import main
 from tessera import resources as rn
+from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
 from tests.scheduler.helpers import Http, pod, running, schedule, share, wait_for
 
@@ -17,19 +19,21 @@ WHOLE = {rn.GPU: 400}
 """Four whole GPUs."""
 
 
-def run(capsys, *argv: str) -> tuple[int, str, str]:
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def run_json(capsys, *argv: str) -> Any:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
     code, out, err = run(capsys, *argv, "-o", "json")
     assert code == 0, err
     return json.loads(out)
 
 
-def bound(fake, name: str, node: str, record: str, namespace: str = "default") -> None:
+def bound(
+    fake: FakeApiServer, name: str, node: str, record: str, namespace: str = "default"
+) -> None:
     """A running pod bound to `node` carrying `record` (as a user could create one)."""
     obj = pod(
         name, share(10, 10), namespace=namespace, annotations={rn.ALLOCATION_ANNOTATION: record}
@@ -39,12 +43,12 @@ def bound(fake, name: str, node: str, record: str, namespace: str = "default") -
     fake.patch("pods", name, {"status": {"phase": "Running"}}, namespace=namespace, sub="status")
 
 
-def status_written(fake, node: str, check) -> None:
+def status_written(fake: FakeApiServer, node: str, check: Callable[[Any], object]) -> None:
     wait_for(lambda: check(fake.get("nodedevices", node).get("status", {}).get("allocation")))
 
 
 @pytest.fixture
-def cluster(fake):
+def cluster(fake: FakeApiServer) -> FakeApiServer:
     """h100 (8x H100, 4 NICs) and t4 (4x T4), both alive; a silent a100 node."""
     add_node(fake, "h100", "h100-sxm-8x")
     add_node(fake, "t4", "t4-4x")
@@ -52,7 +56,9 @@ def cluster(fake):
     return fake
 
 
-def test_nodes_shows_devices_allocation_fencing_and_heartbeat(cluster, kubeconfig, capsys):
+def test_nodes_shows_devices_allocation_fencing_and_heartbeat(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = cluster
     with running(fake) as service:
         h = Http(service.server.port)
@@ -90,7 +96,9 @@ def test_nodes_shows_devices_allocation_fencing_and_heartbeat(cluster, kubeconfi
     assert "40%/360%" in out and "fenced" in lines[2]
 
 
-def test_nodes_labeled_for_the_agent_without_nodedevices_are_listed(fake, kubeconfig, capsys):
+def test_nodes_labeled_for_the_agent_without_nodedevices_are_listed(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     add_node(fake, "t4", "t4-4x")
     fake.create(
         "nodes", {"metadata": {"name": "lost", "labels": {"tessera.dev/node-agent": "true"}}}
@@ -105,7 +113,9 @@ def test_nodes_labeled_for_the_agent_without_nodedevices_are_listed(fake, kubeco
     assert set(rows) == {"t4"}
 
 
-def test_nodes_without_scheduler_status_or_readable_leases(fake, kubeconfig, capsys):
+def test_nodes_without_scheduler_status_or_readable_leases(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     add_node(fake, "t4", "t4-4x")
     fake.fail("/leases", status=403, times=10)
     (row,) = run_json(capsys, "nodes", "--kubeconfig", kubeconfig)
@@ -113,7 +123,9 @@ def test_nodes_without_scheduler_status_or_readable_leases(fake, kubeconfig, cap
     assert "tessera-scheduler" in row["reason"] and row["core_used"] is None
 
 
-def test_nodes_survive_hostile_objects(fake, kubeconfig, capsys):
+def test_nodes_survive_hostile_objects(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     add_node(fake, "good", "t4-4x")
     fake.create("nodedevices", {"metadata": {"name": "bad"}, "spec": {"gpus": "many"}})
     fake.create(
@@ -138,7 +150,9 @@ def test_nodes_survive_hostile_objects(fake, kubeconfig, capsys):
     assert code == 0 and "\x1b" not in out
 
 
-def test_pods_lists_grants_per_container_and_invalid_records(cluster, kubeconfig, capsys):
+def test_pods_lists_grants_per_container_and_invalid_records(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = cluster
     with running(fake) as service:
         h = Http(service.server.port)
@@ -185,7 +199,9 @@ def test_pods_lists_grants_per_container_and_invalid_records(cluster, kubeconfig
     assert "mlx5_" in out and "default" not in out
 
 
-def test_explain_agrees_with_the_scheduler_node_by_node(cluster, kubeconfig, capsys):
+def test_explain_agrees_with_the_scheduler_node_by_node(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     fake = cluster
     with running(fake) as service:
         h = Http(service.server.port)
@@ -228,7 +244,9 @@ def test_explain_agrees_with_the_scheduler_node_by_node(cluster, kubeconfig, cap
     ]
 
 
-def test_explain_prints_the_broken_rule_and_unrelated_pods(fake, kubeconfig, capsys):
+def test_explain_prints_the_broken_rule_and_unrelated_pods(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     add_node(fake, "t4", "t4-4x")
     fake.create("pods", pod("bad", {rn.GPU_CORE: 150}))
     fake.create("pods", pod("cpu-only"))
@@ -239,7 +257,9 @@ def test_explain_prints_the_broken_rule_and_unrelated_pods(fake, kubeconfig, cap
     assert "no tessera devices" in doc["summary"]
 
 
-def test_errors_are_one_line(fake, kubeconfig, tmp_path, capsys):
+def test_errors_are_one_line(
+    fake: FakeApiServer, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = run(capsys, "explain", "missing", "--kubeconfig", kubeconfig)
     assert code == 1 and out == "" and err.count("\n") == 1 and "404" in err
     code, _, err = run(capsys, "frobnicate")
@@ -253,7 +273,9 @@ def test_errors_are_one_line(fake, kubeconfig, tmp_path, capsys):
     assert code == 1 and err.count("\n") == 1 and "configuration" in err
 
 
-def test_namespace_and_context_come_from_the_kubeconfig(fake, tmp_path, capsys):
+def test_namespace_and_context_come_from_the_kubeconfig(
+    fake: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     doc = json.loads(Path(fake.kubeconfig(str(tmp_path / "base"))).read_text())
     doc["contexts"].append(
         {"name": "ml", "context": {"cluster": "fake", "user": "fake", "namespace": "ml"}}
@@ -268,11 +290,14 @@ def test_namespace_and_context_come_from_the_kubeconfig(fake, tmp_path, capsys):
 
 
 def test_in_a_pod_the_service_account_and_its_namespace_are_used(
-    fake, tmp_path, monkeypatch, capsys
-):
+    fake: FakeApiServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from kube_edge import config
 
-    def incluster(configuration):
+    def incluster(configuration: Any) -> None:  # kube_edge.config takes the client's Any too
         configuration.host = fake.url
 
     namespace_file = tmp_path / "namespace"

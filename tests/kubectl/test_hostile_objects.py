@@ -84,7 +84,13 @@ def _replace(obj: Any, path: tuple[str, ...], value: Any) -> Any:
 
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(PATHS), JSON, st.sampled_from(POD_PATHS), JSON, JSON)
-def test_views_survive_any_field_of_any_type(path, value, pod_path, pod_value, lease_spec):
+def test_views_survive_any_field_of_any_type(
+    path: tuple[str, ...],
+    value: object,
+    pod_path: tuple[str, ...],
+    pod_value: object,
+    lease_spec: object,
+) -> None:
     node = _replace(GOOD_NODE, path, value)
     pod = _replace(GOOD_POD, pod_path, pod_value)
     lease = {"metadata": {"name": "tessera-node-n"}, "spec": lease_spec}
@@ -103,7 +109,7 @@ def test_views_survive_any_field_of_any_type(path, value, pod_path, pod_value, l
     explain.render_explanation(result)
 
 
-def test_a_valid_record_counts_and_a_bound_pod_is_not_explained():
+def test_a_valid_record_counts_and_a_bound_pod_is_not_explained() -> None:
     result = explain.explain(
         PENDING
         | {"spec": {"containers": [{"name": "main", "resources": {"limits": {rn.GPU: "100"}}}]}},

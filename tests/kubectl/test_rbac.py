@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kubectl_tessera.cli import main
-from tessera_testbed.apiserver import parse_path
+from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.kubectl.conftest import add_node
 from tests.scheduler.helpers import pod, share
 
@@ -26,7 +27,9 @@ def _granted() -> set[tuple[str, str, str]]:
     }
 
 
-def test_the_viewer_role_grants_exactly_what_the_commands_call(fake, kubeconfig, capsys):
+def test_the_viewer_role_grants_exactly_what_the_commands_call(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     add_node(fake, "t4", "t4-4x")
     fake.create("pods", pod("p", share(10, 10)))
     for argv in (["nodes"], ["pods"], ["pods", "-A"], ["explain", "p"]):

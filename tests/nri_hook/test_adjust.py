@@ -15,11 +15,11 @@ from nri_hook.adjust import (
     CODE_PERMISSION_DENIED,
     DeviceNode,
     Mount,
-    RejectError,
     Settings,
     decode_record,
     plan_container,
 )
+from nri_hook.errors import RejectError
 from tessera.allocation import (
     ContainerAllocation,
     GpuGrant,

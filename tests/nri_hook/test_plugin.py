@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -39,7 +39,7 @@ from tessera_ttrpc import CallContext, Code, RpcError
 class Recorder(Handler):
     """Records everything; fails CreateContainer for containers named 'refuse'."""
 
-    def __init__(self, events: set[int]) -> None:
+    def __init__(self, events: Iterable[int]) -> None:
         self.events = frozenset(events)
         self.seen: list[tuple[str, ...]] = []
         self.synced: list[tuple[list[str], list[str]]] = []

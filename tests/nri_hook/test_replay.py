@@ -16,6 +16,7 @@ import socket
 from pathlib import Path
 
 from google.protobuf import message_factory
+from google.protobuf.message import Message
 
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig
@@ -51,7 +52,7 @@ class Tape:
         return self.frames.pop(0)
 
 
-def _response_type(method: str) -> type:
+def _response_type(method: str) -> type[Message]:
     descriptor = api.DESCRIPTOR.services_by_name["Plugin"].methods_by_name[method].output_type
     return message_factory.GetMessageClass(descriptor)
 
@@ -99,8 +100,9 @@ async def _replay(session: Session, tmp_path: Path) -> list[str]:
         decoded = _response_type(m["method"]).FromString(response.payload)
         if m["method"] == "Configure":
             nri_version = api.ConfigureRequest.FromString(session.nri_payload(m)).NRI_version
-            assert decoded.events == 0x60F
-            assert decoded.events & ~valid_events_for(nri_version) == 0
+            configured = api.ConfigureResponse.FromString(response.payload)
+            assert configured.events == 0x60F
+            assert configured.events & ~valid_events_for(nri_version) == 0
         elif m["method"] == "CreateContainer":
             # these pods carry no allocation record: left untouched (the Go stub injected
             # its example device and env here, so its reply differs)

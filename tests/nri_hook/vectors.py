@@ -51,10 +51,10 @@ class Session:
 
     def body(self, message: dict[str, Any]) -> bytes:
         """The ttrpc message body (the Request/Response envelope)."""
-        return (self.path / "messages" / message["file"]).read_bytes()
+        return (self.path / "messages" / str(message["file"])).read_bytes()
 
     def nri_payload(self, message: dict[str, Any]) -> bytes:
-        return (self.path / "messages" / message["nri_file"]).read_bytes()
+        return (self.path / "messages" / str(message["nri_file"])).read_bytes()
 
     def oracle(self, message: dict[str, Any]) -> dict[str, Any]:
         name = message["file"].removesuffix(".bin") + ".go.json"

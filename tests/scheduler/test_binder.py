@@ -5,8 +5,11 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+import pytest
+
 from tessera import resources as rn
 from tessera.record import decode
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,
@@ -35,7 +38,7 @@ def record_of(fake, name):
     return obj["metadata"].get("annotations", {}).get(rn.ALLOCATION_ANNOTATION), obj
 
 
-def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake):
+def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (_service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
@@ -49,7 +52,7 @@ def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake):
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
 
 
-def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake):
+def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
@@ -67,7 +70,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake):
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
 
 
-def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
+def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
@@ -80,7 +83,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake):
         assert service.cache.allocation(created["metadata"]["uid"]) is not None
 
 
-def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
+def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=2)
     with serving(fake) as (_service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 200}))
@@ -91,7 +94,7 @@ def test_a_bind_without_a_preceding_filter_reads_the_pod(fake):
         assert sorted(g.index for g in alloc.containers[0].gpus) == [0, 1]
 
 
-def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake):
+def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiServer) -> None:
     populate(fake, ["n", "quiet"], gpus=1)
     with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 100}))
@@ -107,14 +110,14 @@ def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake):
         assert record_of(fake, "q")[0] is None
 
 
-def test_parallel_binds_on_one_node_never_share_a_device(fake):
+def test_parallel_binds_on_one_node_never_share_a_device(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=2)
     fake.latency = 0.01  # every API call takes a while, so binds overlap
     with running(fake) as service:
         pods = [fake.create("pods", pod(f"p{i}", share(30, 30))) for i in range(12)]
         results: dict[str, str] = {}
 
-        def bind(created):
+        def bind(created) -> None:
             http = Http(service.server.port)
             results[created["metadata"]["name"]] = http.post("/bind", bind_body(created, "n"))[1][
                 "Error"
@@ -138,14 +141,14 @@ def test_parallel_binds_on_one_node_never_share_a_device(fake):
             assert record_of(fake, name)[0] is None
 
 
-def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake):
+def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake: FakeApiServer) -> None:
     populate(fake, ["a", "b"], gpus=1)
     with serving(fake) as (_service, http):
         placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
         assert sorted(placed[:2]) == ["a", "b"] and placed[2] is None
 
 
-def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
+def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake: FakeApiServer) -> None:
     populate(fake, ["n", "m"], gpus=1)
     with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
@@ -159,7 +162,9 @@ def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake):
         assert service.cache.node_summary("m")["gpus"][0]["core"]["used"] == 0
 
 
-def test_a_burst_of_binds_never_overflows_the_api_connection_pool(fake, caplog):
+def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
+    fake: FakeApiServer, caplog: pytest.LogCaptureFixture
+) -> None:
     """kube-scheduler sends binds in parallel: the verb pool bounds how many run at once,
     and the API client's pool is sized for them plus the watches, so no connection is
     opened beyond it and thrown away (urllib3 logs each such one)."""

@@ -33,7 +33,7 @@ def cache_with(node: str, gpus: int) -> Cache:
     return cache
 
 
-def test_nothing_outside_can_reach_a_field():
+def test_nothing_outside_can_reach_a_field() -> None:
     cache = cache_with("n", 1)
     assert not hasattr(cache, "__dict__")
     assert all(name.startswith("_") for name in Cache.__slots__)
@@ -41,7 +41,7 @@ def test_nothing_outside_can_reach_a_field():
         cache.state = None  # type: ignore[attr-defined]
 
 
-def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it():
+def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() -> None:
     cache = cache_with("n", 1)
     cache.upsert_inventory("bad", {"gpus": "x"})
     before = cache.snapshot()
@@ -68,7 +68,7 @@ def fast_switching():
 
 
 @pytest.mark.usefixtures("fast_switching")
-def test_concurrent_binds_on_one_node_never_overcommit_it():
+def test_concurrent_binds_on_one_node_never_overcommit_it() -> None:
     """Threads assume (and forget every other one) 10% shares of one GPU at once, switching
     every microsecond: at most ten are held, free + held == capacity, and no assume found
     the GPU changed between choosing and taking (with the cache's lock removed, that

@@ -66,7 +66,9 @@ CASES = [
 
 
 @pytest.mark.parametrize(("argv", "flag", "why"), CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_flags_are_one_line_naming_the_flag(files, capsys, argv, flag, why):
+def test_bad_flags_are_one_line_naming_the_flag(
+    files: dict[str, str], capsys: pytest.CaptureFixture[str], argv, flag, why
+) -> None:
     argv = [a.format(**files) for a in argv]
     if not any(a.startswith("--listen") for a in argv) and "--tls-client-ca-file" not in flag:
         argv = ["--listen=127.0.0.1:8888", *argv]
@@ -81,7 +83,7 @@ def test_bad_flags_are_one_line_naming_the_flag(files, capsys, argv, flag, why):
     assert flag in lines[0] and why in lines[0], lines[0]
 
 
-def test_the_binary_refuses_to_serve_open_on_a_public_address_without_a_traceback():
+def test_the_binary_refuses_to_serve_open_on_a_public_address_without_a_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "scheduler_plugin.cli", "--listen=0.0.0.0:0"],
         capture_output=True,
@@ -94,7 +96,7 @@ def test_the_binary_refuses_to_serve_open_on_a_public_address_without_a_tracebac
     assert proc.stderr.count("\n") == 1 and "--insecure-allow-unauthenticated" in proc.stderr
 
 
-def test_help_explains_the_security_flags():
+def test_help_explains_the_security_flags() -> None:
     text = build_parser().format_help()
     for flag in (
         "--tls-client-ca-file",
@@ -106,7 +108,7 @@ def test_help_explains_the_security_flags():
     assert "bearer token" in text and "client certificate" in text
 
 
-def test_open_and_loopback_flags_parse(files):
+def test_open_and_loopback_flags_parse(files: dict[str, str]) -> None:
     parser = build_parser()
     args = parser.parse_args(["--listen=[::1]:8443", "--health-listen=:0"])
     assert args.listen == ("::1", 8443) and args.health_listen == ("0.0.0.0", 0)

@@ -9,6 +9,7 @@ from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
+from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
 from tests.scheduler.helpers import KEY, pod, populate, running, schedule, serving, share, wait_for
 
@@ -33,7 +34,7 @@ def forged_pod(fake, name, node, key: Keyring | None, *, record_node=None, recor
     return created
 
 
-def test_deleted_and_finished_pods_release_their_devices(fake):
+def test_deleted_and_finished_pods_release_their_devices(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
@@ -46,7 +47,7 @@ def test_deleted_and_finished_pods_release_their_devices(fake):
         wait_for(lambda: used_core(service, "n") == 0)
 
 
-def test_forged_and_copied_records_never_hold_devices(fake):
+def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     forged_pod(fake, "unsigned", "n", None)
     forged_pod(fake, "wrong-key", "n", Keyring.generate("k1"))
@@ -78,7 +79,7 @@ def test_forged_and_copied_records_never_hold_devices(fake):
         wait_for(lambda: used_core(service, "n") == 0)
 
 
-def test_a_signed_record_for_another_node_does_not_count(fake):
+def test_a_signed_record_for_another_node_does_not_count(fake: FakeApiServer) -> None:
     populate(fake, ["n", "m"], gpus=1)
     forged_pod(fake, "moved", "n", None, record_node="m")
     with running(fake) as service:
@@ -86,7 +87,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake):
         assert used_core(service, "n") == 0 and used_core(service, "m") == 0
 
 
-def test_watch_expiry_relists_and_catches_up(fake):
+def test_watch_expiry_relists_and_catches_up(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
@@ -102,7 +103,7 @@ def test_watch_expiry_relists_and_catches_up(fake):
         assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
 
 
-def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
+def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=2)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
@@ -123,7 +124,7 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake):
         assert "no tessera device inventory" in reply["FailedAndUnresolvableNodes"]["n"]
 
 
-def test_a_deleted_node_takes_no_pods(fake):
+def test_a_deleted_node_takes_no_pods(fake: FakeApiServer) -> None:
     populate(fake, ["n", "m"], gpus=1)
     with running(fake) as service:
         fake.delete("nodes", "m")
@@ -132,7 +133,7 @@ def test_a_deleted_node_takes_no_pods(fake):
         assert reply["NodeNames"] == ["n"]
 
 
-def test_records_seen_before_their_node_wait_for_it(fake):
+def test_records_seen_before_their_node_wait_for_it(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
@@ -144,7 +145,7 @@ def test_records_seen_before_their_node_wait_for_it(fake):
         assert used_core(service, "n") == 100
 
 
-def test_debug_api_and_its_watch_stream(fake):
+def test_debug_api_and_its_watch_stream(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=10)
@@ -167,7 +168,7 @@ def test_debug_api_and_its_watch_stream(fake):
         assert h.get("/debug/nodes/nope")[0] == 404
 
 
-def test_metrics_count_decisions_failures_and_gpu_use(fake):
+def test_metrics_count_decisions_failures_and_gpu_use(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
@@ -184,7 +185,7 @@ def test_metrics_count_decisions_failures_and_gpu_use(fake):
         assert sample(service.metrics, "tessera_gpu_memory_allocated_bytes", labels) == 80 << 30
 
 
-def test_lists_are_paged(fake):
+def test_lists_are_paged(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=4)
     for i in range(7):
         fake.create("pods", pod(f"plain-{i}", {"cpu": "1"}))
@@ -200,7 +201,7 @@ def test_lists_are_paged(fake):
         assert service.cache.stats().pods_known == 9
 
 
-def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
+def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeApiServer) -> None:
     from scheduler_plugin.cache import Cache
     from scheduler_plugin.status_writer import StatusWriter
     from tessera_testbed.inventory import inventory_spec
@@ -233,7 +234,9 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake):
     assert "heartbeat" in status["problem"]  # this cache never saw a Lease for "b"
 
 
-def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(fake):
+def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(
+    fake: FakeApiServer,
+) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"

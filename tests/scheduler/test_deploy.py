@@ -23,7 +23,7 @@ def docs(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
 
 
-def test_kube_scheduler_configuration_names_every_tessera_resource_and_verb():
+def test_kube_scheduler_configuration_names_every_tessera_resource_and_verb() -> None:
     (config,) = docs("kube-scheduler-config.yaml")
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     (ext,) = config["extenders"]
@@ -35,7 +35,7 @@ def test_kube_scheduler_configuration_names_every_tessera_resource_and_verb():
     assert ext["enableHTTPS"] is True and ext["urlPrefix"].startswith("https://")
 
 
-def test_deployment_args_parse_and_mount_the_integrity_key():
+def test_deployment_args_parse_and_mount_the_integrity_key() -> None:
     (deployment,) = docs("deployment.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = build_parser().parse_args(container["args"])
@@ -52,7 +52,7 @@ def _tls_secrets() -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in docs("tls-secrets.example.yaml")}
 
 
-def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port():
+def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port() -> None:
     (deployment,) = docs("deployment.yaml")
     pod_spec = deployment["spec"]["template"]["spec"]
     (container,) = pod_spec["containers"]
@@ -88,7 +88,7 @@ def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port():
     )
 
 
-def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki):
+def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki) -> None:
     """The shipped flags are a combination the binary accepts (authenticated, non-loopback),
     with the Secret's files replaced by real ones."""
     (deployment,) = docs("deployment.yaml")
@@ -103,7 +103,7 @@ def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki):
     assert check_config(config) is not None
 
 
-def test_kube_scheduler_tls_config_names_the_client_secret_files():
+def test_kube_scheduler_tls_config_names_the_client_secret_files() -> None:
     (config,) = docs("kube-scheduler-config.yaml")
     (ext,) = config["extenders"]
     tls = ext["tlsConfig"]
@@ -143,13 +143,13 @@ def _verb(method: str, name: str | None, watch: bool) -> str:
     return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}[method]
 
 
-def test_debug_reader_role_grants_the_debug_paths():
+def test_debug_reader_role_grants_the_debug_paths() -> None:
     (reader,) = [d for d in docs("rbac.yaml") if d["metadata"]["name"] == "tessera-debug-reader"]
     (rule,) = reader["rules"]
     assert set(rule["nonResourceURLs"]) == {"/debug", "/debug/*"} and rule["verbs"] == ["get"]
 
 
-def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
+def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not() -> None:
     with FakeApiServer() as fake:
         populate(fake, ["n"], gpus=1)
         fake.create("pods", pod("x", share(10, 10)))  # so the status writer has work
@@ -209,7 +209,7 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not():
     "name",
     ["serviceaccount.yaml", "service.yaml", "record-signing-secret.example.yaml", "rbac.yaml"],
 )
-def test_everything_lives_in_the_tessera_namespace(name):
+def test_everything_lives_in_the_tessera_namespace(name) -> None:
     for doc in docs(name):
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == rn.DEFAULT_HEARTBEAT_NAMESPACE

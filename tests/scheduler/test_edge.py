@@ -75,7 +75,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_requests_get_400_with_a_reason(service, name):
+def test_malformed_requests_get_400_with_a_reason(service: Service, name) -> None:
     verb, body = MALFORMED[name]
     status, data = Http(service.server.port).post_raw(
         f"/{verb}", body if isinstance(body, bytes) else body.encode()
@@ -85,7 +85,7 @@ def test_malformed_requests_get_400_with_a_reason(service, name):
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
-def test_huge_exponents_anywhere_get_a_well_formed_answer(service, verb):
+def test_huge_exponents_anywhere_get_a_well_formed_answer(service: Service, verb) -> None:
     doc = _filter(Pod=pod("p", share(10, 10), uid="u"))
     doc["Pod"]["spec"]["priority"] = 0
     body = json.dumps(doc).replace('"priority": 0', '"priority": 1e999999').encode()
@@ -93,7 +93,7 @@ def test_huge_exponents_anywhere_get_a_well_formed_answer(service, verb):
     assert status in (200, 400) and well_formed(verb, status, data), data[:300]
 
 
-def test_bind_names_that_cannot_name_objects_are_refused_in_the_reply(service):
+def test_bind_names_that_cannot_name_objects_are_refused_in_the_reply(service: Service) -> None:
     h = Http(service.server.port)
     for field, value in (("PodNamespace", "\ud800"), ("PodName", "a/b"), ("Node", "x" * 300)):
         body = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": NODES[0]}
@@ -101,7 +101,7 @@ def test_bind_names_that_cannot_name_objects_are_refused_in_the_reply(service):
         assert status == 200 and f"{field} " in reply["Error"], reply
 
 
-def test_a_pod_that_breaks_a_request_rule_is_a_filter_answer(service):
+def test_a_pod_that_breaks_a_request_rule_is_a_filter_answer(service: Service) -> None:
     body = _filter(Pod=pod("p", {rn.GPU_CORE: 10, rn.GPU_MEMORY: "1e999999"}, uid="u"))
     status, reply = Http(service.server.port).post("/filter", body)
     assert status == 200 and reply["NodeNames"] == []
@@ -125,7 +125,7 @@ def _read_reply(sock: socket.socket) -> bytes:
     return data
 
 
-def test_oversized_bodies_are_refused_before_they_are_read():
+def test_oversized_bodies_are_refused_before_they_are_read() -> None:
     with FakeApiServer() as fake, running(fake, max_body=64 * 1024) as svc:
         # the headers announce 100 MB and no body byte is sent: the answer comes anyway
         sock = _raw(
@@ -143,7 +143,7 @@ def test_oversized_bodies_are_refused_before_they_are_read():
         assert Http(svc.server.port).post("/filter", {"Pod": pod("p"), "NodeNames": []})[0] == 200
 
 
-def test_slow_clients_do_not_block_others_and_are_dropped(monkeypatch):
+def test_slow_clients_do_not_block_others_and_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(BoundedProtocol, "header_timeout", 0.5)
     monkeypatch.setattr(limits, "BODY_TIMEOUT", 0.5)
     with FakeApiServer() as fake, running(fake) as svc:
@@ -159,7 +159,9 @@ def test_slow_clients_do_not_block_others_and_are_dropped(monkeypatch):
         assert h.get("/healthz")[0] == 200
 
 
-def test_connections_past_the_cap_are_closed_and_others_still_served(monkeypatch):
+def test_connections_past_the_cap_are_closed_and_others_still_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(BoundedProtocol, "max_connections", 8)
     with FakeApiServer() as fake, running(fake) as svc:
         port = svc.server.port
@@ -173,7 +175,7 @@ def test_connections_past_the_cap_are_closed_and_others_still_served(monkeypatch
         assert Http(port).get("/healthz")[0] == 200
 
 
-def test_memory_stays_bounded_under_100_oversized_or_slow_clients():
+def test_memory_stays_bounded_under_100_oversized_or_slow_clients() -> None:
     """100 clients at once: half announce the largest allowed body and dribble it, half
     send bodies over the limit. Bodies wait for room in the byte budget before they are
     read, so the process grows by a bounded amount (the figure is in bench/)."""
@@ -184,7 +186,7 @@ def test_memory_stays_bounded_under_100_oversized_or_slow_clients():
         assert Http(port).get("/healthz")[0] == 200
 
 
-def test_health_port_serves_probes_and_metrics_and_nothing_else(service):
+def test_health_port_serves_probes_and_metrics_and_nothing_else(service: Service) -> None:
     assert service.health_server is not None
     h = Http(service.health_server.port)
     assert h.get("/healthz") == (200, b"ok\n")
@@ -196,7 +198,7 @@ def test_health_port_serves_probes_and_metrics_and_nothing_else(service):
     assert status == 404
 
 
-def test_debug_needs_a_bearer_token_that_rbac_allows():
+def test_debug_needs_a_bearer_token_that_rbac_allows() -> None:
     with FakeApiServer() as fake:
         populate(fake, ["n"], gpus=1)
         fake.tokens["good"] = {"username": "alice", "groups": ["ops"]}
@@ -268,7 +270,9 @@ def hostile_requests(draw: st.DrawFn) -> tuple[str, bytes]:
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(request=hostile_requests())
-def test_hostile_extender_bodies_get_a_well_formed_answer_over_http(service, request):
+def test_hostile_extender_bodies_get_a_well_formed_answer_over_http(
+    service: Service, request: pytest.FixtureRequest
+) -> None:
     verb, body = request
     status, data = Http(service.server.port).post_raw(f"/tessera/{verb}", body)
     assert status < 500 and well_formed(verb, status, data), (status, data[:300])
@@ -288,8 +292,8 @@ def tls_service(pki) -> Iterator[Service]:
 )
 @given(request=hostile_requests())
 def test_hostile_extender_bodies_get_a_well_formed_answer_over_mutual_tls(
-    tls_service, pki, request
-):
+    tls_service: Service, pki, request: pytest.FixtureRequest
+) -> None:
     verb, body = request
     ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
     ctx.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
@@ -303,7 +307,7 @@ def test_hostile_extender_bodies_get_a_well_formed_answer_over_mutual_tls(
     assert resp.status < 500 and well_formed(verb, resp.status, data), (resp.status, data[:300])
 
 
-def test_body_budget_makes_bodies_wait_for_room_and_gives_up_at_the_deadline():
+def test_body_budget_makes_bodies_wait_for_room_and_gives_up_at_the_deadline() -> None:
     from scheduler_plugin.http import ByteBudget
 
     async def scenario() -> list[str]:

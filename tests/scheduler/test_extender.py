@@ -47,7 +47,7 @@ def args(obj, names):
     return {"Pod": obj, "Nodes": None, "NodeNames": names}
 
 
-def test_a_pod_without_tessera_resources_passes_everywhere_untouched():
+def test_a_pod_without_tessera_resources_passes_everywhere_untouched() -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}}))
     names = ["a", "unknown-node"]
     reply = ext.filter(args(pod("plain", {"cpu": "1"}), names))
@@ -55,7 +55,7 @@ def test_a_pod_without_tessera_resources_passes_everywhere_untouched():
     assert reply["FailedNodes"] == {} == reply["FailedAndUnresolvableNodes"]
 
 
-def test_filter_sorts_nodes_into_fit_failed_and_unresolvable():
+def test_filter_sorts_nodes_into_fit_failed_and_unresolvable() -> None:
     cache = make_cache(
         {"full": {"gpus": 1}, "free": {"gpus": 1}, "small": {"gpus": 1, "mem": 8192}}
     )
@@ -70,7 +70,7 @@ def test_filter_sorts_nodes_into_fit_failed_and_unresolvable():
     assert "largest GPU here has 8.0 GiB" in reply["FailedAndUnresolvableNodes"]["small"]
 
 
-def test_a_broken_request_fails_every_node_with_the_rule():
+def test_a_broken_request_fails_every_node_with_the_rule() -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}}))
     reply = ext.filter(args(pod("p", {rn.GPU_CORE: 50}), ["a"]))
     assert reply["NodeNames"] == []
@@ -78,7 +78,7 @@ def test_a_broken_request_fails_every_node_with_the_rule():
     assert "compute share needs a memory bound" in message and 'container "main"' in message
 
 
-def test_gpu_model_hint_is_unresolvable_elsewhere():
+def test_gpu_model_hint_is_unresolvable_elsewhere() -> None:
     cache = make_cache({"h100": {"gpus": 2}, "t4": {"gpus": 2, "model": "Tesla T4", "mem": 15360}})
     ext = Extender(cache)
     obj = pod("p", {rn.GPU: 100}, annotations={rn.GPU_MODEL_ANNOTATION: "T4"})
@@ -87,7 +87,7 @@ def test_gpu_model_hint_is_unresolvable_elsewhere():
     assert "no GPU of model T4" in reply["FailedAndUnresolvableNodes"]["h100"]
 
 
-def test_silent_agent_and_bad_inventory_are_resolvable_failures():
+def test_silent_agent_and_bad_inventory_are_resolvable_failures() -> None:
     cache = make_cache({"ok": {"gpus": 1}})
     cache.upsert_inventory("silent", inventory_spec("silent", gpus=1))
     # a first sighting of an old renewTime counts from that renewTime
@@ -100,7 +100,7 @@ def test_silent_agent_and_bad_inventory_are_resolvable_failures():
     assert "nodedevices/broken is invalid" in reply["FailedNodes"]["broken"]
 
 
-def test_a_heartbeat_counts_from_when_we_see_it_change():
+def test_a_heartbeat_counts_from_when_we_see_it_change() -> None:
     clock = [time.time()]
     cache = Cache("binpack", clock=lambda: clock[0])
     cache.upsert_inventory("n", inventory_spec("n", gpus=1))
@@ -121,7 +121,7 @@ def test_a_heartbeat_counts_from_when_we_see_it_change():
     assert "missing" in cache.problems()["n"]
 
 
-def test_prioritize_follows_the_policy_in_integers_0_to_10():
+def test_prioritize_follows_the_policy_in_integers_0_to_10() -> None:
     cache = make_cache({"busy": {"gpus": 2}, "idle": {"gpus": 2}})
     occupy(cache, "x", "busy", {rn.GPU: 100})
     obj = pod("p", share(50, 50))
@@ -138,7 +138,7 @@ def test_prioritize_follows_the_policy_in_integers_0_to_10():
     assert spread["idle"] > spread["busy"]
 
 
-def test_prioritize_reflects_changes_after_filter():
+def test_prioritize_reflects_changes_after_filter() -> None:
     cache = make_cache({"a": {"gpus": 1}, "b": {"gpus": 1}})
     ext = Extender(cache)
     obj = pod("p", share(10, 10), uid="same")
@@ -150,7 +150,7 @@ def test_prioritize_reflects_changes_after_filter():
     assert second["a"] > second["b"]
 
 
-def test_priorities_keep_the_policys_order_of_the_best_nodes():
+def test_priorities_keep_the_policys_order_of_the_best_nodes() -> None:
     scores = {"a": 0.5001, "b": 0.5003, "c": 0.5002, "d": 0.5003 + 1e-12, "x": 0.9}
     names = ["a", "b", "c", "d", "e", "x"]
     got = dict(zip(names, rank_priorities(scores, names), strict=True))
@@ -163,7 +163,7 @@ def test_priorities_keep_the_policys_order_of_the_best_nodes():
     assert floor[-1] == 10 and floor[-10] == 1 and floor[0] == 1  # at least 1 when it fits
 
 
-def test_a_pods_placement_hint_picks_its_policy():
+def test_a_pods_placement_hint_picks_its_policy() -> None:
     cache = make_cache({"a": {"gpus": 2}, "b": {"gpus": 2}})
     occupy(cache, "busy", "a", share(50, 50))
     packed = pod("p", share(10, 10), annotations={rn.PLACEMENT_ANNOTATION: rn.POLICY_BINPACK})
@@ -175,7 +175,7 @@ def test_a_pods_placement_hint_picks_its_policy():
     assert best == {"p": "a", "q": "b"}
 
 
-def test_bad_shapes_are_refused():
+def test_bad_shapes_are_refused() -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}}))
     for bad in (
         [],
@@ -190,7 +190,7 @@ def test_bad_shapes_are_refused():
 # --- preempt ------------------------------------------------------------------------------
 
 
-def test_preempt_returns_the_smallest_helpful_set_and_drops_hopeless_nodes():
+def test_preempt_returns_the_smallest_helpful_set_and_drops_hopeless_nodes() -> None:
     cache = make_cache({"n": {"gpus": 1}, "tiny": {"gpus": 1}, "roomy": {"gpus": 2}})
     occupy(cache, "small", "n", share(30, 30))
     occupy(cache, "big", "n", share(70, 70))
@@ -222,7 +222,7 @@ def test_preempt_returns_the_smallest_helpful_set_and_drops_hopeless_nodes():
     assert [p["UID"] for p in victims["roomy"]["Pods"]] == ["uid-r", "other"]
 
 
-def test_preempt_with_full_victim_pods_and_priorities():
+def test_preempt_with_full_victim_pods_and_priorities() -> None:
     cache = make_cache({"n": {"gpus": 1}})
     occupy(cache, "a", "n", share(50, 50), priority=100)
     occupy(cache, "b", "n", share(50, 50), priority=5)
@@ -242,7 +242,7 @@ def test_preempt_with_full_victim_pods_and_priorities():
     }
 
 
-def test_prioritize_json_equals_prioritize_for_small_and_large_lists():
+def test_prioritize_json_equals_prioritize_for_small_and_large_lists() -> None:
     nodes = {f"n{i}": {"gpus": 1} for i in range(70)}
     cache = make_cache(nodes)
     for i in range(0, 70, 3):
@@ -256,7 +256,9 @@ def test_prioritize_json_equals_prioritize_for_small_and_large_lists():
         assert len({s["Score"] for s in fast}) > 1 or len(names) < 10
 
 
-def test_a_pod_version_is_parsed_once_across_filter_and_prioritize(monkeypatch):
+def test_a_pod_version_is_parsed_once_across_filter_and_prioritize(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}, "b": {"gpus": 1}}))
     parsed: list[str] = []
     real_parse = ext.parse
@@ -275,7 +277,7 @@ def test_a_pod_version_is_parsed_once_across_filter_and_prioritize(monkeypatch):
     assert parsed == ["7"]
 
 
-def test_a_new_pod_version_or_none_is_parsed_again(monkeypatch):
+def test_a_new_pod_version_or_none_is_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     ext = Extender(make_cache({"a": {"gpus": 2}}))
     obj = pod("p", share(30, 30), uid="u1")
     obj["metadata"]["resourceVersion"] = "7"

@@ -8,6 +8,7 @@ import time
 from scheduler_plugin.events import UNTRUSTED_RECORD
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
+from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, pod, populate, running, schedule, serving, share, wait_for
 from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
 
@@ -22,7 +23,9 @@ def poison(fake, name: str, node: str, record: str) -> None:
     fake.patch("pods", name, {"status": {"phase": "Running"}}, sub="status")
 
 
-def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(fake):
+def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
+    fake: FakeApiServer,
+) -> None:
     populate(fake, ["n", "m"], gpus=1)
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
@@ -64,7 +67,9 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
         assert schedule(h, fake, fake.get("pods", "b"), ["n"]) == "n"
 
 
-def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replaced(fake):
+def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replaced(
+    fake: FakeApiServer,
+) -> None:
     populate(fake, ["n"], gpus=1)
     with serving(fake) as (service, h):
         obj = pod("g", share(30, 30), annotations={rn.ALLOCATION_ANNOTATION: POISON_DEEP})
@@ -76,7 +81,9 @@ def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replace
         assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 30
 
 
-def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(fake):
+def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(
+    fake: FakeApiServer,
+) -> None:
     nodes = ["n1", "n2", "n3"]
     populate(fake, nodes, gpus=2)
     with serving(fake) as (service, h):

@@ -25,7 +25,9 @@ def good_filter() -> dict:
     return {"Pod": pod("p", share(10, 10), uid="u"), "Nodes": None, "NodeNames": ["n"]}
 
 
-def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
+def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(
+    fake: FakeApiServer,
+) -> None:
     with serving(fake, max_body=64 * 1024) as (_service, h):
         status, data = h.post_raw("/filter", b"{not json")
         assert status == 400 and "not valid JSON" in json.loads(data)["Error"]
@@ -46,7 +48,7 @@ def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(fake):
         assert status == 200 and reply["NodeNames"] == ["n"]
 
 
-def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake):
+def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake: FakeApiServer) -> None:
     with serving(fake, max_body=1024) as (service, h):
         status, data = h.post_raw("/filter", b"x" * 4096)
         assert status == 413 and "over 1024" in json.loads(data)["Error"]
@@ -60,7 +62,7 @@ def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake):
         assert fresh.post("/filter", good_filter())[0] == 200
 
 
-def test_unknown_resource_combinations_are_explained(fake):
+def test_unknown_resource_combinations_are_explained(fake: FakeApiServer) -> None:
     with serving(fake) as (_service, h):
         for resources, needle in (
             ({rn.GPU: 50, rn.GPU_CORE: 50}, "do not combine"),
@@ -74,14 +76,14 @@ def test_unknown_resource_combinations_are_explained(fake):
             assert needle in reply["FailedAndUnresolvableNodes"]["n"], reply
 
 
-def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake):
+def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake: FakeApiServer) -> None:
     with serving(fake) as (_service, h):
         assert h.post("/tessera/v1/filter", good_filter())[1]["NodeNames"] == ["n"]
         assert h.get("/healthz") == (200, b"ok\n")
         assert h.get("/readyz") == (200, b"ok\n")
 
 
-def test_not_ready_until_synced(fake):
+def test_not_ready_until_synced(fake: FakeApiServer) -> None:
     fake.fail("/pods", method="GET", status=500, times=10**6)
     service = start(fake)
     try:
@@ -100,7 +102,7 @@ def test_not_ready_until_synced(fake):
 # --- TLS ---------------------------------------------------------------------------------------
 
 
-def test_https_with_required_client_certificates(fake, pki):
+def test_https_with_required_client_certificates(fake: FakeApiServer, pki) -> None:
     tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
     service = start(fake, tls, open_debug=False)
     try:

@@ -68,12 +68,12 @@ def cache_with(nodes: list[str], gpus: int = 1) -> tuple[Cache, Reconciler]:
 
 
 @pytest.mark.parametrize("record", POISONS)
-def test_judge_turns_any_poison_record_into_invalid(record):
+def test_judge_turns_any_poison_record_into_invalid(record) -> None:
     verdict = judge(running_pod("p", "n", record), KEYRING)
     assert isinstance(verdict, Invalid) and verdict.problem
 
 
-def test_judge_reads_hostile_pod_shapes():
+def test_judge_reads_hostile_pod_shapes() -> None:
     for bad in (
         {"metadata": "x"},
         {"metadata": {"annotations": "x"}, "spec": []},
@@ -88,7 +88,7 @@ def test_judge_reads_hostile_pod_shapes():
 
 
 @pytest.mark.parametrize("record", POISONS)
-def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record):
+def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record) -> None:
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("poison", "n", record), good])
@@ -100,7 +100,7 @@ def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record):
     assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
 
 
-def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence():
+def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence() -> None:
     inv = [
         NodeInventory.from_dict(inventory_spec(n, gpus=1), source="t", node_name=n)
         for n in ("n", "m")
@@ -113,7 +113,7 @@ def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence():
     assert set(rebuilt.fenced) == {"n"}
 
 
-def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling():
+def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() -> None:
     cache, _ = cache_with([])
     huge = nodedevices("big", gpus=1)
     huge["spec"]["gpus"][0]["memoryMiB"] = 2**64
@@ -142,7 +142,7 @@ HOSTILE_OBJECTS: list[Any] = [
 ]
 
 
-def test_hostile_objects_never_escape_a_handler():
+def test_hostile_objects_never_escape_a_handler() -> None:
     cache, reconciler = cache_with(["n"])
     handlers = [InventoryHandler(cache), NodeHandler(cache), LeaseHandler(cache), reconciler]
     for handler in handlers:
@@ -152,7 +152,7 @@ def test_hostile_objects_never_escape_a_handler():
                 handler.event(kind, obj)
 
 
-def test_a_pending_pod_with_garbage_fences_nothing_and_is_not_trusted():
+def test_a_pending_pod_with_garbage_fences_nothing_and_is_not_trusted() -> None:
     cache, reconciler = cache_with(["n"])
     waiting = running_pod("waiting", "", POISON_DEEP)
     waiting["status"]["phase"] = "Pending"
@@ -161,7 +161,7 @@ def test_a_pending_pod_with_garbage_fences_nothing_and_is_not_trusted():
     assert not snapshot.fences and not snapshot.problems and not snapshot.allocations
 
 
-def test_copied_and_conflicting_records_fence_and_unfence_when_fixed():
+def test_copied_and_conflicting_records_fence_and_unfence_when_fixed() -> None:
     cache, reconciler = cache_with(["n"])
     a = running_pod("a", "n", signed("a", "n", core=60))
     reconciler.replace([a])
@@ -178,13 +178,13 @@ def test_copied_and_conflicting_records_fence_and_unfence_when_fixed():
     assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
 
 
-def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation():
+def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation() -> None:
     tally = surface_reconciler.run(300, seed=5)
     assert tally.inputs == 300
     assert (tally.crashes, tally.forgeries) == (0, 0), tally.examples
 
 
-def test_a_running_pod_whose_record_was_removed_fences_its_node():
+def test_a_running_pod_whose_record_was_removed_fences_its_node() -> None:
     """Removing the annotation from a running pod must not free devices it still uses."""
     cache, reconciler = cache_with(["n"])
     reconciler.replace([running_pod("a", "n", signed("a", "n"))])
@@ -202,7 +202,9 @@ def test_a_running_pod_whose_record_was_removed_fences_its_node():
     assert not cache.problems()
 
 
-def test_a_bug_while_handling_one_object_is_contained(monkeypatch, caplog):
+def test_a_bug_while_handling_one_object_is_contained(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Defence in depth: an unexpected exception for one object is logged as a bug with
     its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
     from scheduler_plugin import cluster

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.service import Service
 from tessera.policy_registry import POLICIES
 from tessera.record import Keyring
+from tessera_testbed.apiserver import FakeApiServer
 from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
@@ -24,7 +28,7 @@ from tests.scheduler.helpers import (
 )
 
 
-def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake):
+def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     # short enough for a test, long enough that a busy CI machine does not make leaders flap
     fast = {"leader_elect": True, "lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.2}
@@ -47,7 +51,7 @@ def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake):
         second.stop()
 
 
-def test_help_explains_every_flag():
+def test_help_explains_every_flag() -> None:
     parser = build_parser()
     text = parser.format_help()
     for action in parser._actions:
@@ -70,7 +74,7 @@ def test_help_explains_every_flag():
     assert sorted(policy.choices) == sorted(POLICIES)
 
 
-def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
+def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path: Path) -> None:
     def run(*args):
         return subprocess.run(
             [sys.executable, "-m", "scheduler_plugin.cli", *args],
@@ -103,7 +107,9 @@ def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path):
     assert usage.returncode == 2 and "HOST:PORT" in usage.stderr
 
 
-def test_replicas_sharing_a_host_and_a_pid_get_distinct_identities(monkeypatch):
+def test_replicas_sharing_a_host_and_a_pid_get_distinct_identities(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two hostNetwork replicas on one host are both pid 1 in their PID namespaces."""
     import os
     import socket

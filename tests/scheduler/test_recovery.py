@@ -69,7 +69,7 @@ def _bound_pod(node="n", *, phase="Running", key=KEYRING, record_node=None):
     return obj, alloc
 
 
-def test_the_rebuild_rule():
+def test_the_rebuild_rule() -> None:
     obj, alloc = _bound_pod()
     assert judge(obj, KEYRING) == Holds(alloc)
     unbound = dict(obj, spec=dict(obj["spec"], nodeName=None))
@@ -164,7 +164,7 @@ def placements(fake: FakeApiServer) -> dict[str, tuple]:
 # --- a restart changes no decision -------------------------------------------------------------
 
 
-def test_a_restart_makes_exactly_the_decisions_it_would_have_made():
+def test_a_restart_makes_exactly_the_decisions_it_would_have_made() -> None:
     pods = burst(18)
     results = []
     for restart_at in (None, 7):
@@ -243,7 +243,9 @@ def _run_burst(port: int, fake: FakeApiServer, pods: list[dict], workers: int = 
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
-def test_crash_at_a_random_point_of_a_burst_leaks_nothing(seed, monkeypatch):
+def test_crash_at_a_random_point_of_a_burst_leaks_nothing(
+    seed, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = random.Random(seed)
     crash_at = rng.randint(2, 14)  # a 24-pod burst on 6 GPUs makes ~16 pod writes
     land = rng.random() < 0.5
@@ -331,7 +333,7 @@ def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 60) -> None:
     raise AssertionError("tessera-scheduler did not become ready")
 
 
-def test_sigkill_during_a_burst_then_restart(tmp_path):
+def test_sigkill_during_a_burst_then_restart(tmp_path: Path) -> None:
     rng = random.Random(7)
     keyfile = write_private(KEYRING, tmp_path / "record-keys")
     pods = burst(30)

@@ -7,12 +7,14 @@ import base64
 import hashlib
 import hmac
 import json
+from pathlib import Path
 
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import decode, encode, signature_algorithm, to_document
 from tessera_edge.keyfiles import KeyringSource
+from tessera_testbed.apiserver import FakeApiServer
 from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
@@ -59,7 +61,9 @@ def record_of(fake, name: str) -> str:
     return fake.get("pods", name)["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
 
 
-def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(fake, tmp_path):
+def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(
+    fake: FakeApiServer, tmp_path: Path
+) -> None:
     populate(fake, ["n"], gpus=1)
     good = old_pod(fake, "old", OLD_KEY)
     old_pod(fake, "forged", b"an-attacker-key-of-sufficient-size")
@@ -80,7 +84,7 @@ def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(fake, tmp_
         service.stop()
 
 
-def test_without_the_legacy_key_old_records_are_untrusted(fake):
+def test_without_the_legacy_key_old_records_are_untrusted(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=1)
     old_pod(fake, "old", OLD_KEY)
     service = Service(options(), client_for(fake), KEYRING).start()
@@ -94,7 +98,7 @@ def test_without_the_legacy_key_old_records_are_untrusted(fake):
         service.stop()
 
 
-def test_a_re_signed_record_is_what_the_scheduler_would_write():
+def test_a_re_signed_record_is_what_the_scheduler_would_write() -> None:
     alloc = PodAllocation("u", "default", "x", "n", (ContainerAllocation("main"),))
     assert decode(hmac_record(alloc, OLD_KEY), KEYRING.with_legacy_hmac({"default": OLD_KEY}))
     assert signature_algorithm(encode(alloc, KEYRING)) == "Ed25519"

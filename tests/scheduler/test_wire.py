@@ -53,7 +53,7 @@ def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict:
     return fake.create("pods", fresh)
 
 
-def test_filter_and_prioritize_with_node_cache(fake):
+def test_filter_and_prioritize_with_node_cache(fake: FakeApiServer) -> None:
     _cluster(fake)
     body = vector("filter-001.json")
     with serving(fake) as (_service, http):
@@ -73,7 +73,7 @@ def test_filter_and_prioritize_with_node_cache(fake):
         assert all(0 <= s["Score"] <= 10 for s in scores)
 
 
-def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake):
+def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake: FakeApiServer) -> None:
     _cluster(fake)
     filter_body = vector("filter-001.json")
     created = _create_captured_pod(fake, filter_body)
@@ -100,7 +100,7 @@ def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake):
     assert writes[0][1].endswith("/binding")
 
 
-def test_without_node_cache_the_full_nodes_come_back(fake):
+def test_without_node_cache_the_full_nodes_come_back(fake: FakeApiServer) -> None:
     _cluster(fake)
     body = vector("nodecache-false/filter-002.json")
     created = _create_captured_pod(fake, body)
@@ -128,7 +128,7 @@ def test_without_node_cache_the_full_nodes_come_back(fake):
     assert rn.ALLOCATION_ANNOTATION in stored["metadata"]["annotations"]
 
 
-def test_failed_and_unresolvable_nodes_decode_with_reasons(fake):
+def test_failed_and_unresolvable_nodes_decode_with_reasons(fake: FakeApiServer) -> None:
     # peer-node-0: no inventory (unresolvable); peer-node-1: silent node agent (resolvable)
     fake.create("nodes", {"metadata": {"name": "peer-node-0"}})
     _cluster(fake, ["peer-node-2"])
@@ -153,7 +153,7 @@ def test_failed_and_unresolvable_nodes_decode_with_reasons(fake):
             assert all(v.startswith("tessera: ") for v in result["FailedNodes"].values())
 
 
-def test_keys_are_matched_case_insensitively_like_go(fake):
+def test_keys_are_matched_case_insensitively_like_go(fake: FakeApiServer) -> None:
     _cluster(fake)
     doc = json.loads(vector("filter-001.json"))
     lowered = {"pod": doc["Pod"], "nodes": None, "nodenames": doc["NodeNames"]}
@@ -163,7 +163,7 @@ def test_keys_are_matched_case_insensitively_like_go(fake):
         assert go.filter_survivors(result, True) == doc["NodeNames"]
 
 
-def test_the_go_decoder_model_rejects_what_go_rejects():
+def test_the_go_decoder_model_rejects_what_go_rejects() -> None:
     # the checks above are only as good as this model of Go's decoder
     with pytest.raises(go.GoDecodeError):
         go.decode(go.HostPriorityList, b'[{"Host":"a","Score":7.0}]')
@@ -175,7 +175,7 @@ def test_the_go_decoder_model_rejects_what_go_rejects():
     assert go.filter_survivors(decoded, True) == []
 
 
-def test_status_summary_reaches_the_custom_resource(fake):
+def test_status_summary_reaches_the_custom_resource(fake: FakeApiServer) -> None:
     _cluster(fake)
     filter_body = vector("filter-001.json")
     _create_captured_pod(fake, filter_body)

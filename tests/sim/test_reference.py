@@ -7,6 +7,7 @@ import numpy as np
 from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import Placement, place_pod
+from tessera.scoring_policy import Policy
 from tessera_sim.reference import (
     BestFitPolicy,
     DotProdPolicy,
@@ -26,14 +27,14 @@ def cluster(*nodes: TraceNode) -> ClusterState:
     return state
 
 
-def occupy(state: ClusterState, node: str, pod: TracePod, policy: object) -> None:
-    placed = place_pod(state.nodes[node], pod.request(f"{node}-{pod.name}"), policy)  # type: ignore[arg-type]
+def occupy(state: ClusterState, node: str, pod: TracePod, policy: Policy) -> None:
+    placed = place_pod(state.nodes[node], pod.request(f"{node}-{pod.name}"), policy)
     assert isinstance(placed, Placement)
     state.add(placed.allocation)
 
 
-def scores(policy: object, state: ClusterState, pod: TracePod) -> dict[str, float]:
-    decider = Decider(state, {policy.name: policy}, policy.name)  # type: ignore[attr-defined]
+def scores(policy: Policy, state: ClusterState, pod: TracePod) -> dict[str, float]:
+    decider = Decider(state, {policy.name: policy}, policy.name)
     ranking = decider.rank(pod.request("probe"))
     return {
         decider.index.names[r] or "": s for r, s in zip(ranking.rows, ranking.scores, strict=True)

@@ -9,7 +9,7 @@ from tessera_edge.topology_file import load_topology
 from tessera_testbed import demo
 
 
-def test_demo_places_enforces_and_refuses_for_the_right_reasons():
+def test_demo_places_enforces_and_refuses_for_the_right_reasons() -> None:
     out = io.StringIO()
     outcomes = {o.pod.name: o for o in demo.run(out, with_simulation=False)}
     text = out.getvalue()

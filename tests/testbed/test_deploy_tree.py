@@ -16,7 +16,7 @@ NOT_APPLIED = {
 }
 
 
-def test_kustomization_lists_every_manifest():
+def test_kustomization_lists_every_manifest() -> None:
     listed = set(yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"])
     manifests = {
         str(p.relative_to(DEPLOY)) for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml"
@@ -25,7 +25,7 @@ def test_kustomization_lists_every_manifest():
     assert all((DEPLOY / name).is_file() for name in listed)
 
 
-def test_manifests_parse_and_use_this_version():
+def test_manifests_parse_and_use_this_version() -> None:
     images = set()
     for path in DEPLOY.rglob("*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
