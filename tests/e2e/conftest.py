@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,6 +38,10 @@ def _cleanup(work: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _spec_of(cp: ControlPlane, path: str) -> Any:
+    return cp.admin.get(path).get("spec")
+
+
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     """etcd + kube-apiserver + kube-scheduler + two tessera-scheduler replicas + one node
@@ -51,12 +57,9 @@ def control_plane() -> Iterator[ControlPlane]:
             cp.add_node(node, topology_for(node, TOPOLOGY, work))
         cp.start_schedulers(replicas=2, extra_managed=("nvidia.com/gpu",))
         for node in NODES:
+            path = f"/apis/tessera.dev/v1alpha1/nodedevices/{node}"
             wait_for(
-                lambda node=node: cp.admin.get(
-                    f"/apis/tessera.dev/v1alpha1/nodedevices/{node}"
-                ).get("spec"),
-                60,
-                f"{node}'s NodeDevices from its agent",
+                functools.partial(_spec_of, cp, path), 60, f"{node}'s NodeDevices from its agent"
             )
         print(f"control plane up in {time.monotonic() - started:.1f}s ({work})")
         yield cp

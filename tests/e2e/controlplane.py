@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -82,15 +82,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, every: float = 0.25) -> Any:
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, every: float = 0.25) -> T:
     """`check()`'s first truthy value; API and socket errors count as 'not yet'."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None
     while time.monotonic() < deadline:
         try:
-            last = check()
-            if last:
-                return last
+            value = check()
+            if value:
+                return value
+            last = value
         except (ApiError, OSError) as exc:
             last = exc
         time.sleep(every)

@@ -10,6 +10,7 @@ cluster; each one leaves it with the pods it says.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -82,6 +83,12 @@ def _expected_gpus(limits: dict[str, str]) -> int:
     if rn.GPU_MEMORY in limits and rn.GPU_CORE not in limits:
         return 1
     return 0 if value == 0 else max(1, value // 100)
+
+
+def _reason_naming(cp: ControlPlane, name: str, text: str) -> str | None:
+    """The pod's Pending reason once it names `text`."""
+    reason = P.pending_reason(cp.admin, name)
+    return reason if text in reason else None
 
 
 def _wait_bound(cp: ControlPlane, name: str, timeout: float = BIND_TIMEOUT) -> dict[str, Any]:
@@ -160,9 +167,7 @@ def test_impossible_pods_stay_pending_with_tessera_reasons(control_plane: Contro
         cp.admin.create(pod_path(P.NS), P.pod(name, limits, annotations=hints))
     for name, (_, _, text) in cases.items():
         message = wait_for(
-            lambda name=name, text=text: (
-                text in P.pending_reason(cp.admin, name) and P.pending_reason(cp.admin, name)
-            ),
+            functools.partial(_reason_naming, cp, name, text),
             BIND_TIMEOUT,
             f"{name} Pending with a reason naming {text!r}",
         )

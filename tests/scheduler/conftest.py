@@ -20,7 +20,7 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory):
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
     d = tmp_path_factory.mktemp("pki")

@@ -131,7 +131,9 @@ class Http:
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.conn = http.client.HTTPConnection(host, port, timeout=30)
 
-    def post_raw(self, path: str, body: bytes, headers: Mapping[str, str] | None = None):
+    def post_raw(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
         hdrs = {"Content-Type": "application/json"} | dict(headers or {})
         self.conn.request("POST", path, body=body, headers=hdrs)
         resp = self.conn.getresponse()
@@ -149,6 +151,13 @@ class Http:
         resp = self.conn.getresponse()
         data = resp.read()
         return resp.status, data
+
+
+def node_summary(service: Service, name: str) -> dict[str, Any]:
+    """The cache's summary of a node the test has populated (None would be a test bug)."""
+    summary = service.cache.node_summary(name)
+    assert summary is not None, f"no node {name}"
+    return summary
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:

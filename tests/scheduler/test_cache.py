@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -60,7 +61,7 @@ def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() 
 
 
 @pytest.fixture
-def fast_switching():
+def fast_switching() -> Iterator[None]:
     before = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL)
     yield

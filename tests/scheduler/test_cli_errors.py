@@ -67,11 +67,16 @@ CASES = [
 
 @pytest.mark.parametrize(("argv", "flag", "why"), CASES, ids=[" ".join(c[0]) for c in CASES])
 def test_bad_flags_are_one_line_naming_the_flag(
-    files: dict[str, str], capsys: pytest.CaptureFixture[str], argv, flag, why
+    files: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    flag: str,
+    why: str,
 ) -> None:
     argv = [a.format(**files) for a in argv]
     if not any(a.startswith("--listen") for a in argv) and "--tls-client-ca-file" not in flag:
         argv = ["--listen=127.0.0.1:8888", *argv]
+    code: str | int | None
     try:
         code = main(argv)
     except SystemExit as exited:  # argparse's own checks

@@ -4,21 +4,41 @@ from __future__ import annotations
 
 import http.client
 import json
+from typing import Any
 
 from scheduler_plugin.metrics import sample
+from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
-from tests.scheduler.helpers import KEY, pod, populate, running, schedule, serving, share, wait_for
+from tests.scheduler.helpers import (
+    KEY,
+    node_summary,
+    pod,
+    populate,
+    running,
+    schedule,
+    serving,
+    share,
+    wait_for,
+)
 
 
-def used_core(service, node, slot=0):
-    return service.cache.node_summary(node)["gpus"][slot]["core"]["used"]
+def used_core(service: Service, node: str, slot: int = 0) -> int:
+    return int(node_summary(service, node)["gpus"][slot]["core"]["used"])
 
 
-def forged_pod(fake, name, node, key: Keyring | None, *, record_node=None, record_uid=None):
+def forged_pod(
+    fake: FakeApiServer,
+    name: str,
+    node: str,
+    key: Keyring | None,
+    *,
+    record_node: str | None = None,
+    record_uid: str | None = None,
+) -> dict[str, Any]:
     created = fake.create("pods", pod(name, {rn.GPU: 100}))
     uid = created["metadata"]["uid"]
     alloc = PodAllocation(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -19,7 +21,7 @@ from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule
 DEPLOY = ROOT / "deploy" / "scheduler"
 
 
-def docs(name: str) -> list[dict]:
+def docs(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
 
 
@@ -48,7 +50,7 @@ def test_deployment_args_parse_and_mount_the_integrity_key() -> None:
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
 
 
-def _tls_secrets() -> dict[str, dict]:
+def _tls_secrets() -> dict[str, dict[str, Any]]:
     return {d["metadata"]["name"]: d for d in docs("tls-secrets.example.yaml")}
 
 
@@ -88,7 +90,7 @@ def test_extender_is_mutual_tls_and_probes_use_the_plain_health_port() -> None:
     )
 
 
-def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki) -> None:
+def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki: Path) -> None:
     """The shipped flags are a combination the binary accepts (authenticated, non-loopback),
     with the Secret's files replaced by real ones."""
     (deployment,) = docs("deployment.yaml")
@@ -209,7 +211,7 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not() ->
     "name",
     ["serviceaccount.yaml", "service.yaml", "record-signing-secret.example.yaml", "rbac.yaml"],
 )
-def test_everything_lives_in_the_tessera_namespace(name) -> None:
+def test_everything_lives_in_the_tessera_namespace(name: str) -> None:
     for doc in docs(name):
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == rn.DEFAULT_HEARTBEAT_NAMESPACE

@@ -13,6 +13,8 @@ import socket
 import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -44,11 +46,11 @@ def service() -> Iterator[Service]:
             yield svc
 
 
-def _filter(**extra: object) -> dict:
+def _filter(**extra: object) -> dict[str, Any]:
     return {"Pod": pod("p", share(10, 10), uid="u"), "Nodes": None, "NodeNames": NODES} | extra
 
 
-MALFORMED = {
+MALFORMED: dict[str, tuple[str, str | bytes]] = {
     "deep arrays": ("filter", b"[" * 100_000 + b"]" * 100_000),
     "deep objects": ("filter", b'{"Pod":' * 5_000 + b"{}" + b"}" * 5_000),
     "huge integer": ("prioritize", b'{"Pod":{},"NodeNames":[],"x":' + b"9" * 5000 + b"}"),
@@ -75,7 +77,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("name", sorted(MALFORMED))
-def test_malformed_requests_get_400_with_a_reason(service: Service, name) -> None:
+def test_malformed_requests_get_400_with_a_reason(service: Service, name: str) -> None:
     verb, body = MALFORMED[name]
     status, data = Http(service.server.port).post_raw(
         f"/{verb}", body if isinstance(body, bytes) else body.encode()
@@ -85,7 +87,7 @@ def test_malformed_requests_get_400_with_a_reason(service: Service, name) -> Non
 
 
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "preempt"])
-def test_huge_exponents_anywhere_get_a_well_formed_answer(service: Service, verb) -> None:
+def test_huge_exponents_anywhere_get_a_well_formed_answer(service: Service, verb: str) -> None:
     doc = _filter(Pod=pod("p", share(10, 10), uid="u"))
     doc["Pod"]["spec"]["priority"] = 0
     body = json.dumps(doc).replace('"priority": 0', '"priority": 1e999999').encode()
@@ -252,8 +254,8 @@ _json_values = st.recursive(
 def hostile_requests(draw: st.DrawFn) -> tuple[str, bytes]:
     verb, body = draw(st.sampled_from(_SEEDS))
     doc = json.loads(body)
-    paths: list[tuple] = []
-    stack: list[tuple[object, tuple]] = [(doc, ())]
+    paths: list[tuple[str | int, ...]] = []
+    stack: list[tuple[object, tuple[str | int, ...]]] = [(doc, ())]
     while stack:
         node, path = stack.pop()
         paths.append(path)
@@ -271,7 +273,7 @@ def hostile_requests(draw: st.DrawFn) -> tuple[str, bytes]:
 )
 @given(request=hostile_requests())
 def test_hostile_extender_bodies_get_a_well_formed_answer_over_http(
-    service: Service, request: pytest.FixtureRequest
+    service: Service, request: tuple[str, bytes]
 ) -> None:
     verb, body = request
     status, data = Http(service.server.port).post_raw(f"/tessera/{verb}", body)
@@ -279,7 +281,7 @@ def test_hostile_extender_bodies_get_a_well_formed_answer_over_http(
 
 
 @pytest.fixture(scope="module")
-def tls_service(pki) -> Iterator[Service]:
+def tls_service(pki: Path) -> Iterator[Service]:
     with FakeApiServer() as fake:
         populate(fake, NODES, gpus=2)
         tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
@@ -292,7 +294,7 @@ def tls_service(pki) -> Iterator[Service]:
 )
 @given(request=hostile_requests())
 def test_hostile_extender_bodies_get_a_well_formed_answer_over_mutual_tls(
-    tls_service: Service, pki, request: pytest.FixtureRequest
+    tls_service: Service, pki: Path, request: tuple[str, bytes]
 ) -> None:
     verb, body = request
     ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,8 @@ from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
 from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen
 from tessera import resources as rn
-from tessera.request import parse_pod
+from tessera.allocation import PodAllocation
+from tessera.request import PodRequest, parse_pod
 from tessera_testbed.inventory import inventory_spec
 from tests.scheduler import godecode as go
 from tests.scheduler.helpers import (
@@ -22,7 +25,7 @@ from tests.scheduler.helpers import (
 )
 
 
-def make_cache(nodes: dict[str, dict], policy: str = "binpack") -> Cache:
+def make_cache(nodes: dict[str, dict[str, Any]], policy: str = "binpack") -> Cache:
     cache = Cache(policy)
     for name, kw in nodes.items():
         cache.upsert_inventory(name, inventory_spec(name, **kw))
@@ -31,8 +34,13 @@ def make_cache(nodes: dict[str, dict], policy: str = "binpack") -> Cache:
 
 
 def occupy(
-    cache: Cache, name: str, node: str, resources: dict, uid: str | None = None, priority: int = 0
-):
+    cache: Cache,
+    name: str,
+    node: str,
+    resources: dict[str, Any],
+    uid: str | None = None,
+    priority: int = 0,
+) -> PodAllocation:
     """A pod bound by us (assume, bind) and then seen by the watch (confirmed)."""
     request = parse_pod(pod(name, resources, uid=uid or f"uid-{name}"))
     outcome = cache.assume(request, node)
@@ -43,7 +51,7 @@ def occupy(
     return outcome.allocation
 
 
-def args(obj, names):
+def args(obj: dict[str, Any], names: list[str] | None) -> dict[str, Any]:
     return {"Pod": obj, "Nodes": None, "NodeNames": names}
 
 
@@ -177,6 +185,7 @@ def test_a_pods_placement_hint_picks_its_policy() -> None:
 
 def test_bad_shapes_are_refused() -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}}))
+    bad: Any  # JSON of any shape, as a caller may send
     for bad in (
         [],
         {"Pod": "x"},
@@ -263,7 +272,7 @@ def test_a_pod_version_is_parsed_once_across_filter_and_prioritize(
     parsed: list[str] = []
     real_parse = ext.parse
 
-    def counting_parse(obj):
+    def counting_parse(obj: Mapping[str, Any]) -> PodRequest:
         parsed.append(obj["metadata"].get("resourceVersion", ""))
         return real_parse(obj)
 
@@ -287,7 +296,8 @@ def test_a_new_pod_version_or_none_is_parsed_again(monkeypatch: pytest.MonkeyPat
     bigger["metadata"]["resourceVersion"] = "8"
     reply = ext.filter(args(bigger, ["a"]))
     assert reply["NodeNames"] == []
-    assert ext.remembered("u1") is not None and ext.remembered("u1").wants_devices
+    remembered = ext.remembered("u1")
+    assert remembered is not None and remembered.wants_devices
     # without a version nothing is reused: each call parses what it was sent
     unversioned = pod("p", {rn.GPU: 300}, uid="u2")
     assert ext.filter(args(unversioned, ["a"]))["NodeNames"] == []

@@ -9,13 +9,23 @@ from scheduler_plugin.events import UNTRUSTED_RECORD
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, pod, populate, running, schedule, serving, share, wait_for
+from tests.scheduler.helpers import (
+    Http,
+    node_summary,
+    pod,
+    populate,
+    running,
+    schedule,
+    serving,
+    share,
+    wait_for,
+)
 from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
 
 FENCED = "tessera_scheduler_fenced_nodes"
 
 
-def poison(fake, name: str, node: str, record: str) -> None:
+def poison(fake: FakeApiServer, name: str, node: str, record: str) -> None:
     """A pod bound to `node` (created with spec.nodeName, as a user may) with a record."""
     obj = pod(name, share(10, 10), annotations={rn.ALLOCATION_ANNOTATION: record})
     obj["spec"]["nodeName"] = node
@@ -78,7 +88,7 @@ def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replace
         assert (
             not service.cache.snapshot().record_fenced_nodes and not service.cache.invalid_records()
         )
-        assert service.cache.node_summary("n")["gpus"][0]["core"]["used"] == 30
+        assert node_summary(service, "n")["gpus"][0]["core"]["used"] == 30
 
 
 def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import http.client
 import json
 import ssl
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,13 +18,13 @@ from tests.scheduler.helpers import Http, pod, populate, serving, share, start
 
 
 @pytest.fixture
-def fake():
+def fake() -> Iterator[FakeApiServer]:
     with FakeApiServer() as server:
         populate(server, ["n"], gpus=1)
         yield server
 
 
-def good_filter() -> dict:
+def good_filter() -> dict[str, Any]:
     return {"Pod": pod("p", share(10, 10), uid="u"), "Nodes": None, "NodeNames": ["n"]}
 
 
@@ -102,7 +105,7 @@ def test_not_ready_until_synced(fake: FakeApiServer) -> None:
 # --- TLS ---------------------------------------------------------------------------------------
 
 
-def test_https_with_required_client_certificates(fake: FakeApiServer, pki) -> None:
+def test_https_with_required_client_certificates(fake: FakeApiServer, pki: Path) -> None:
     tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
     service = start(fake, tls, open_debug=False)
     try:

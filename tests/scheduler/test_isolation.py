@@ -4,6 +4,7 @@ their node (docs/scheduler.md, "Fencing")."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -12,11 +13,11 @@ from fuzz import surface_reconciler
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
 from scheduler_plugin.extender import Extender
-from scheduler_plugin.recovery import Holds, Invalid, judge, rebuild
+from scheduler_plugin.recovery import Holds, Invalid, Verdict, judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
-from tessera.record import SCHEMA_VERSION, encode
+from tessera.record import SCHEMA_VERSION, KeySource, encode
 from tessera_testbed.inventory import inventory_spec, nodedevices
 from tests.scheduler.helpers import (
     KEYRING,
@@ -36,7 +37,7 @@ POISON_MAC = json.dumps(
 POISONS = [POISON_DEEP, POISON_MAC, "{", "null", "\x00", json.dumps({"v": 10**400})]
 
 
-def running_pod(name: str, node: str, record: str | None, uid: str | None = None) -> dict:
+def running_pod(name: str, node: str, record: str | None, uid: str | None = None) -> dict[str, Any]:
     obj = pod(name, share(10, 10), uid=uid or f"uid-{name}")
     if record is not None:
         obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION] = record
@@ -68,7 +69,7 @@ def cache_with(nodes: list[str], gpus: int = 1) -> tuple[Cache, Reconciler]:
 
 
 @pytest.mark.parametrize("record", POISONS)
-def test_judge_turns_any_poison_record_into_invalid(record) -> None:
+def test_judge_turns_any_poison_record_into_invalid(record: str) -> None:
     verdict = judge(running_pod("p", "n", record), KEYRING)
     assert isinstance(verdict, Invalid) and verdict.problem
 
@@ -88,7 +89,7 @@ def test_judge_reads_hostile_pod_shapes() -> None:
 
 
 @pytest.mark.parametrize("record", POISONS)
-def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record) -> None:
+def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record: str) -> None:
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("poison", "n", record), good])
@@ -209,9 +210,9 @@ def test_a_bug_while_handling_one_object_is_contained(
     its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
     from scheduler_plugin import cluster
 
-    real_judge = cluster.judge
+    real_judge = judge  # the function cluster.py imported from recovery.py
 
-    def judge_with_a_bug(pod, keyring):
+    def judge_with_a_bug(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
         if pod["metadata"]["name"] == "buggy":
             raise ZeroDivisionError("a bug")
         return real_judge(pod, keyring)
@@ -227,7 +228,7 @@ def test_a_bug_while_handling_one_object_is_contained(
     reconciler.event("DELETED", running_pod("buggy", "n", None))
     assert not cache.snapshot().record_fenced_nodes
 
-    def from_dict_with_a_bug(*args, **kwargs):
+    def from_dict_with_a_bug(*args: object, **kwargs: object) -> NodeInventory:
         raise ZeroDivisionError("a bug")
 
     monkeypatch.setattr(NodeInventory, "from_dict", from_dict_with_a_bug)

@@ -71,11 +71,11 @@ def test_help_explains_every_flag() -> None:
     ):
         assert flag in text
     policy = next(a for a in parser._actions if a.dest == "policy")
-    assert sorted(policy.choices) == sorted(POLICIES)
+    assert policy.choices is not None and sorted(policy.choices) == sorted(POLICIES)
 
 
 def test_cli_refuses_a_missing_key_and_bad_tls_flags(tmp_path: Path) -> None:
-    def run(*args):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "scheduler_plugin.cli", *args],
             capture_output=True,

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,14 +25,16 @@ from kube_edge.client import KubeClient
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, judge, rebuild
 from scheduler_plugin.service import Service
 from tessera import resources as rn
+from tessera.allocation import PodAllocation
 from tessera.model import NodeInventory
-from tessera.record import decode, encode
+from tessera.record import Keyring, decode, encode
 from tessera_testbed.apiserver import FakeApiServer
 from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
     ROOT,
     Http,
+    node_summary,
     options,
     pod,
     populate,
@@ -45,14 +48,20 @@ NODES = ["a", "b", "c"]
 SHAPES = [share(30, 30), share(50, 50), {rn.GPU: 100}, share(20, 40), {rn.GPU: 200}, share(70, 60)]
 
 
-def burst(n: int, prefix: str = "p") -> list[dict]:
+def burst(n: int, prefix: str = "p") -> list[dict[str, Any]]:
     return [pod(f"{prefix}{i}", SHAPES[i % len(SHAPES)], uid=f"uid-{prefix}{i}") for i in range(n)]
 
 
 # --- the rule -------------------------------------------------------------------------------
 
 
-def _bound_pod(node="n", *, phase="Running", key=KEYRING, record_node=None):
+def _bound_pod(
+    node: str = "n",
+    *,
+    phase: str = "Running",
+    key: Keyring | None = KEYRING,
+    record_node: str | None = None,
+) -> tuple[dict[str, Any], PodAllocation]:
     obj = pod("x", {rn.GPU: 100}, uid="u1")
     obj["spec"]["nodeName"] = node
     obj["status"]["phase"] = phase
@@ -110,9 +119,9 @@ def check_no_double_allocation(fake: FakeApiServer) -> dict[str, int]:
                     core[g.uuid] += g.core
                     mem[g.uuid] += g.memory_mib
     for inv in inventories.values():
-        for g in inv.gpus:
-            assert core[g.uuid] <= 100, (g.uuid, core[g.uuid])
-            assert mem[g.uuid] <= g.memory_mib, (g.uuid, mem[g.uuid])
+        for gpu in inv.gpus:
+            assert core[gpu.uuid] <= 100, (gpu.uuid, core[gpu.uuid])
+            assert mem[gpu.uuid] <= gpu.memory_mib, (gpu.uuid, mem[gpu.uuid])
     rebuilt = rebuild(inventories.values(), fake.items("pods"), KEYRING)
     assert rebuilt.invalid == {}
     return dict(core)
@@ -144,11 +153,11 @@ def drain(fake: FakeApiServer, service: Service) -> None:
 
     wait_for(empty)
     for name in NODES:
-        summary = service.cache.node_summary(name)
+        summary = node_summary(service, name)
         assert all(g["core"]["used"] == 0 for g in summary["gpus"]), summary
 
 
-def placements(fake: FakeApiServer) -> dict[str, tuple]:
+def placements(fake: FakeApiServer) -> dict[str, tuple[Any, ...]]:
     result = {}
     for obj in fake.items("pods"):
         text = obj["metadata"].get("annotations", {}).get(rn.ALLOCATION_ANNOTATION)
@@ -203,7 +212,7 @@ class CrashingClient(KubeClient):
         self.dead = threading.Event()
         self._count = threading.Lock()
 
-    def request(self, method, path, body=None, **kw):
+    def request(self, method: str, path: str, body: Any = None, *args: Any, **kw: Any) -> Any:
         if method in ("PATCH", "POST") and "/pods/" in path:
             with self._count:
                 self.writes += 1
@@ -212,12 +221,14 @@ class CrashingClient(KubeClient):
                 first = not self.dead.is_set()
                 self.dead.set()
                 if first and self.land:
-                    super().request(method, path, body, **kw)
+                    super().request(method, path, body, *args, **kw)
                 raise Crash()
-        return super().request(method, path, body, **kw)
+        return super().request(method, path, body, *args, **kw)
 
 
-def _run_burst(port: int, fake: FakeApiServer, pods: list[dict], workers: int = 4) -> None:
+def _run_burst(
+    port: int, fake: FakeApiServer, pods: list[dict[str, Any]], workers: int = 4
+) -> None:
     queue = list(pods)
     lock = threading.Lock()
 
@@ -244,7 +255,7 @@ def _run_burst(port: int, fake: FakeApiServer, pods: list[dict], workers: int = 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_crash_at_a_random_point_of_a_burst_leaks_nothing(
-    seed, monkeypatch: pytest.MonkeyPatch
+    seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rng = random.Random(seed)
     crash_at = rng.randint(2, 14)  # a 24-pod burst on 6 GPUs makes ~16 pod writes
@@ -296,7 +307,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(kubeconfig: str, keyfile: Path, port: int) -> subprocess.Popen:
+def _start(kubeconfig: str, keyfile: Path, port: int) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
         "-m",
@@ -319,7 +330,7 @@ def _start(kubeconfig: str, keyfile: Path, port: int) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 60) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

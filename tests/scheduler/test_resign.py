@@ -19,6 +19,7 @@ from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
     client_for,
+    node_summary,
     options,
     pod,
     populate,
@@ -29,7 +30,7 @@ OLD_KEY = b"the-integrity-key-of-an-older-release"
 
 
 def used_core(service: Service, node: str) -> int:
-    return int(service.cache.node_summary(node)["gpus"][0]["core"]["used"])
+    return int(node_summary(service, node)["gpus"][0]["core"]["used"])
 
 
 def hmac_record(alloc: PodAllocation, key: bytes) -> str:
@@ -41,7 +42,7 @@ def hmac_record(alloc: PodAllocation, key: bytes) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
-def old_pod(fake, name: str, key: bytes, core: int = 40) -> PodAllocation:
+def old_pod(fake: FakeApiServer, name: str, key: bytes, core: int = 40) -> PodAllocation:
     created = fake.create("pods", pod(name, {rn.GPU: core}))
     alloc = PodAllocation(
         created["metadata"]["uid"],
@@ -57,8 +58,8 @@ def old_pod(fake, name: str, key: bytes, core: int = 40) -> PodAllocation:
     return alloc
 
 
-def record_of(fake, name: str) -> str:
-    return fake.get("pods", name)["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+def record_of(fake: FakeApiServer, name: str) -> str:
+    return str(fake.get("pods", name)["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION])
 
 
 def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(

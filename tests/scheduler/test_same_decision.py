@@ -52,8 +52,8 @@ def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer
             obj["metadata"]["namespace"] = "default"
             obj["metadata"].pop("uid")
             obj["status"] = {"phase": "Pending"}
-            node = schedule(http, fake, obj, names)
-            if node is None:
+            chosen = schedule(http, fake, obj, names)
+            if chosen is None:
                 served.append(None)
                 continue
             created = fake.get("pods", pod.name, "default")
@@ -63,7 +63,7 @@ def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer
                 gpus: tuple[int, ...] = ()
             else:
                 gpus = tuple(g.index for c in alloc.containers if c.counted for g in c.gpus)
-            served.append((node, gpus))
+            served.append((chosen, gpus))
     # pods without devices are kube-scheduler's to place (the extender is not asked about
     # them in a cluster, and with host CPU and memory untracked they change nothing here)
     gpu_pods = [i for i, pod in enumerate(order) if pod.num_gpu]

@@ -4,6 +4,7 @@ replies as kube-scheduler does (Go encoding/json into extender/v1 structs)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -30,14 +31,14 @@ def vector(name: str) -> bytes:
     return raw.replace(CAPTURED, OURS)
 
 
-def _cluster(fake: FakeApiServer, nodes=NODES) -> None:
+def _cluster(fake: FakeApiServer, nodes: list[str] = NODES) -> None:
     for node in nodes:
         fake.create("nodes", {"metadata": {"name": node}})
         fake.create("nodedevices", nodedevices(node, gpus=2))
         fake.create("leases", heartbeat(node))
 
 
-def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict:
+def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict[str, Any]:
     pod = json.loads(body)["Pod"]
     meta = pod["metadata"]
     fresh = {
@@ -183,7 +184,7 @@ def test_status_summary_reaches_the_custom_resource(fake: FakeApiServer) -> None
         http.post_raw("/filter", filter_body)
         http.post_raw("/bind", vector("bind-001.json"))
 
-        def written():
+        def written() -> list[dict[str, Any]]:
             status = fake.get("nodedevices", "peer-node-2").get("status") or {}
             gpus = (status.get("allocation") or {}).get("gpus") or []
             return [g for g in gpus if g["pods"]]

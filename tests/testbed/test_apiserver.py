@@ -45,15 +45,21 @@ def _devices(name: str, gpus: int) -> dict[str, Any]:
     }
 
 
+def _obj(answer: object) -> dict[str, Any]:
+    """The client types custom-object answers as `object`; they are JSON objects."""
+    assert isinstance(answer, dict), answer
+    return answer
+
+
 def test_create_get_replace_conflict(custom: client.CustomObjectsApi) -> None:
-    created = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    created = _obj(custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1)))
     assert created["metadata"]["uid"] and created["metadata"]["resourceVersion"]
     with pytest.raises(ApiException) as err:
         custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
     assert err.value.status == 409
     stale = dict(created)
     created["spec"] = {"gpus": 2}
-    replaced = custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", created)
+    replaced = _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", created))
     assert replaced["spec"] == {"gpus": 2}
     assert replaced["metadata"]["uid"] == created["metadata"]["uid"]
     stale["spec"] = {"gpus": 3}
@@ -66,15 +72,15 @@ def test_create_get_replace_conflict(custom: client.CustomObjectsApi) -> None:
 
 
 def test_status_subresource(custom: client.CustomObjectsApi) -> None:
-    obj = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    obj = _obj(custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1)))
     obj["status"] = {"used": 1}
     obj["spec"] = {"gpus": 99}  # ignored on the status subresource
     custom.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n", obj)
-    obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    obj = _obj(custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n"))
     assert (obj["spec"], obj["status"]) == ({"gpus": 1}, {"used": 1})
     obj["spec"] = {"gpus": 5}
     obj["status"] = {"used": 999}  # ignored on the main resource
-    obj = custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj)
+    obj = _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj))
     assert (obj["spec"], obj["status"]) == ({"gpus": 5}, {"used": 1})
 
 
@@ -92,13 +98,13 @@ def test_patches(server: FakeApiServer) -> None:
     core = client.CoreV1Api(client.ApiClient(client.Configuration(host=server.url)))
     # a list body goes out as application/json-patch+json
     node = core.patch_node("n", [{"op": "add", "path": "/metadata/labels/d", "value": "4"}])
-    assert node.metadata.labels == {"b": "9", "c": "3", "d": "4"}
+    assert node.metadata is not None and node.metadata.labels == {"b": "9", "c": "3", "d": "4"}
     assert merge_patch({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
 
 
 def test_watch_with_the_kubernetes_client(custom: client.CustomObjectsApi) -> None:
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("a", 1))
-    listed = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+    listed = _obj(custom.list_cluster_custom_object(GROUP, VERSION, PLURAL))
     assert [o["metadata"]["name"] for o in listed["items"]] == ["a"]
     since = listed["metadata"]["resourceVersion"]
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("b", 2))
@@ -136,7 +142,7 @@ def test_injected_failures_and_the_write_log(
         custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
     assert err.value.status == 503
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
-    obj = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    obj = _obj(custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n"))
     custom.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n", obj)
     custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
     collection, item = f"{BASE}/{PLURAL}", f"{BASE}/{PLURAL}/n"
@@ -208,7 +214,7 @@ def test_parse_path_refuses_what_is_not_an_api_path(path: str) -> None:
 def test_the_before_hook_plays_a_concurrent_writer(
     custom: client.CustomObjectsApi, server: FakeApiServer
 ) -> None:
-    obj = custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1))
+    obj = _obj(custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1)))
     calls: list[tuple[str, str]] = []
 
     def other_writer(method: str, path: str) -> None:
@@ -225,9 +231,9 @@ def test_the_before_hook_plays_a_concurrent_writer(
     assert err.value.status == 409
     assert calls == [("PUT", f"{BASE}/{PLURAL}/n")]
     server.before = None
-    fresh = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n")
+    fresh = _obj(custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, "n"))
     assert (fresh["spec"], fresh["status"]) == ({"gpus": 1}, {"used": 1})
     fresh["spec"] = {"gpus": 2}
-    assert custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", fresh)["spec"] == {
-        "gpus": 2
-    }
+    assert _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", fresh))[
+        "spec"
+    ] == {"gpus": 2}

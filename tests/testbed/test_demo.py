@@ -16,6 +16,7 @@ def test_demo_places_enforces_and_refuses_for_the_right_reasons() -> None:
 
     finetune = outcomes["llm-finetune"]
     assert finetune.node == "node-h100"
+    assert finetune.record is not None
     main = finetune.record["containers"][0]
     assert len(main["gpus"]) == 4 and all(g["core"] == 100 for g in main["gpus"])
     # the RDMA VF is on a NIC under the same PCIe root as one of its GPUs
@@ -25,17 +26,15 @@ def test_demo_places_enforces_and_refuses_for_the_right_reasons() -> None:
     assert nic.pcie_root in roots and len(main["rdma"][0]["vfs"]) == 1
 
     assert outcomes["inference"].node == "node-t4"
-    assert (
-        outcomes["trainer-pair"].node
-        and len(outcomes["trainer-pair"].record["containers"][0]["gpus"]) == 2
-    )
+    pair = outcomes["trainer-pair"]
+    assert pair.node and pair.record and len(pair.record["containers"][0]["gpus"]) == 2
 
     assert not outcomes["too-big"].node and "needs 16 whole GPUs" in outcomes["too-big"].problem
     assert "no GPU of model H200" in outcomes["wrong-model"].problem
     assert "not a multiple of 100" in outcomes["bad-request"].problem
 
     # no GPU is given more than it has, across every record
-    used = defaultdict(int)
+    used: defaultdict[tuple[str, str], int] = defaultdict(int)
     for o in outcomes.values():
         if o.record:
             for c in o.record["containers"]:
