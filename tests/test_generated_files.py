@@ -24,7 +24,7 @@ GENERATED = [
     "protos/ttrpc/ttrpc_pb2.pyi",
     "protos/.stubs-stamp",
     "tessera.egg-info/PKG-INFO",
-    ".venv/.installed-stamp",
+    ".venv",  # the virtualenv, or a link to one
     "build/lib/tessera/__init__.py",
     "tessera/__pycache__/model.cpython-311.pyc",
     ".mypy_cache/3.11/cache.db",
