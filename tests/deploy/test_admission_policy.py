@@ -123,7 +123,10 @@ def test_policy_matches_the_objects_the_agent_writes() -> None:
     assert BINDING["spec"]["policyName"] == POLICY["metadata"]["name"]
     assert BINDING["spec"]["validationActions"] == ["Deny"]
     assert POLICY["spec"]["failurePolicy"] == "Fail"
-    assert "admission-policy.yaml" in (ROOT / "deploy" / "kustomization.yaml").read_text()
+    assert (
+        "admission-policy.yaml"
+        in (ROOT / "deploy" / "deviceplugin" / "kustomization.yaml").read_text()
+    )
     text = POLICY_FILE.read_text()
     assert f"'{DOMAIN}/'" in text and f"'{HEARTBEAT_LEASE_PREFIX}'" in text
 
@@ -244,7 +247,10 @@ def test_record_policy_names_the_shared_constants() -> None:
     assert SCHEDULER_USER in RECORD_POLICY["spec"]["matchConditions"][0]["expression"]
     assert RECORD_BINDING["spec"]["policyName"] == RECORD_POLICY["metadata"]["name"]
     assert RECORD_BINDING["spec"]["validationActions"] == ["Deny"]
-    assert "scheduler/admission-policy.yaml" in (ROOT / "deploy" / "kustomization.yaml").read_text()
+    assert (
+        "admission-policy.yaml"
+        in (ROOT / "deploy" / "scheduler" / "kustomization.yaml").read_text()
+    )
 
 
 def test_tenants_cannot_write_the_record() -> None:

@@ -1,0 +1,235 @@
+"""The two install modes as shipped: the kustomize overlays render, their objects refer to
+each other consistently (service accounts, Secrets, ConfigMaps, ports, the extender URL),
+and the Helm chart lints in both modes with the same images and extender settings.
+
+What the chart renders is compared field by field with the overlays in
+tests/e2e/test_install.py (rendering needs an API server with helm-sdkpy)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from scheduler_plugin.cli import build_parser, check_config
+from scheduler_plugin.config import SchedulerConfig
+from tessera import resources as rn
+from tests.deploy.install_modes import (
+    CHART,
+    DEPLOY,
+    MODES,
+    NAMESPACE,
+    by_kind,
+    chart_copy,
+    kustomize,
+    lint,
+    lint_errors,
+    overlay,
+    pod_templates,
+)
+
+BUILT_IN_ROLES = {
+    ("ClusterRole", "system:kube-scheduler"),
+    ("ClusterRole", "system:volume-scheduler"),
+    ("Role", "extension-apiserver-authentication-reader"),
+}
+"""Roles every cluster has (the API server makes them): bound, never shipped."""
+OPERATOR_SECRETS = {"tessera-record-signing", "tessera-record-verify", "tessera-scheduler-tls"}
+"""The Secrets the operator creates before installing (docs/operations.md)."""
+
+
+@pytest.fixture(scope="module", params=MODES)
+def rendered(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, overlay(request.param)
+
+
+def _container(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (c,) = [
+        c
+        for c in pod_templates(objs)["tessera-scheduler"]["spec"]["containers"]
+        if c["name"] == name
+    ]
+    container: dict[str, Any] = c
+    return container
+
+
+def _scheduler_args(objs: list[dict[str, Any]]) -> Any:
+    return build_parser().parse_args(_container(objs, "tessera-scheduler")["args"])
+
+
+def test_every_reference_resolves(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    mode, objs = rendered
+    index = by_kind(objs)
+    names = {(kind, ns, name) for kind, ns, name in index}
+    assert ("Namespace", "", NAMESPACE) in names
+    for workload, template in pod_templates(objs).items():
+        spec = template["spec"]
+        account = spec.get("serviceAccountName")
+        if account:
+            assert ("ServiceAccount", NAMESPACE, account) in names, workload
+        for volume in spec.get("volumes") or []:
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] in OPERATOR_SECRETS, (workload, volume)
+            if "configMap" in volume:
+                assert ("ConfigMap", NAMESPACE, volume["configMap"]["name"]) in names, volume
+        declared = {v["name"] for v in spec.get("volumes") or []}
+        for c in spec["containers"]:
+            assert {m["name"] for m in c.get("volumeMounts") or []} <= declared, c["name"]
+            ports = {p.get("name") for p in c.get("ports") or []}
+            for probe in ("readinessProbe", "livenessProbe"):
+                if probe in c:
+                    assert c[probe]["httpGet"]["port"] in ports, (c["name"], probe)
+    for (kind, ns, name), obj in index.items():
+        if kind not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        ref = obj["roleRef"]
+        role_ns = ns if ref["kind"] == "Role" else ""
+        shipped = (ref["kind"], role_ns, ref["name"]) in names
+        assert shipped or (ref["kind"], ref["name"]) in BUILT_IN_ROLES, (kind, name, ref)
+        for subject in obj["subjects"]:
+            assert ("ServiceAccount", subject["namespace"], subject["name"]) in names, name
+    # the Secrets the workloads mount are the ones the mode needs, and no others
+    mounted = {
+        v["secret"]["secretName"]
+        for t in pod_templates(objs).values()
+        for v in t["spec"].get("volumes") or []
+        if "secret" in v
+    }
+    want = OPERATOR_SECRETS - ({"tessera-scheduler-tls"} if mode == "second-scheduler" else set())
+    assert mounted == want
+
+
+def _kube_scheduler_config(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = by_kind(objs)[("ConfigMap", NAMESPACE, "tessera-kube-scheduler-config")]
+    (text,) = cm["data"].values()
+    config: dict[str, Any] = yaml.safe_load(text)
+    return config
+
+
+def test_second_scheduler_calls_its_sidecar_on_loopback() -> None:
+    objs = overlay("second-scheduler")
+    index = by_kind(objs)
+    assert ("Service", NAMESPACE, "tessera-scheduler") not in index
+    deployment = index[("Deployment", NAMESPACE, "tessera-scheduler")]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    config = _kube_scheduler_config(objs)
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert [p["schedulerName"] for p in config["profiles"]] == ["tessera"]
+    assert config["clientConnection"]["kubeconfig"] == ""  # the pod's service account
+    (ext,) = config["extenders"]
+    url = urlsplit(ext["urlPrefix"])
+    args = _scheduler_args(objs)
+    assert (url.scheme, url.hostname, url.port) == ("http", "127.0.0.1", args.listen[1])
+    assert args.listen[0] == "127.0.0.1" and ext["enableHTTPS"] is False
+    # loopback without a client CA is a combination the binary accepts
+    assert check_config(SchedulerConfig.from_args(args)) is None
+    # kube-scheduler's own Lease, and the Role that lets it hold that one
+    election = config["leaderElection"]
+    assert election["leaderElect"] is True
+    assert election["resourceName"] != "kube-scheduler"
+    assert election["resourceName"] != args.leader_elect_lease_name
+    assert election["resourceNamespace"] == NAMESPACE
+    role = index[("Role", NAMESPACE, "tessera-kube-scheduler")]
+    held = {n for r in role["rules"] for n in r.get("resourceNames", ())}
+    assert held == {election["resourceName"]}
+    ks = _container(objs, "kube-scheduler")
+    assert ks["image"].startswith("registry.k8s.io/kube-scheduler:v")
+    (config_flag,) = [a for a in ks["command"] if a.startswith("--config=")]
+    folder, file = config_flag.split("=", 1)[1].rsplit("/", 1)
+    (mount,) = [m for m in ks["volumeMounts"] if m["mountPath"] == folder]
+    volumes = {v["name"]: v for v in pod_templates(objs)["tessera-scheduler"]["spec"]["volumes"]}
+    cm = volumes[mount["name"]]["configMap"]["name"]
+    assert file in index[("ConfigMap", NAMESPACE, cm)]["data"]
+    # its probes reach the health port it serves
+    (secure,) = [a for a in ks["command"] if a.startswith("--secure-port=")]
+    named = {p["name"]: p["containerPort"] for p in ks["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = ks[probe]["httpGet"]
+        assert (named[get["port"]], get["scheme"]) == (int(secure.split("=")[1]), "HTTPS")
+
+
+def test_extender_url_is_the_service_address_a_host_network_scheduler_reaches() -> None:
+    objs = overlay("extender")
+    service = by_kind(objs)[("Service", NAMESPACE, "tessera-scheduler")]
+    (port,) = service["spec"]["ports"]
+    config = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    (ext,) = config["extenders"]
+    url = urlsplit(ext["urlPrefix"])
+    # a fixed ClusterIP: no DNS needed from the host network
+    assert (url.scheme, url.hostname, url.port) == (
+        "https",
+        service["spec"]["clusterIP"],
+        port["port"],
+    )
+    container = _container(objs, "tessera-scheduler")
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[port["targetPort"]] == _scheduler_args(objs).listen[1]
+    assert _scheduler_args(objs).tls_client_ca_file  # mutual TLS across the network
+
+
+def test_both_kube_scheduler_configurations_agree_on_the_extender() -> None:
+    """Verbs, weight, timeouts and managed resources are one policy, whichever
+    kube-scheduler calls tessera; only how it is reached differs."""
+    second = _kube_scheduler_config(overlay("second-scheduler"))
+    extender = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    reach = ("urlPrefix", "enableHTTPS", "tlsConfig")
+    (a,), (b,) = second["extenders"], extender["extenders"]
+    assert {k: v for k, v in a.items() if k not in reach} == {
+        k: v for k, v in b.items() if k not in reach
+    }
+    managed = {m["name"] for m in a["managedResources"]}
+    assert managed == set(rn.TESSERA_RESOURCES)
+
+
+def test_kubectl_apply_k_deploy_is_the_default_mode() -> None:
+    assert kustomize(DEPLOY) == overlay("second-scheduler")
+
+
+def test_chart_crd_and_defaults_match_the_overlays() -> None:
+    assert (CHART / "crds" / "nodedevices.yaml").read_text() == (
+        DEPLOY / "crds" / "nodedevices.yaml"
+    ).read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert values["mode"] == "second-scheduler"
+    objs = overlay("second-scheduler")
+    images = {c["image"] for t in pod_templates(objs).values() for c in t["spec"]["containers"]}
+    ks = values["kubeScheduler"]["image"]
+    assert images == {
+        f"{values['image']['repository']}:{chart['appVersion']}",
+        f"{ks['repository']}:{ks['tag']}",
+    }
+    assert (
+        _kube_scheduler_config(objs)["leaderElection"]["resourceName"]
+        == (values["kubeScheduler"]["leaseName"])
+    )
+    assert values["namespace"]["name"] == NAMESPACE
+    namespace = by_kind(objs)[("Namespace", "", NAMESPACE)]
+    assert namespace["metadata"]["labels"] == values["namespace"]["labels"]
+    for key, secret in (
+        ("signingSecret", "tessera-record-signing"),
+        ("verifySecret", "tessera-record-verify"),
+        ("tlsSecret", "tessera-scheduler-tls"),
+    ):
+        assert values["keys"][key] == secret
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("extra", [{}, {"metrics": {"serviceMonitor": {"enabled": True}}}])
+def test_chart_lints(tmp_path: Path, mode: str, extra: dict[str, Any]) -> None:
+    values = copy.deepcopy(extra)
+    values.update(mode=mode, namespace={"create": True}, scheduler={"pdb": {"enabled": True}})
+    result = lint(chart_copy(tmp_path / "tessera", values))
+    assert result["TotalChartsLinted"] == 1
+    assert not lint_errors(result), result
+
+
+def test_chart_lint_refuses_an_unknown_mode(tmp_path: Path) -> None:
+    """Lint renders the templates: a mode the chart does not know fails it."""
+    result = lint(chart_copy(tmp_path / "tessera", {"mode": "sidecar-ish"}))
+    assert lint_errors(result), result
