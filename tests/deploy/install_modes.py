@@ -126,7 +126,14 @@ def essentials(objs: list[dict[str, Any]]) -> dict[str, Any]:
                 ),
                 "securityContext": c.get("securityContext"),
             }
+        workload = next(
+            o for o in objs if o["metadata"]["name"] == name and "template" in o.get("spec", {})
+        )
         out[f"workload/{name}"] = {
+            "replicas": workload["spec"].get("replicas"),
+            "strategy": workload["spec"].get("strategy") or workload["spec"].get("updateStrategy"),
+            "nodeSelector": spec.get("nodeSelector"),
+            "tolerations": spec.get("tolerations"),
             "serviceAccount": spec.get("serviceAccountName"),
             "hostNetwork": spec.get("hostNetwork", False),
             "securityContext": spec.get("securityContext"),
@@ -142,9 +149,21 @@ def essentials(objs: list[dict[str, Any]]) -> dict[str, Any]:
         elif o["kind"] == "Service":
             out[key] = (o["spec"].get("clusterIP"), o["spec"]["ports"])
         elif o["kind"] in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
-            out[key] = o["spec"]
+            # CEL ignores layout, and YAML parsers fold indented lines differently
+            out[key] = _squeeze(o["spec"])
         elif o["kind"] == "ConfigMap":
             out[key] = {k: yaml.safe_load(v) for k, v in (o.get("data") or {}).items()}
         elif o["kind"] in ("ServiceAccount", "Namespace", "CustomResourceDefinition"):
             out[key] = True
     return out
+
+
+def _squeeze(value: Any) -> Any:
+    """`value` with every run of whitespace in its strings made one space."""
+    if isinstance(value, str):
+        return " ".join(value.split())
+    if isinstance(value, list):
+        return [_squeeze(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _squeeze(v) for k, v in value.items()}
+    return value

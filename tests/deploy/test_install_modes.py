@@ -25,6 +25,7 @@ from tests.deploy.install_modes import (
     NAMESPACE,
     by_kind,
     chart_copy,
+    essentials,
     kustomize,
     lint,
     lint_errors,
@@ -116,7 +117,8 @@ def test_second_scheduler_calls_its_sidecar_on_loopback() -> None:
     assert ("Service", NAMESPACE, "tessera-scheduler") not in index
     deployment = index[("Deployment", NAMESPACE, "tessera-scheduler")]
     assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    # never two pods at once (their containers could split the two Leases)
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     config = _kube_scheduler_config(objs)
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert [p["schedulerName"] for p in config["profiles"]] == ["tessera"]
@@ -184,6 +186,22 @@ def test_both_kube_scheduler_configurations_agree_on_the_extender() -> None:
     }
     managed = {m["name"] for m in a["managedResources"]}
     assert managed == set(rn.TESSERA_RESOURCES)
+
+
+def test_the_modes_differ_only_in_the_scheduler() -> None:
+    """What the e2e suite compares with the chart: the node side is the same in both."""
+    second, extender = (essentials(overlay(m)) for m in MODES)
+    differ = {k for k in set(second) | set(extender) if second.get(k) != extender.get(k)}
+    assert differ == {
+        "workload/tessera-scheduler",
+        f"Service/{NAMESPACE}/tessera-scheduler",
+        f"ConfigMap/{NAMESPACE}/tessera-kube-scheduler-config",
+        "ClusterRoleBinding//tessera-kube-scheduler",
+        "ClusterRoleBinding//tessera-volume-scheduler",
+        f"Role/{NAMESPACE}/tessera-kube-scheduler",
+        f"RoleBinding/{NAMESPACE}/tessera-kube-scheduler",
+        "RoleBinding/kube-system/tessera-kube-scheduler-authentication-reader",
+    }
 
 
 def test_kubectl_apply_k_deploy_is_the_default_mode() -> None:

@@ -299,7 +299,7 @@ class ControlPlane:
 
     # --- the API server ----------------------------------------------------------------------
 
-    def start_api(self) -> None:
+    def start_api(self, service_cidr: str = "10.0.0.0/24") -> None:
         w = self.work
         etcd_port, peer_port = free_port(), free_port()
         self.spawn(
@@ -337,7 +337,7 @@ class ControlPlane:
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--api-audiences=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.0.0.0/24",
+                f"--service-cluster-ip-range={service_cidr}",
                 "--allow-privileged=true",
                 "--profiling=false",
             ],
