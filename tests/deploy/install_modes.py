@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "tessera"
+DOC = ROOT / "docs" / "operations.md"
+"""Where the install walkthrough lives; tests/e2e/test_install.py runs its shell blocks."""
 MODES = ("second-scheduler", "extender")
 NAMESPACE = "tessera-system"
 KUSTOMIZE_TIMEOUT = 120
@@ -167,3 +170,16 @@ def _squeeze(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _squeeze(v) for k, v in value.items()}
     return value
+
+
+def doc_blocks(section: str) -> list[str]:
+    """The ```sh blocks of the docs/operations.md section titled `section`, dedented."""
+    text = DOC.read_text()
+    start = text.index(f"### {section}\n")
+    end = text.find("\n### ", start + 1)
+    body = text[start : end if end != -1 else len(text)]
+    blocks = []
+    for m in re.finditer(r"^( *)```sh\n(.*?)^\1```$", body, re.M | re.S):
+        indent = len(m.group(1))
+        blocks.append("".join(line[indent:] + "\n" for line in m.group(2).splitlines()))
+    return blocks

@@ -76,7 +76,7 @@ def evaluate(
         if not _program(condition["expression"]).evaluate(activation):
             return None
     variables: dict[Any, Any] = {}
-    for variable in spec["variables"]:
+    for variable in spec.get("variables", []):
         activation["variables"] = MapType(variables)
         try:
             value = _program(variable["expression"]).evaluate(activation)

@@ -8,6 +8,7 @@ tests/e2e/test_install.py (rendering needs an API server with helm-sdkpy)."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from tests.deploy.install_modes import (
     NAMESPACE,
     by_kind,
     chart_copy,
+    doc_blocks,
     essentials,
     kustomize,
     lint,
@@ -32,6 +34,7 @@ from tests.deploy.install_modes import (
     overlay,
     pod_templates,
 )
+from tests.deploy.test_admission_policy import evaluate
 
 BUILT_IN_ROLES = {
     ("ClusterRole", "system:kube-scheduler"),
@@ -201,7 +204,53 @@ def test_the_modes_differ_only_in_the_scheduler() -> None:
         f"Role/{NAMESPACE}/tessera-kube-scheduler",
         f"RoleBinding/{NAMESPACE}/tessera-kube-scheduler",
         "RoleBinding/kube-system/tessera-kube-scheduler-authentication-reader",
+        "ValidatingAdmissionPolicy//tessera-pods-use-tessera-scheduler",
+        "ValidatingAdmissionPolicyBinding//tessera-pods-use-tessera-scheduler",
     }
+
+
+def _tessera_pod(
+    scheduler: str | None, *, init: bool = False, key: str = "limits"
+) -> dict[str, Any]:
+    container = {"name": "c", "resources": {key: {rn.GPU_CORE: "20"}}}
+    spec: dict[str, Any] = {"containers": [{"name": "plain"}]}
+    spec.setdefault("initContainers" if init else "containers", []).append(container)
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    return {"metadata": {"name": "p"}, "spec": spec}
+
+
+def test_second_scheduler_refuses_tessera_pods_for_another_scheduler() -> None:
+    """A pod asking for tessera resources must name the profile tessera's kube-scheduler
+    serves; every other pod is left alone."""
+    objs = overlay("second-scheduler")
+    policy = by_kind(objs)[("ValidatingAdmissionPolicy", "", "tessera-pods-use-tessera-scheduler")]
+    binding = by_kind(objs)[
+        ("ValidatingAdmissionPolicyBinding", "", "tessera-pods-use-tessera-scheduler")
+    ]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    (profile,) = _kube_scheduler_config(objs)["profiles"]
+    name = profile["schedulerName"]
+
+    def admit(pod: dict[str, Any]) -> str | None:
+        return evaluate(policy, "pods", pod, None, "someone", {})
+
+    for key in ("limits", "requests"):
+        for init in (False, True):
+            assert admit(_tessera_pod(name, init=init, key=key)) is None
+            for other in (None, "default-scheduler", name + "-not"):
+                refused = admit(_tessera_pod(other, init=init, key=key))
+                assert refused and "schedulerName" in refused, (key, init, other)
+    plain = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}
+    assert admit(plain) is None
+    nvidia = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    assert admit({"metadata": {"name": "p"}, "spec": nvidia}) is None
+    assert ("ValidatingAdmissionPolicy", "", policy["metadata"]["name"]) not in by_kind(
+        overlay("extender")
+    )
 
 
 def test_kubectl_apply_k_deploy_is_the_default_mode() -> None:
@@ -251,3 +300,36 @@ def test_chart_lint_refuses_an_unknown_mode(tmp_path: Path) -> None:
     """Lint renders the templates: a mode the chart does not know fails it."""
     result = lint(chart_copy(tmp_path / "tessera", {"mode": "sidecar-ish"}))
     assert lint_errors(result), result
+
+
+SECOND, EXTENDER = "Second-scheduler mode, step by step", "Extender mode, step by step"
+
+
+def test_walkthrough_creates_the_secrets_each_mode_mounts() -> None:
+    """The Secrets the docs' commands create (with their keys) are the ones the shipped
+    workloads mount, and the files the flags name are among those keys."""
+    made: dict[str, set[str]] = {}
+    for section in (SECOND, EXTENDER):
+        for block in doc_blocks(section):
+            for m in re.finditer(r"create secret generic (\S+)((?: --from-file=\S+)+)", block):
+                files = re.findall(r"--from-file=(\S+)", m.group(2))
+                made[m.group(1)] = {f.rstrip("/").rsplit("/", 1)[-1] for f in files}
+    second_blocks = "".join(doc_blocks(SECOND))
+    assert "kubectl apply --server-side -k deploy/overlays/second-scheduler" in second_blocks
+    assert "schedulerName: tessera" in second_blocks
+    assert "kubectl apply --server-side -k deploy/overlays/extender" in "".join(
+        doc_blocks(EXTENDER)
+    )
+    for mode in MODES:
+        objs = overlay(mode)
+        for template in pod_templates(objs).values():
+            for v in template["spec"].get("volumes") or []:
+                if "secret" in v:
+                    assert v["secret"]["secretName"] in made, (mode, v)
+    tls = made["tessera-scheduler-tls"]
+    args = _scheduler_args(overlay("extender"))
+    for flag in (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file):
+        assert flag.rsplit("/", 1)[1] in tls, flag
+    # record keys: whole folders (tessera-keys writes the key files and signing-key-id)
+    assert made["tessera-record-signing"] == {"private"}
+    assert made["tessera-record-verify"] == {"public"}

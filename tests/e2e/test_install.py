@@ -35,6 +35,8 @@ import pytest
 import yaml
 
 from kube_edge.client import pod_path
+from kube_edge.errors import ApiError
+from tessera import resources as rn
 from tessera_edge.keyfiles import load_keyring
 from tests.deploy import install_modes as im
 from tests.e2e import binaries
@@ -51,7 +53,6 @@ from tests.e2e.controlplane import (
 pytestmark = pytest.mark.e2e
 binaries.skip_module_unless(*binaries.CONTROL_PLANE)
 
-DOC = ROOT / "docs" / "operations.md"
 SERVICE_CIDR = "10.96.0.0/12"
 """kubeadm's default Service CIDR: the extender overlay's fixed ClusterIP lies in it."""
 NODE = "gpu-node-1"
@@ -59,19 +60,6 @@ COMMAND_TIMEOUT = 300
 """Seconds for one walkthrough block (RSA key generation and a kubectl wait included)."""
 HELM_TIMEOUT = 180
 """Seconds for one helm-sdkpy install, upgrade or uninstall against the local API server."""
-
-
-def doc_blocks(section: str) -> list[str]:
-    """The ```sh blocks of the docs/operations.md section titled `section`, dedented."""
-    text = DOC.read_text()
-    start = text.index(f"### {section}\n")
-    end = text.find("\n### ", start + 1)
-    body = text[start : end if end != -1 else len(text)]
-    blocks = []
-    for m in re.finditer(r"^( *)```sh\n(.*?)^\1```$", body, re.M | re.S):
-        indent = len(m.group(1))
-        blocks.append("".join(line[indent:] + "\n" for line in m.group(2).splitlines()))
-    return blocks
 
 
 class Walkthrough:
@@ -217,7 +205,7 @@ def _port_free(port: int) -> bool:
 
 def test_second_scheduler_walkthrough_places_a_fractional_pod(walk: Walkthrough) -> None:
     cp = walk.cp
-    keys, apply, label, pod = doc_blocks("Second-scheduler mode, step by step")
+    keys, apply, label, pod = im.doc_blocks("Second-scheduler mode, step by step")
     walk.run(keys)
     assert "kubectl apply --server-side -k deploy/overlays/second-scheduler" in apply
     walk.run(apply)
@@ -248,6 +236,18 @@ def test_second_scheduler_walkthrough_places_a_fractional_pod(walk: Walkthrough)
     assert "lease.coordination.k8s.io/tessera-kube-scheduler" in leases.split()
     assert "lease.coordination.k8s.io/tessera-scheduler" in leases.split()
     assert not cp.denials(["pod-kube-scheduler", "pod-tessera-scheduler"])
+    # a pod asking for tessera resources without naming tessera's scheduler is refused
+    lost = P.pod("no-scheduler-name", {rn.GPU_CORE: "20"})
+
+    def refused() -> str:
+        try:
+            cp.admin.create(pod_path("default"), lost)
+        except ApiError as exc:
+            return str(exc) if "schedulerName" in str(exc) else ""
+        P.delete_now(cp.admin, "no-scheduler-name")  # the policy not active yet: again
+        return ""
+
+    wait_for(refused, 30, "the scheduler-name policy refusing a tessera pod")
     # a pod for the cluster's default scheduler is not tessera's (none runs here: Pending)
     walk.kubectl("run", "not-tessera", "--image=busybox", "--restart=Never")
     wait_for(lambda: cp.admin.get(pod_path("default", "not-tessera")), 10, "the pod")
@@ -350,7 +350,7 @@ def test_extender_walkthrough(walk: Walkthrough) -> None:
     """The extender section's commands (after the record keys made above), then the stock
     kube-scheduler starts with the configuration and client material they installed."""
     cp = walk.cp
-    tls, apply, install = doc_blocks("Extender mode, step by step")
+    tls, apply, install = im.doc_blocks("Extender mode, step by step")
     walk.run(tls)
     walk.run(apply)
     service = cp.admin.get(f"/api/v1/namespaces/{im.NAMESPACE}/services/tessera-scheduler")
