@@ -6,6 +6,7 @@ import http.client
 import json
 import ssl
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -130,6 +131,12 @@ class Http:
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
         self.conn = http.client.HTTPConnection(host, port, timeout=30)
+        # tests often use a client for one call (`Http(port).get(...)`): its connection
+        # closes when the client goes, not whenever the collector finds the socket
+        self._closer = weakref.finalize(self, self.conn.close)
+
+    def close(self) -> None:
+        self._closer()
 
     def post_raw(
         self, path: str, body: bytes, headers: Mapping[str, str] | None = None

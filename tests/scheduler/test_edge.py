@@ -118,12 +118,14 @@ def _raw(port: int, head: bytes, timeout: float = 5.0) -> socket.socket:
 
 
 def _read_reply(sock: socket.socket) -> bytes:
+    """Everything up to the server's close (or the timeout); the socket is closed after."""
     data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except (TimeoutError, ConnectionResetError):
-        pass
+    with sock:
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
     return data
 
 
@@ -175,6 +177,8 @@ def test_connections_past_the_cap_are_closed_and_others_still_served(
         held.pop().close()
         time.sleep(0.2)
         assert Http(port).get("/healthz")[0] == 200
+        for sock in held:
+            sock.close()
 
 
 def test_memory_stays_bounded_under_100_oversized_or_slow_clients() -> None:
