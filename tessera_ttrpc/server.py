@@ -125,8 +125,12 @@ class Server:
         self._services[service] = dict(methods)
 
     async def serve(self, stream: ByteStream) -> None:
-        """Answer calls until the peer closes the stream (or the task is cancelled)."""
-        await _Connection(self._services, stream, self.limits).run()
+        """Answer calls until the peer closes the stream (or the task is cancelled), then
+        close it: the server owns the connection it serves, as Go's ttrpc server does."""
+        try:
+            await _Connection(self._services, stream, self.limits).run()
+        finally:
+            stream.close()
 
 
 def _over_budget(what: str) -> str:

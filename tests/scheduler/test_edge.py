@@ -218,10 +218,13 @@ def test_debug_needs_a_bearer_token_that_rbac_allows() -> None:
             def get(path: str, token: str | None) -> int:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
-                conn.request("GET", path, headers=headers)
-                resp = conn.getresponse()
-                resp.read()
-                return resp.status
+                try:
+                    conn.request("GET", path, headers=headers)
+                    resp = conn.getresponse()
+                    resp.read()
+                    return resp.status
+                finally:
+                    conn.close()
 
             assert get("/debug/nodes", None) == 401
             assert get("/debug/nodes", "forged") == 403

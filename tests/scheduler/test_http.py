@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
@@ -56,11 +57,13 @@ def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake: FakeApi
         status, data = h.post_raw("/filter", b"x" * 4096)
         assert status == 413 and "over 1024" in json.loads(data)["Error"]
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
-        conn.request("POST", "/filter", body=iter([b"x" * 600, b"x" * 600]))  # chunked
-        assert conn.getresponse().status == 413
+        with contextlib.closing(conn):
+            conn.request("POST", "/filter", body=iter([b"x" * 600, b"x" * 600]))  # chunked
+            assert conn.getresponse().status == 413
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
-        conn.request("POST", "/filter", body=iter([json.dumps(good_filter()).encode()]))
-        assert conn.getresponse().status == 200
+        with contextlib.closing(conn):
+            conn.request("POST", "/filter", body=iter([json.dumps(good_filter()).encode()]))
+            assert conn.getresponse().status == 200
         fresh = Http(service.server.port)  # the first connection met the 413s
         assert fresh.post("/filter", good_filter())[0] == 200
 
@@ -108,12 +111,17 @@ def test_not_ready_until_synced(fake: FakeApiServer) -> None:
 def test_https_with_required_client_certificates(fake: FakeApiServer, pki: Path) -> None:
     tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
     service = start(fake, tls, open_debug=False)
+    opened = contextlib.ExitStack()
     try:
         assert service.wait_ready()
         port = service.server.port
         trusted = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         trusted.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+        conn = opened.enter_context(
+            contextlib.closing(
+                http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+            )
+        )
         conn.request("POST", "/filter", body=json.dumps(good_filter()))
         resp = conn.getresponse()
         assert resp.status == 200 and json.loads(resp.read())["NodeNames"] == ["n"]
@@ -123,7 +131,11 @@ def test_https_with_required_client_certificates(fake: FakeApiServer, pki: Path)
 
         # without a certificate: health answers, the verbs and /debug do not
         anonymous = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        c = http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+        c = opened.enter_context(
+            contextlib.closing(
+                http.client.HTTPSConnection("127.0.0.1", port, context=anonymous, timeout=10)
+            )
+        )
         c.request("GET", "/healthz")
         assert c.getresponse().read() == b"ok\n"
         c.request("GET", "/debug/nodes")
@@ -138,11 +150,18 @@ def test_https_with_required_client_certificates(fake: FakeApiServer, pki: Path)
         assert resp.status == 200 and json.loads(resp.read())["nodes"]
         # plain HTTP to the TLS port fails too, and the server keeps serving
         with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
-            plain = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            plain = opened.enter_context(
+                contextlib.closing(http.client.HTTPConnection("127.0.0.1", port, timeout=10))
+            )
             plain.request("GET", "/healthz")
             plain.getresponse().read()
-        conn2 = http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+        conn2 = opened.enter_context(
+            contextlib.closing(
+                http.client.HTTPSConnection("127.0.0.1", port, context=trusted, timeout=10)
+            )
+        )
         conn2.request("GET", "/readyz")
         assert conn2.getresponse().status == 200
     finally:
+        opened.close()
         service.stop()

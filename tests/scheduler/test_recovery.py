@@ -330,6 +330,17 @@ def _start(kubeconfig: str, keyfile: Path, port: int) -> subprocess.Popen[bytes]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a signalled replica (killing it after 10 s) and close its stderr pipe."""
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -361,7 +372,7 @@ def test_sigkill_during_a_burst_then_restart(tmp_path: Path) -> None:
             kill_after = rng.randint(2, 6)
             wait_for(lambda: len(placements(fake)) >= kill_after, timeout=30)
             proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
+            _reap(proc)
             runner.join(60)
             check_no_double_allocation(fake)
 
@@ -382,7 +393,4 @@ def test_sigkill_during_a_burst_then_restart(tmp_path: Path) -> None:
             assert status == 200
         finally:
             proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _reap(proc)

@@ -243,6 +243,7 @@ def test_pending_calls_fail_when_the_connection_ends() -> None:
             await call
         with pytest.raises(ConnectionClosedError):
             await client.call(SERVICE, "Echo", b"")
+        client.close()
 
     _run(body)
 
