@@ -11,7 +11,14 @@ from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
-from tessera.scoring_policy import BinpackPolicy, FloatArray, IntArray, Policy, VectorCase
+from tessera.scoring_policy import (
+    BinpackPolicy,
+    FloatArray,
+    IntArray,
+    Option,
+    Policy,
+    VectorCase,
+)
 from tests.core.test_fragmentation_policy import inventory, pod
 
 
@@ -61,10 +68,10 @@ class Learning(Policy):
         self.level = 0.25 if len(self.seen) > 1 else 0.5
         self.generation = len(self.seen)
 
-    def option_score(self, node, free, option) -> float:  # type: ignore[no-untyped-def]
+    def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         return 0.0
 
-    def node_score(self, node, before, after):  # type: ignore[no-untyped-def]
+    def node_score(self, node: NodeState, before: GpuCapacity, after: GpuCapacity) -> float:
         return self.level
 
     def vector_node_scores(

@@ -88,6 +88,7 @@ def test_nvml_reports_the_versions() -> None:
     def unsupported() -> int:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
 
+    # a driver without the call, as old ones are (same zero-argument signature as pynvml's)
     nvml.nvmlSystemGetCudaDriverVersion = unsupported  # type: ignore[method-assign]
     assert backend.versions() == DriverVersions("550.54.15", "")
     assert _driver_versions(object()) == DriverVersions()

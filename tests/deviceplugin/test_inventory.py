@@ -60,6 +60,11 @@ def _lease(server: FakeApiServer) -> dict[str, Any] | None:
     return server.find("leases", LEASE_NAME, LEASE_NAMESPACE)
 
 
+def _must(obj: dict[str, Any] | None) -> dict[str, Any]:
+    assert obj is not None, "the object is not there"
+    return obj
+
+
 def _labels(server: FakeApiServer) -> dict[str, str]:
     return dict(server.get("nodes", NODE)["metadata"]["labels"])
 
@@ -223,11 +228,11 @@ def test_heartbeat_lease(apiserver: FakeApiServer) -> None:
     assert lease["metadata"]["ownerReferences"][0]["uid"] == _node_uid(apiserver)
     clock.now += 10
     publisher.heartbeat()
-    spec = _lease(apiserver)["spec"]  # type: ignore[index]
+    spec = _must(_lease(apiserver))["spec"]
     assert spec["renewTime"] == micro_time(clock.now)
     assert spec["acquireTime"] == micro_time(clock.now - 10)
     # someone else touches the Lease: our cached resourceVersion is stale, we re-read
-    other: dict[str, Any] = _lease(apiserver)  # type: ignore[assignment]
+    other = _must(_lease(apiserver))
     other["metadata"]["labels"] = {"touched": "yes"}
     apiserver.update("leases", other)
     clock.now += 10
@@ -241,7 +246,7 @@ def test_heartbeat_lease(apiserver: FakeApiServer) -> None:
     apiserver.delete("leases", LEASE_NAME, LEASE_NAMESPACE)
     clock.now += 10
     publisher.heartbeat()
-    assert _lease(apiserver)["spec"]["renewTime"] == micro_time(clock.now)  # type: ignore[index]
+    assert _must(_lease(apiserver))["spec"]["renewTime"] == micro_time(clock.now)
 
 
 def test_micro_time_format() -> None:

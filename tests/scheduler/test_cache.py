@@ -39,7 +39,7 @@ def test_nothing_outside_can_reach_a_field() -> None:
     assert not hasattr(cache, "__dict__")
     assert all(name.startswith("_") for name in Cache.__slots__)
     with pytest.raises(AttributeError):
-        cache.state = None  # type: ignore[attr-defined]
+        cache.state = None  # type: ignore[attr-defined]  # the write the test expects refused
 
 
 def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() -> None:
@@ -48,9 +48,9 @@ def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() 
     before = cache.snapshot()
     problems = cache.problems()
     with pytest.raises(TypeError):
-        problems["n"] = "x"  # type: ignore[index]
+        problems["n"] = "x"  # type: ignore[index]  # a read-only mapping, as the test checks
     with pytest.raises(TypeError):
-        before.allocations["u"] = None  # type: ignore[index]
+        before.allocations["u"] = None  # type: ignore[index]  # likewise read-only
     request = parse_pod(pod("a", share(50, 50), uid="uid-a"))
     outcome = cache.assume(request, "n")
     assert isinstance(outcome, Assumed)
