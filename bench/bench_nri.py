@@ -36,7 +36,7 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
-from tessera_testbed.devnodes import make_device_nodes
+from tessera_testbed.devnodes import device_numbers, make_device_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPTURED = (
@@ -46,15 +46,7 @@ CAPTURED = (
 )
 NODE = "bench-node"
 KEY = Keyring.generate("bench")
-DEVICES = {
-    "dev/nvidiactl": (195, 255),
-    "dev/nvidia-uvm": (508, 0),
-    "dev/nvidia-uvm-tools": (508, 1),
-    "dev/nvidia0": (195, 0),
-    "dev/nvidia1": (195, 1),
-    "dev/infiniband/rdma_cm": (10, 58),
-    "dev/infiniband/uverbs4": (231, 196),
-}
+DEVICES = device_numbers(gpus=(0, 1), uverbs=(4,), uvm_tools=True)
 IN_FLIGHT = 32
 
 

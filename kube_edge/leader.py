@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,32 +32,23 @@ def _now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(eq=False)
 class LeaderElector:
-    def __init__(
-        self,
-        client: KubeClient,
-        namespace: str,
-        name: str,
-        identity: str,
-        *,
-        lease_duration: float = 15.0,
-        renew_deadline: float = 10.0,
-        retry_period: float = 2.0,
-        on_change: Callable[[bool], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if not renew_deadline < lease_duration:
+    client: KubeClient
+    namespace: str
+    name: str
+    identity: str
+    _: KW_ONLY
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    on_change: Callable[[bool], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if not self.renew_deadline < self.lease_duration:
             raise ValueError("renew_deadline must be shorter than lease_duration")
-        self.client = client
-        self.path = lease_path(namespace, name)
-        self.namespace = namespace
-        self.name = name
-        self.identity = identity
-        self.lease_duration = lease_duration
-        self.renew_deadline = renew_deadline
-        self.retry_period = retry_period
-        self.on_change = on_change
-        self.clock = clock
+        self.path = lease_path(self.namespace, self.name)
         self.is_leader = False
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0

@@ -104,6 +104,7 @@ def _pod_key(pod: api.PodSandbox) -> str:
     return f"{pod.namespace}/{pod.name}"
 
 
+@dataclass(eq=False)
 class Enforcer(Handler):
     events = frozenset(
         {
@@ -116,19 +117,16 @@ class Enforcer(Handler):
         }
     )
 
-    def __init__(
-        self,
-        config: EnforcerConfig,
-        keys: KeyringSource,
-        host: HostView,
-        mover: NetdevMover | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.config = config
-        self.keys = keys
-        self.host = host
-        self.mover = mover if config.move_vf_netdevs else None
-        self.metrics = metrics
+    config: EnforcerConfig
+    keys: KeyringSource
+    host: HostView
+    mover: NetdevMover | None = None
+    """None, or when the config does not move VF netdevs: they stay where they are."""
+    metrics: Metrics | None = None
+
+    def __post_init__(self) -> None:
+        if not self.config.move_vf_netdevs:
+            self.mover = None
         self.pod_netdevs: dict[str, _PodNetdevs] = {}
         """Sandbox ID -> the VF netdevs moved into it."""
         self._held: dict[str, int] = {}

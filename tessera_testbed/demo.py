@@ -52,7 +52,7 @@ from tessera.record import decode as decode_record
 from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
-from tessera_testbed.devnodes import make_device_nodes
+from tessera_testbed.devnodes import device_numbers, make_device_nodes
 from tessera_testbed.kubelet import KubeletSimulator
 
 NODES = (("node-h100", "h100-sxm-8x"), ("node-a100", "a100-pcie-8x"), ("node-t4", "t4-4x"))
@@ -144,14 +144,10 @@ class Printer:
 def _device_nodes(root: Path, inventory: NodeInventory) -> None:
     """A node's /dev entries under `root`: real device nodes where mknod is allowed (root),
     else links to /dev/null, so the NRI hook reads types and numbers as on a host."""
-    entries = {"/dev/nvidiactl": (195, 255), "/dev/nvidia-uvm": (508, 0)}
-    entries |= {f"/dev/nvidia{g.minor}": (195, g.minor) for g in inventory.gpus}
-    if inventory.nics:
-        entries["/dev/infiniband/rdma_cm"] = (10, 58)
-    for nic in inventory.nics:
-        for n in (nic.uverbs_minor, *(vf.uverbs_minor for vf in nic.vfs)):
-            entries[f"/dev/infiniband/uverbs{n}"] = (231, 192 + n)
-    make_device_nodes(root, entries)
+    uverbs = [
+        n for nic in inventory.nics for n in (nic.uverbs_minor, *(v.uverbs_minor for v in nic.vfs))
+    ]
+    make_device_nodes(root, device_numbers((g.minor for g in inventory.gpus), uverbs))
 
 
 def _start_node(api: FakeApiServer, work: Path, name: str, topology: str) -> SimNode:

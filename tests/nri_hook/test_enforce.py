@@ -33,7 +33,7 @@ from tessera_testbed.containerd import (
     make_container,
     make_pod,
 )
-from tessera_testbed.devnodes import make_device_nodes
+from tessera_testbed.devnodes import device_numbers, make_device_nodes
 from tessera_ttrpc import Code, RpcError
 from tests.keyfiles import write_public
 from tests.nri_hook.netns_helpers import NetLab, links, netlab
@@ -44,15 +44,7 @@ UID = "0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c11"
 KEY = Keyring.generate("k1")
 GPU0 = GpuGrant("GPU-00000000-1111-2222-3333-444444444444", 0, 0, 50, 40960)
 GPU1 = GpuGrant("GPU-11111111-1111-2222-3333-444444444444", 1, 1, 100, 81920)
-DEVICE_PATHS = {
-    "/dev/nvidiactl": (195, 255),
-    "/dev/nvidia-uvm": (508, 0),
-    "/dev/nvidia0": (195, 0),
-    "/dev/nvidia1": (195, 1),
-    "/dev/infiniband/rdma_cm": (10, 58),
-    "/dev/infiniband/uverbs0": (231, 192),
-    "/dev/infiniband/uverbs4": (231, 196),
-}
+DEVICE_PATHS = device_numbers(gpus=(0, 1), uverbs=(0, 4))
 
 
 @pytest.fixture
