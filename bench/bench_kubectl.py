@@ -10,33 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from bench.bench_scheduler import _start_fake_api, create_nodes, create_signed_pods
 from bench.common import BenchContext, Result
+from tessera_testbed.apiserver import write_kubeconfig
 
 TARGET_S = 10.0
 """An operator waits for this command at a terminal: ten seconds on a 500-node cluster."""
 
 
 def _kubeconfig(url: str, directory: str) -> str:
-    path = Path(directory) / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "b", "cluster": {"server": url}}],
-                "users": [{"name": "b", "user": {"token": "t"}}],
-                "contexts": [{"name": "b", "context": {"cluster": "b", "user": "b"}}],
-                "current-context": "b",
-            }
-        )
-    )
-    return str(path)
+    return write_kubeconfig(Path(directory) / "kubeconfig", url)
 
 
 def timings(nodes: int, pods_per_node: int) -> dict[str, float]:

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -206,6 +207,20 @@ class _Watcher:
     closed: bool = False
 
 
+def write_kubeconfig(path: str | Path, server: str, token: str = "fake-token") -> str:
+    """Write a kubeconfig whose one context reaches `server` with a bearer `token`; its path."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server}}],
+        "users": [{"name": "fake", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        "current-context": "fake",
+    }
+    Path(path).write_text(json.dumps(doc))
+    return str(path)
+
+
 class FakeApiServer:
     """See the module doc. Use as a context manager or call start()/stop()."""
 
@@ -297,17 +312,7 @@ class FakeApiServer:
 
     def kubeconfig(self, path: str) -> str:
         """Write a kubeconfig pointing at this server (no authentication) and return it."""
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-            "current-context": "fake",
-        }
-        with open(path, "w") as fh:
-            json.dump(doc, fh)
-        return path
+        return write_kubeconfig(path, self.url)
 
     # --- faults ---------------------------------------------------------------------------
 

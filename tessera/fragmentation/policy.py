@@ -68,10 +68,9 @@ class FragmentationPolicy(Policy):
     it into (0, 1). Inside a node the same score picks the GPU, and among GPUs of equal
     score the one left with the least free compute.
 
-    Without a `workload`, the policy learns it online (`observe`); options: `prior_weight`,
-    `coverage`, `first_check`, `max_interval`, `drift` (see `OnlineWorkload`),
-    `host_memory` (host memory in the pod classes), `weighting` ("count": classes weigh by
-    popularity as in the paper; "demand": by popularity times GPU demand).
+    Without a fixed `workload`, the policy learns it online (`observe`) with an
+    `OnlineWorkload` (given, or one with its defaults); `weighting` ("count": classes weigh
+    by popularity as in the paper; "demand": by popularity times GPU demand).
     """
 
     name = POLICY_FRAGMENTATION
@@ -79,16 +78,10 @@ class FragmentationPolicy(Policy):
 
     def __init__(
         self,
-        workload: Workload | None = None,
+        workload: Workload | OnlineWorkload | None = None,
         *,
         pack: float = 0.1,
         balance: float = 1.0,
-        prior_weight: float = 10.0,
-        coverage: float = 0.99,
-        first_check: int = 16,
-        max_interval: int = 1024,
-        drift: float = 0.02,
-        host_memory: bool = True,
         weighting: str = "count",
         pack_by: str = "fraction",
         quantum: float = 0.1,
@@ -113,15 +106,8 @@ class FragmentationPolicy(Policy):
         self._prot_by_name: dict[str, float] = {}
         self.weighting = weighting
         self.online: OnlineWorkload | None = None
-        if workload is None:
-            self.online = OnlineWorkload(
-                prior_weight=prior_weight,
-                coverage=coverage,
-                first_check=first_check,
-                max_interval=max_interval,
-                drift=drift,
-                host_memory=host_memory,
-            )
+        if not isinstance(workload, Workload):
+            self.online = OnlineWorkload() if workload is None else workload
             workload = self.online.workload
         self.generation = 0
         self._cache = ShapeCache()

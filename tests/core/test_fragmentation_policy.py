@@ -335,7 +335,9 @@ POLICY_FACTORIES: list[Callable[[], Policy]] = [
     FragmentationPolicy,
     lambda: FragmentationPolicy(WORKLOAD, balance=0.0),
     lambda: FragmentationPolicy(SCARCE),
-    lambda: FragmentationPolicy(first_check=1, max_interval=1, drift=0.0, weighting="demand"),
+    lambda: FragmentationPolicy(
+        OnlineWorkload(first_check=1, max_interval=1, drift=0.0), weighting="demand"
+    ),
     BinpackPolicy,
     SpreadPolicy,
     *reference_policies(),

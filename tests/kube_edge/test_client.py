@@ -17,6 +17,7 @@ import pytest
 from kube_edge.client import MAX_RESPONSE_DEPTH
 from kube_edge.client import KubeClient as Api
 from kube_edge.errors import ApiError
+from tessera_testbed.apiserver import write_kubeconfig
 from tests.deviceplugin.conftest import ROOT
 
 SMALL = 4 * 1024 * 1024  # the node agent's bound
@@ -61,20 +62,7 @@ def server() -> Iterator[_Server]:
 
 
 def _kubeconfig(tmp_path: Path, url: str) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": url}}],
-                "users": [{"name": "u", "user": {"token": "s3cret"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    return str(path)
+    return write_kubeconfig(tmp_path / "kubeconfig", url, token="s3cret")
 
 
 def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path) -> None:
