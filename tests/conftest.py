@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -22,3 +23,12 @@ def restore_logging() -> Iterator[None]:
                 handler.close()
         root.handlers[:] = handlers
         root.setLevel(level)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another socket listens on for the whole test."""
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        yield busy.getsockname()[1]

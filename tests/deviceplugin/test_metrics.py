@@ -76,22 +76,19 @@ def test_scraped_metrics_follow_devices_health_and_units(tmp_path: Path) -> None
 
 
 def test_a_metrics_port_in_use_is_one_line_naming_it(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, busy_port: int
 ) -> None:
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        status = main(
-            [
-                "--backend=fake",
-                "--topology=t4-4x",
-                "--no-inventory",
-                f"--device-plugin-dir={tmp_path}",
-                "--metrics-address=127.0.0.1",
-                f"--metrics-port={port}",
-            ]
-        )
+    port = busy_port
+    status = main(
+        [
+            "--backend=fake",
+            "--topology=t4-4x",
+            "--no-inventory",
+            f"--device-plugin-dir={tmp_path}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={port}",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     # discovery has logged what it found; the failure is one line naming the flag

@@ -203,24 +203,21 @@ def test_each_bad_flag_is_one_line_naming_it_and_exit_2(
 
 @pytest.mark.usefixtures("restore_logging")
 def test_a_metrics_port_in_use_is_one_line_naming_it(
-    capsys: pytest.CaptureFixture[str], sock_dir: Path
+    capsys: pytest.CaptureFixture[str], sock_dir: Path, busy_port: int
 ) -> None:
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        with pytest.raises(SystemExit) as exited:
-            main(
-                [
-                    "--socket",
-                    str(sock_dir / "nri.sock"),
-                    "--no-integrity",
-                    "--metrics-address",
-                    "127.0.0.1",
-                    "--metrics-port",
-                    str(port),
-                ]
-            )
+    port = busy_port
+    with pytest.raises(SystemExit) as exited:
+        main(
+            [
+                "--socket",
+                str(sock_dir / "nri.sock"),
+                "--no-integrity",
+                "--metrics-address",
+                "127.0.0.1",
+                "--metrics-port",
+                str(port),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2
     assert len(err) == 1 and "--metrics-port" in err[0] and str(port) in err[0]
