@@ -129,6 +129,7 @@ def api() -> Iterator[ControlPlane]:
 
 @pytest.fixture(scope="module")
 def walk(api: ControlPlane) -> Walkthrough:
+    im.kubectl_or_skip()
     return Walkthrough(api, api.work / "operator")
 
 
@@ -350,6 +351,8 @@ def test_extender_walkthrough(walk: Walkthrough) -> None:
     """The extender section's commands (after the record keys made above), then the stock
     kube-scheduler starts with the configuration and client material they installed."""
     cp = walk.cp
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS steps need openssl")
     tls, apply, install = im.doc_blocks("Extender mode, step by step")
     walk.run(tls)
     walk.run(apply)
