@@ -9,13 +9,14 @@ PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo test lint bench bench-quick sim-table e2e fuzz protos clean help
+.PHONY: demo test lint bench bench-quick bench-scale sim-table e2e fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
 	@echo "make test   - install everything the tests need, then run the whole test suite"
 	@echo "make lint   - ruff, mypy (strict everywhere) and the import contracts"
 	@echo "make bench  - speed benchmarks (figures go to docs/benchmarks.md)"
+	@echo "make bench-scale - pods/s at 5,000 nodes, tessera vs kube-scheduler alone (\$$TESSERA_E2E_BIN)"
 	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
 	@echo "make fuzz   - long attack runs on every input surface (figures go to docs/security.md)"
@@ -51,6 +52,12 @@ bench: $(PROTO_STAMP)
 
 bench-quick: $(PROTO_STAMP)
 	$(PY) -m bench.run_all --openb $(OPENB) --quick
+
+# real control plane when $$TESSERA_E2E_BIN holds etcd, kube-apiserver and kube-scheduler,
+# else the testbed variant; SCALE="--nodes 500 --pods 200" for a quick run (no docs written)
+SCALE ?= --nodes 5000 --pods 1000 --rounds 3 --write
+bench-scale: $(PROTO_STAMP)
+	TESSERA_E2E_BIN=$(TESSERA_E2E_BIN) nice -n 5 flock /tmp/tessera-e2e.lock $(PY) -m bench.scale $(SCALE)
 
 sim-table: $(PROTO_STAMP)
 	nice $(PY) -m tessera_sim.table --openb $(OPENB) --out docs/fragmentation --workers $(or $(WORKERS),1)

@@ -50,6 +50,18 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kept_scale_section(doc: Path) -> str:
+    """The Scale section `make bench-scale` wrote (it needs a control plane, so `make bench`
+    keeps it as it is)."""
+    from bench.scale import SECTION_END, SECTION_START
+
+    text = doc.read_text() if doc.exists() else ""
+    if SECTION_START not in text or SECTION_END not in text:
+        return ""
+    section = text.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0]
+    return f"\n{SECTION_START}{section}{SECTION_END}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--openb", type=Path, default=ROOT.parent / "shared" / "data" / "openb")
@@ -71,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   {r.name}: {r.measured_text()} (target {r.target_text()})", flush=True)
             results.append((name.removeprefix("bench_"), r))
     if not args.no_write and not args.only and not args.quick:
-        (ROOT / "docs" / "benchmarks.md").write_text(render(results, args.quick))
+        doc = ROOT / "docs" / "benchmarks.md"
+        doc.write_text(render(results, args.quick) + kept_scale_section(doc))
     missed = [f"{group}: {r.name}" for group, r in results if not r.ok]
     for line in missed:
         print(f"missed its target: {line}", flush=True)

@@ -243,6 +243,8 @@ class ControlPlane:
         self.admin = self.client(token=ADMIN_TOKEN)
         self.integrity_dir = work / "integrity"
         self.replica_ports: dict[str, int] = {}
+        self.health_ports: dict[str, int] = {}
+        """Each replica's plain-HTTP /metrics port."""
         self.proxy: LeaderProxy | None = None
 
     # --- plumbing --------------------------------------------------------------------------
@@ -415,6 +417,7 @@ class ControlPlane:
             name = f"tessera-scheduler-{i}"
             port = free_port()
             self.replica_ports[name] = port
+            self.health_ports[name] = free_port()
             self.procs[name] = Proc(
                 self.work,
                 name,
@@ -424,7 +427,7 @@ class ControlPlane:
                     "scheduler_plugin.cli",
                     f"--kubeconfig={kubeconfig}",
                     f"--listen=127.0.0.1:{port}",
-                    f"--health-listen=127.0.0.1:{free_port()}",
+                    f"--health-listen=127.0.0.1:{self.health_ports[name]}",
                     f"--tls-cert-file={serving.cert}",
                     f"--tls-key-file={serving.key}",
                     f"--tls-client-ca-file={self.tessera_ca.path}",
@@ -447,14 +450,28 @@ class ControlPlane:
 
     def _start_kube_scheduler(self, extra_managed: tuple[str, ...]) -> None:
         assert self.proxy is not None
+        url = f"https://127.0.0.1:{self.proxy.port}"
+        self.start_kube_scheduler(self.kube_scheduler_config(url, extra_managed))
+
+    def kube_scheduler_config(
+        self, extender_url: str | None, extra_managed: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The shipped KubeSchedulerConfiguration with this cluster's kubeconfig and TLS
+        material; its extender calls `extender_url` (None: no extender, kube-scheduler
+        alone)."""
         pair = self.cluster_ca.issue("kube-scheduler", "system:kube-scheduler")
         kubeconfig = self.kubeconfig("kube-scheduler", pair=pair)
-        client = self.tessera_ca.issue("kube-scheduler-client", "kube-scheduler")
-        config = yaml.safe_load((ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text())
+        config: dict[str, Any] = yaml.safe_load(
+            (ROOT / "deploy/scheduler/kube-scheduler-config.yaml").read_text()
+        )
         config["clientConnection"]["kubeconfig"] = str(kubeconfig)
         config["leaderElection"] = {"leaderElect": False}
+        if extender_url is None:
+            del config["extenders"]
+            return config
+        client = self.tessera_ca.issue("kube-scheduler-client", "kube-scheduler")
         (extender,) = config["extenders"]
-        extender["urlPrefix"] = f"https://127.0.0.1:{self.proxy.port}"
+        extender["urlPrefix"] = extender_url
         extender["tlsConfig"] = {
             "certFile": str(client.cert),
             "keyFile": str(client.key),
@@ -462,9 +479,18 @@ class ControlPlane:
         }
         for name in extra_managed:
             extender["managedResources"].append({"name": name, "ignoredByScheduler": False})
+        return config
+
+    def start_kube_scheduler(self, config: dict[str, Any]) -> Proc:
+        """kube-scheduler with `config` (from kube_scheduler_config), as the process
+        `kube-scheduler` (a running one is stopped first)."""
+        old = self.procs.get("kube-scheduler")
+        if old is not None:
+            old.stop()
+        kubeconfig = config["clientConnection"]["kubeconfig"]
         path = self.work / "kube-scheduler-config.yaml"
         path.write_text(yaml.safe_dump(config))
-        self.spawn(
+        return self.spawn(
             "kube-scheduler",
             [
                 str(self.bins["kube-scheduler"]),

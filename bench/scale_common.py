@@ -1,0 +1,201 @@
+"""What both scale benchmarks share: the cluster's objects, the pods, process CPU and
+memory, and the extender's latency histogram."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tessera import resources as rn
+
+ROOT = Path(__file__).resolve().parent.parent
+TOPOLOGY = ROOT / "tessera_edge" / "topologies" / "h100-sxm-8x.yaml"
+"""8x H100 80GB with 4 RDMA NICs, the node agent's fake backend: each node's NodeDevices is
+what a real agent on such a node publishes, with GPU UUIDs of its own."""
+PLAIN = "example.com/gpu"
+"""The extended resource kube-scheduler places alone (no extender), 8 per node."""
+NAMESPACE = "default"
+LABEL = "tessera.dev/bench"
+
+SHAPES: tuple[dict[str, str], ...] = (
+    {rn.GPU_CORE: "30", rn.GPU_MEMORY_RATIO: "30"},
+    {rn.GPU: "100"},
+    {rn.GPU: "200", rn.RDMA: "100"},
+    {rn.GPU_CORE: "50", rn.GPU_MEMORY: "20"},
+)
+"""Pod shapes in turn: a 30% share, a whole GPU, two GPUs with an RDMA NIC, a half-GPU
+with 20 GiB."""
+
+
+def agent_inventory() -> tuple[dict[str, Any], dict[str, int]]:
+    """(NodeDevices spec, unit counts) of one node, as the node agent prints them."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deviceplugin.cli",
+            "--backend=fake",
+            f"--topology={TOPOLOGY}",
+            "--node-name=template",
+            "--nvidia-gpu",
+            "--print-inventory",
+            "--no-inventory",
+        ],
+        capture_output=True,
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    doc = json.loads(out.stdout)
+    return doc["spec"], {k: int(v) for k, v in doc["units"].items()}
+
+
+def node_name(i: int) -> str:
+    return f"scale-node-{i:05d}"
+
+
+def node_inventory(template: dict[str, Any], index: int) -> dict[str, Any]:
+    """The template inventory for node `index`: its name, and GPU UUIDs unique in the
+    cluster (the UUID's first group is the node's index)."""
+    text = json.dumps(template).replace('"template"', json.dumps(node_name(index)))
+    return dict(json.loads(re.sub(r"GPU-[0-9a-f]{8}", f"GPU-{index:08x}", text)))
+
+
+def node_devices(template: dict[str, Any], index: int) -> dict[str, Any]:
+    """The NodeDevices object of node `index`."""
+    return {
+        "apiVersion": rn.INVENTORY_API_VERSION,
+        "kind": rn.INVENTORY_KIND,
+        "metadata": {"name": node_name(index)},
+        "spec": node_inventory(template, index),
+    }
+
+
+def node_capacity(units: dict[str, int]) -> dict[str, str]:
+    counts = {k: str(v) for k, v in units.items()}
+    return {**counts, PLAIN: "8", "cpu": "64", "memory": "512Gi", "pods": "110"}
+
+
+def heartbeat_lease(node: str) -> dict[str, Any]:
+    """A node agent's heartbeat Lease that stays fresh for the whole run."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": rn.HEARTBEAT_LEASE_PREFIX + node,
+            "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": 3600,
+            "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
+    }
+
+
+def pod(name: str, run: str, index: int, tessera: bool) -> dict[str, Any]:
+    """Pod `index` of a round: a tessera shape, or one unit of PLAIN for kube-scheduler alone."""
+    limits = SHAPES[index % len(SHAPES)] if tessera else {PLAIN: "1"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {LABEL: run}},
+        "spec": {
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "main", "image": "pause", "resources": {"limits": limits}}],
+        },
+    }
+
+
+def feasible_to_find(nodes: int) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops filtering (its
+    adaptive percentageOfNodesToScore: 50% minus 1% per 125 nodes, at least 5%, at
+    least 100 nodes): what it sends the extender."""
+    if nodes < 100:
+        return nodes
+    pct = max(5, 50 - nodes // 125)
+    return max(100, nodes * pct // 100)
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load_text() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} on {os.cpu_count()} CPUs"
+
+
+# --- the extender's latency histogram ----------------------------------------------------------
+
+
+@dataclass
+class Histogram:
+    """Cumulative bucket counts of one verb of tessera_scheduler_request_duration_seconds."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+
+    def minus(self, before: Histogram) -> Histogram:
+        return Histogram({le: n - before.buckets.get(le, 0.0) for le, n in self.buckets.items()})
+
+    @property
+    def count(self) -> float:
+        return self.buckets.get(float("inf"), 0.0)
+
+    def quantile(self, q: float) -> float:
+        """Seconds, interpolated inside the bucket as Prometheus' histogram_quantile does."""
+        total = self.count
+        if total <= 0:
+            return float("nan")
+        rank = q * total
+        lower, below = 0.0, 0.0
+        for le in sorted(self.buckets):
+            n = self.buckets[le]
+            if n >= rank:
+                if le == float("inf"):
+                    return lower
+                return lower + (le - lower) * (rank - below) / max(n - below, 1e-9)
+            lower, below = le, n
+        return lower
+
+
+def verb_histograms(metrics_text: str) -> dict[str, Histogram]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, Histogram] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "tessera_scheduler_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                verb = sample.labels["verb"]
+                le = float(sample.labels["le"])
+                out.setdefault(verb, Histogram()).buckets[le] = sample.value
+    return out
+
+
+def histogram_delta(after: str, before: str) -> dict[str, Histogram]:
+    old = verb_histograms(before)
+    return {v: h.minus(old.get(v, Histogram())) for v, h in verb_histograms(after).items()}
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"

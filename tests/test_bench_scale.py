@@ -1,0 +1,85 @@
+"""`make bench-scale`'s pure parts: its section of docs/benchmarks.md (kept by `make
+bench`), the latency quantile it reads from tessera's histogram, the node names it sends
+the extender, and the nodes' inventories."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from bench import run_all, scale
+from bench import scale_common as sc
+from bench.common import BenchContext, Result
+
+
+def test_the_scale_section_is_appended_then_replaced(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\n| a | b |\n")
+    scale.write_section(["first figures"], doc)
+    scale.write_section(["second figures"], doc)
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\n| a | b |\n")
+    assert "second figures" in text and "first figures" not in text
+    assert text.count(scale.SECTION_START) == 1 and text.count(scale.SECTION_END) == 1
+
+
+def test_make_bench_keeps_the_scale_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(ctx: BenchContext) -> list[Result]:
+        return [Result("a figure", 1.0, "ms", 2.0)]
+
+    module = types.ModuleType("bench.bench_fake")
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "bench.bench_fake", module)
+    monkeypatch.setattr(run_all, "discover", lambda only: ["bench_fake"])
+    (tmp_path / "docs").mkdir()
+    monkeypatch.setattr(run_all, "ROOT", tmp_path)
+    doc = tmp_path / "docs" / "benchmarks.md"
+    doc.write_text("# Benchmarks\n\nold table\n")
+    scale.write_section(["5000 nodes: 100 pods/s"], doc)
+    assert run_all.main([]) == 0
+    text = doc.read_text()
+    assert "a figure" in text and "old table" not in text
+    assert "5000 nodes: 100 pods/s" in text
+
+
+def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
+    h = sc.Histogram({0.001: 0.0, 0.005: 50.0, 0.01: 100.0, float("inf"): 100.0})
+    assert h.quantile(0.5) == pytest.approx(0.005)
+    assert h.quantile(0.99) == pytest.approx(0.0099)
+    before = sc.Histogram({0.001: 0.0, 0.005: 50.0, 0.01: 50.0, float("inf"): 50.0})
+    assert h.minus(before).count == 50.0
+    assert h.minus(before).quantile(0.5) == pytest.approx(0.0075)
+
+
+def test_histograms_are_read_per_verb_from_the_metrics_text() -> None:
+    text = (
+        "# HELP tessera_scheduler_request_duration_seconds Time\n"
+        "# TYPE tessera_scheduler_request_duration_seconds histogram\n"
+        'tessera_scheduler_request_duration_seconds_bucket{verb="bind",le="0.01"} 3.0\n'
+        'tessera_scheduler_request_duration_seconds_bucket{verb="bind",le="+Inf"} 4.0\n'
+        'tessera_scheduler_request_duration_seconds_count{verb="bind"} 4.0\n'
+        'tessera_scheduler_request_duration_seconds_sum{verb="bind"} 0.5\n'
+    )
+    (verb,) = sc.verb_histograms(text).items()
+    assert verb[0] == "bind" and verb[1].count == 4.0
+
+
+@pytest.mark.parametrize(("nodes", "sent"), [(50, 50), (500, 230), (5000, 500), (20000, 1000)])
+def test_node_names_sent_follow_kube_schedulers_adaptive_percentage(nodes: int, sent: int) -> None:
+    assert sc.feasible_to_find(nodes) == sent
+
+
+def test_each_node_has_its_own_name_and_gpu_uuids() -> None:
+    template = {
+        "nodeName": "template",
+        "gpus": [{"uuid": f"GPU-8f4c3a0e-0000-4000-8000-00000000000{i}"} for i in range(8)],
+    }
+    specs = [sc.node_inventory(template, i) for i in range(300)]
+    assert [s["nodeName"] for s in specs[:2]] == [sc.node_name(0), sc.node_name(1)]
+    uuids = [g["uuid"] for s in specs for g in s["gpus"]]
+    assert len(set(uuids)) == len(uuids) == 300 * 8
