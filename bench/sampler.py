@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 INTERVAL_S = 0.005
@@ -29,12 +30,29 @@ def _where(frame: FrameType) -> str:
     return f"{code.co_filename.rsplit('/', 2)[-2:][-1]}:{code.co_name}"
 
 
+def thread_cpu() -> dict[str, float]:
+    """utime + stime of each live Python thread (by name; same names summed), in seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        tid = thread.native_id
+        try:
+            stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        name = thread.name.rstrip("0123456789_-") or thread.name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 class Sampler:
     def __init__(self) -> None:
         self.self_counts: collections.Counter[str] = collections.Counter()
         self.total_counts: collections.Counter[str] = collections.Counter()
         self.samples = 0
         self.me = threading.get_ident()
+        self.cpu_at_reset: dict[str, float] = {}
 
     def loop(self) -> None:
         while True:
@@ -58,9 +76,15 @@ class Sampler:
         self.self_counts.clear()
         self.total_counts.clear()
         self.samples = 0
+        self.cpu_at_reset = thread_cpu()
 
     def report(self, path: str) -> None:
-        lines = [f"{self.samples} busy samples every {INTERVAL_S * 1000:.0f} ms", "", "self:"]
+        lines = [f"{self.samples} busy samples every {INTERVAL_S * 1000:.0f} ms", ""]
+        lines.append("CPU seconds by thread since the reset:")
+        now = thread_cpu()
+        spent = {k: v - self.cpu_at_reset.get(k, 0.0) for k, v in now.items()}
+        lines += [f"{v:9.2f} {k}" for k, v in sorted(spent.items(), key=lambda kv: -kv[1])]
+        lines += ["", "self:"]
         lines += [f"{n:7d} {w}" for w, n in self.self_counts.most_common(40)]
         lines += ["", "total:"]
         lines += [f"{n:7d} {w}" for w, n in self.total_counts.most_common(60)]

@@ -146,6 +146,23 @@ class RealScale:
         self._restart_tessera()
         self._wait_tessera_ready()
         self.log(f"tessera-scheduler ready in {time.monotonic() - started:.0f}s")
+        self._settle_status_writes()
+
+    def _settle_status_writes(self, every: float = 3.0, limit: float = 300.0) -> None:
+        """Wait until tessera-scheduler's allocation summaries are written (a new leader
+        writes every node's, and a round's deletions dirty hundreds of nodes; a few hundred
+        are written per interval): each round measures its own work, not the tail of the
+        last one's."""
+        started = time.monotonic()
+        key = "PATCH nodedevices/status"
+        last = self.api_requests().get(key, 0.0)
+        while time.monotonic() - started < limit:
+            time.sleep(every)
+            now = self.api_requests().get(key, 0.0)
+            if now == last:
+                break
+            last = now
+        self.log(f"status writes settled in {time.monotonic() - started:.0f}s")
 
     def _restart_tessera(self) -> None:
         """tessera-scheduler again with the shipped Deployment's flags where the e2e suite
@@ -234,6 +251,7 @@ class RealScale:
         assert sched is not None
         names = [f"{run}-{i}" for i in range(count)]
         if pause:
+            self._settle_status_writes()  # the last round's deletions are written first
             sched.send_signal(signal.SIGSTOP)
         try:
             _parallel(
