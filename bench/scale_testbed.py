@@ -68,6 +68,7 @@ class TestbedScale:
 
     def start(self) -> None:
         from tessera_edge.keyfiles import generate_key_files
+        from tessera_testbed.apiserver import write_kubeconfig
         from tests.e2e.controlplane import free_port, wait_for
 
         api = self._spawn(
@@ -99,19 +100,7 @@ class TestbedScale:
             list(pool.map(make, range(self.nodes)))
         self.log(f"{self.nodes} nodes created in {time.monotonic() - started:.0f}s")
         generate_key_files(self.work / "keys", "bench")
-        kubeconfig = self.work / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "tb", "cluster": {"server": url}}],
-                    "users": [{"name": "tb", "user": {}}],
-                    "contexts": [{"name": "tb", "context": {"cluster": "tb", "user": "tb"}}],
-                    "current-context": "tb",
-                }
-            )
-        )
+        kubeconfig = write_kubeconfig(self.work / "kubeconfig", url)
         self.port, health = free_port(), free_port()
         self.sched = self._spawn(
             [
