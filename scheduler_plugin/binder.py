@@ -29,7 +29,7 @@ from typing import Any
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
 from scheduler_plugin.cache import Cache
-from scheduler_plugin.extender import Extender, allocation_summary, get_field
+from scheduler_plugin.extender import BadArgsError, Extender, allocation_summary, get_field
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
 from tessera.errors import RequestError, TesseraError
@@ -67,14 +67,14 @@ class BindArgs:
     @classmethod
     def parse(cls, args: Any) -> BindArgs:
         if not isinstance(args, Mapping):
-            raise ValueError("the body must be a JSON object")
+            raise BadArgsError("the body must be a JSON object")
         values = {}
         for key in ("PodName", "PodNamespace", "PodUID", "Node"):
             value = get_field(args, key)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"{key} is missing or not a non-empty string")
+                raise BadArgsError(f"{key} is missing or not a non-empty string")
             if not _PATTERNS[key].fullmatch(value):
-                raise ValueError(f"{key} {value[:64]!r} is not a valid name")
+                raise BadArgsError(f"{key} {value[:64]!r} is not a valid name")
             values[key] = value
         return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
 
@@ -91,7 +91,7 @@ class Binder:
         """The ExtenderBindingResult for one ExtenderBindingArgs body."""
         try:
             args = BindArgs.parse(raw)
-        except ValueError as exc:
+        except BadArgsError as exc:  # answered in Error too, as the bind protocol wants
             return {"Error": f"tessera: bad bind request: {exc}"}
         try:
             self._bind(args)

@@ -24,6 +24,7 @@ from tessera.resources import (
     HEARTBEAT_LEASE_PREFIX,
 )
 from tessera_cli import CliParser, ConfigError
+from tessera_cli.exit_codes import EXIT_USAGE
 from tessera_cli.paths import check_readable_file
 from tessera_cli.values import listen_address, seconds
 from tessera_edge.keyfiles import KeyringSource, load_legacy_hmac_keys
@@ -324,7 +325,7 @@ def run(config: SchedulerConfig) -> int:
             options.health_port,
             exc,
         )
-        return 2
+        return EXIT_USAGE  # an address this host cannot serve: a setting to fix
     done = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:

@@ -147,7 +147,8 @@ HTTP_ERRORS: ErrorTable[HttpAnswer] = ErrorTable(
 """Error class -> the answer to kube-scheduler (subclasses take their nearest row). The
 caller's mistakes (a body that is not ExtenderArgs, a pod that breaks a request rule) are
 400, never 5xx; a refused bind is 200 with the reason in `Error`, as the extender protocol
-wants; anything else is this replica's failure, 500 (logged with its traceback)."""
+wants (bind answers a body that is JSON but not ExtenderBindingArgs the same way, in
+binder.py); anything else is this replica's failure, 500 (logged with its traceback)."""
 
 
 class _ReplyError(Exception):

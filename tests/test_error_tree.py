@@ -83,3 +83,10 @@ def test_carried_answers_win_for_instances() -> None:
 def test_a_table_needs_the_root_row() -> None:
     with pytest.raises(ValueError, match="TesseraError row"):
         ErrorTable("t", {InputError: 1})
+
+
+def test_the_scan_covers_every_package_of_the_import_contracts() -> None:
+    import tomllib
+
+    config = tomllib.loads((errors_doc.ROOT / "pyproject.toml").read_text())
+    assert set(errors_doc.PACKAGES) == set(config["tool"]["importlinter"]["root_packages"])
