@@ -56,7 +56,6 @@ from deviceplugin.units import (
     ResourceUnits,
     allocation_summary,
     annotation_key,
-    env_name,
     preferred_allocation,
     socket_name,
 )
@@ -165,7 +164,6 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(self, state: ResourceState, stopping: threading.Event) -> None:
         self._state = state
         self._stopping = stopping
-        self._env = env_name(state.resource)
         self._annotation = annotation_key(state.resource)
         self.allocations = 0
 
@@ -225,8 +223,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         response = pb.AllocateResponse()
         for creq in requests:
             summary = allocation_summary(creq.devices_ids)
+            # No env var: the kubelet's pick of units may name other GPUs than the allocation
+            # record (see docs/deviceplugin.md), and an env var would read as the container's
+            # GPUs. The annotation says only what the kubelet counted.
             container = response.container_responses.add()
-            container.envs[self._env] = summary
             container.annotations[self._annotation] = summary
         self.allocations += 1
         return response

@@ -131,6 +131,20 @@ def unit_id(device: str, resource: str, n: int) -> str:
     return f"{device}-{_UNIT_KIND[resource]}-{n}"
 
 
+MAX_UNIT_NUMBER_DIGITS = 5
+"""Unit numbers stay below MAX_UNITS_PER_RESOURCE (32768): five digits. A longer number in a
+request is never one of ours and is not converted (no int() of a huge digit string)."""
+
+
+def _number(text: str) -> int | None:
+    """A unit number: 1-5 ASCII digits, no leading zero (IDs are written without one)."""
+    if not text or len(text) > MAX_UNIT_NUMBER_DIGITS or not text.isascii():
+        return None
+    if not text.isdigit() or (len(text) > 1 and text[0] == "0"):
+        return None
+    return int(text)
+
+
 def _split(unit: str) -> tuple[str, int] | None:
     """(device, n) of an ID shaped `<device>-<kind>-<n>` (kind: a-z), else None.
 
@@ -138,12 +152,13 @@ def _split(unit: str) -> tuple[str, int] | None:
     GetPreferredAllocation parse every ID they are given, and this is 5x faster.
     """
     head, sep, number = unit.rpartition("-")
-    if not sep or not number.isascii() or not number.isdigit():
+    n = _number(number) if sep else None
+    if n is None:
         return None
     device, sep, kind = head.rpartition("-")
     if not sep or not device or not kind.isascii() or not kind.isalpha() or not kind.islower():
         return None
-    return device, int(number)
+    return device, n
 
 
 def device_of(unit: str) -> str:
@@ -160,12 +175,6 @@ def _unit_number(unit: str) -> int:
 def socket_name(resource: str) -> str:
     """The plugin's socket file name: `tessera.dev_gpu-core.sock`, `nvidia.com_gpu.sock`."""
     return resource.replace("/", "_") + ".sock"
-
-
-def env_name(resource: str) -> str:
-    """The informational env var Allocate sets: TESSERA_DP_GPU_CORE, TESSERA_DP_NVIDIA_COM_GPU."""
-    name = resource.removeprefix(f"{DOMAIN}/")
-    return "TESSERA_DP_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
 def annotation_key(resource: str) -> str:
@@ -389,20 +398,11 @@ def preferred_allocation(
 def allocation_summary(unit_ids: Iterable[str]) -> str:
     """How many units of each device the kubelet counted, e.g. "gpu0:30,gpu1:100".
 
-    IDs of one device share everything up to the last `-`, so that prefix's device is worked
-    out once; this is on Allocate's path, which may carry thousands of IDs.
+    Each ID is split on its own (a few string operations): an ID whose number is malformed
+    is its own device, whatever IDs of the same prefix came before it.
     """
     counts: dict[str, int] = {}
-    device_by_head: dict[str, str | None] = {}
     for unit in unit_ids:
-        cut = unit.rfind("-")
-        head = unit[:cut]
-        if head not in device_by_head:
-            parts = _split(unit)
-            device_by_head[head] = parts[0] if parts else None
-        device = device_by_head[head]
-        number = unit[cut + 1 :]
-        if device is None or cut < 0 or not (number.isascii() and number.isdigit()):
-            device = unit
+        device = device_of(unit)
         counts[device] = counts.get(device, 0) + 1
     return ",".join(f"{device}:{n}" for device, n in counts.items())

@@ -161,7 +161,7 @@ def test_honest_calls_count_once_each(node: Target) -> None:
     answer = node.call(GPU_CORE, "Allocate", _allocate(core[100:250]))
     assert answer.code == OK and answer.body is not None
     (container,) = pb.AllocateResponse.FromString(answer.body).container_responses
-    assert container.envs["TESSERA_DP_GPU_CORE"] == "gpu1:100,gpu2:50"
+    assert container.annotations["tessera.dev/dp-units-gpu-core"] == "gpu1:100,gpu2:50"
     assert node.servers[GPU_CORE].servicer.allocations == allocations + 1
 
 

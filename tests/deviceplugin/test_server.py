@@ -58,11 +58,12 @@ def test_preferred_allocation_allocate_and_prestart_through_the_kubelet(sock_dir
         assert sum(per_device.values()) == 140 and len(per_device) == 2
         assert per_device["gpu2"] == 40
         response = kubelet.allocate(GPU_CORE, chosen)
-        summary = response.envs["TESSERA_DP_GPU_CORE"]
+        # no env var: the kubelet's units may be on other GPUs than the allocation record
+        assert not any(name.startswith("TESSERA_DP") for name in response.envs)
+        summary = response.annotations["tessera.dev/dp-units-gpu-core"]
         assert dict(item.split(":") for item in summary.split(",")) == {
             k: str(v) for k, v in per_device.items()
         }
-        assert response.annotations["tessera.dev/dp-units-gpu-core"] == summary
         assert not response.devices and not response.mounts  # the NRI plugin injects
         kubelet.pre_start_container(GPU_CORE, chosen)
 
@@ -77,12 +78,12 @@ def test_allocate_answers_every_container_and_refuses_unknown_ids(sock_dir: Path
         request.container_requests.add(devices_ids=[])
         stub = kubelet.endpoint(GPU_MEMORY).stub
         response = stub.Allocate(request, timeout=5)
-        envs = [dict(c.envs) for c in response.container_responses]
-        assert envs == [
-            {"TESSERA_DP_GPU_MEMORY": "gpu0:2"},
-            {"TESSERA_DP_GPU_MEMORY": "gpu3:1,gpu1:1"},
-            {"TESSERA_DP_GPU_MEMORY": ""},
+        assert [dict(c.envs) for c in response.container_responses] == [{}, {}, {}]
+        summaries = [
+            dict(c.annotations).get("tessera.dev/dp-units-gpu-memory")
+            for c in response.container_responses
         ]
+        assert summaries == ["gpu0:2", "gpu3:1,gpu1:1", ""]
         request.container_requests.add(devices_ids=["gpu9-mem-0", "stale-id"])
         with pytest.raises(grpc.RpcError) as refused:
             stub.Allocate(request, timeout=5)
@@ -97,7 +98,9 @@ def test_nvidia_gpu_resource_when_enabled(sock_dir: Path) -> None:
         whole = kubelet.endpoint(NVIDIA_GPU).wait_for(lambda m: len(m.devices) > 0)
         assert [d.ID for d in whole.devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
         assert RDMA not in kubelet.endpoints  # the T4 node has no RDMA NICs
-        assert kubelet.allocate(NVIDIA_GPU, ["gpu2"]).envs["TESSERA_DP_NVIDIA_COM_GPU"] == "gpu2:1"
+        assert kubelet.allocate(NVIDIA_GPU, ["gpu2"]).annotations[
+            "tessera.dev/dp-units-nvidia.com-gpu"
+        ] == "gpu2:1"
 
 
 def test_registering_before_serving_fails_in_the_simulator(sock_dir: Path) -> None:
@@ -146,7 +149,7 @@ def test_kubelet_restart_is_survived(sock_dir: Path) -> None:
         chosen = kubelet.get_preferred_allocation(
             GPU, [f"gpu1-share-{n}" for n in range(100)], [], 50
         )
-        assert kubelet.allocate(GPU, chosen).envs["TESSERA_DP_GPU"] == "gpu1:50"
+        assert kubelet.allocate(GPU, chosen).annotations["tessera.dev/dp-units-gpu"] == "gpu1:50"
 
 
 def test_new_kubelet_socket_alone_triggers_registration(sock_dir: Path) -> None:

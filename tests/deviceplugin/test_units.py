@@ -263,6 +263,17 @@ def test_preferred_allocation_properties(free: list[int], size: int, rnd: random
     assert len(devices) == _min_devices(free, min(size, len(available)))
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    ["gpu0-core-01", "gpu0-core-123456", "gpu0-core-" + "9" * 5000, "gpu0-core-\u0661", "-core-1"],
+)
+def test_hostile_unit_numbers_name_no_device(hostile: str) -> None:
+    # a leading zero, more digits than any advertised unit, non-ASCII digits: never ours, so
+    # the ID is its own device and no int() of an unbounded digit string happens
+    assert device_of(hostile) == hostile
+    assert allocation_summary([hostile, "gpu0-core-1"]) == f"{hostile}:1,gpu0:1"
+
+
 def test_allocation_summary_counts_units_per_device() -> None:
     ids = ["gpu1-core-0", "gpu0-core-3", "gpu1-core-7", "rdma-mlx5_0-share-1", "gpu2"]
     assert allocation_summary(ids) == "gpu1:2,gpu0:1,rdma-mlx5_0:1,gpu2:1"

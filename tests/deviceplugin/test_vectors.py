@@ -110,7 +110,8 @@ def test_captured_requests_replayed_against_our_server(
 
         raw = endpoint.call_raw("Allocate", (vectors / "005-Allocate.pb").read_bytes())
         (container,) = pb.AllocateResponse.FromString(raw).container_responses
-        assert dict(container.envs) == {"TESSERA_DP_GPU_CORE": "gpu0:3"}
+        assert dict(container.envs) == {}
+        assert dict(container.annotations) == {"tessera.dev/dp-units-gpu-core": "gpu0:3"}
 
         raw = endpoint.call_raw(
             "PreStartContainer", (vectors / "006-PreStartContainer.pb").read_bytes()
