@@ -98,9 +98,12 @@ def test_nvidia_gpu_resource_when_enabled(sock_dir: Path) -> None:
         whole = kubelet.endpoint(NVIDIA_GPU).wait_for(lambda m: len(m.devices) > 0)
         assert [d.ID for d in whole.devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
         assert RDMA not in kubelet.endpoints  # the T4 node has no RDMA NICs
-        assert kubelet.allocate(NVIDIA_GPU, ["gpu2"]).annotations[
-            "tessera.dev/dp-units-nvidia.com-gpu"
-        ] == "gpu2:1"
+        assert (
+            kubelet.allocate(NVIDIA_GPU, ["gpu2"]).annotations[
+                "tessera.dev/dp-units-nvidia.com-gpu"
+            ]
+            == "gpu2:1"
+        )
 
 
 def test_registering_before_serving_fails_in_the_simulator(sock_dir: Path) -> None:
