@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -15,34 +13,18 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from deviceplugin.backend import (
-    BACKENDS,
-    BackendError,
-    GpuBackend,
-    NicSource,
-    TopologyError,
-    open_backend,
-)
+from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError, open_backend
 from deviceplugin.config import DevicePluginConfig
 from deviceplugin.fake_backend import FakeBackend
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, XidPolicy, parse_xid_list
-from deviceplugin.inventory import (
-    DEFAULT_HEARTBEAT_INTERVAL_S,
-    DEFAULT_LEASE_DURATION_S,
-    DriverVersions,
-    cr_spec,
-)
+from deviceplugin.health import XidPolicy
+from deviceplugin.inventory import DriverVersions, cr_spec
 from deviceplugin.metrics import DEFAULT_METRICS_PORT, agent_registry
-from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from deviceplugin.units import LimitError, UnitConfig, socket_name, validate_resource_name
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory
-from tessera.resources import (
-    ALL_RESOURCES,
-    DEFAULT_HEARTBEAT_NAMESPACE,
-    DEFAULT_MEMORY_UNIT_MIB,
-)
+from tessera.resources import ALL_RESOURCES
 from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.flags import add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
 from tessera_cli.paths import (
     check_directory,
@@ -50,7 +32,6 @@ from tessera_cli.paths import (
     check_socket_dir,
     check_socket_path,
 )
-from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
 from tessera_edge.logs import add_log_flags, setup_logging
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
@@ -58,9 +39,6 @@ if TYPE_CHECKING:
     from deviceplugin.agent import Agent
 
 log = logging.getLogger("deviceplugin")
-
-MAX_MEMORY_UNIT_MIB = 1 << 20
-"""Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
 
 DESCRIPTION = """\
 tessera's node agent. Discovers the node's GPUs (NVML, or a topology file) and RDMA NICs
@@ -79,13 +57,6 @@ docs: docs/deviceplugin.md
 """
 
 
-def _xids(text: str) -> frozenset[int]:
-    try:
-        return parse_xid_list(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def build_parser() -> CliParser:
     p = CliParser(
         prog="tessera-device-plugin",
@@ -93,185 +64,9 @@ def build_parser() -> CliParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    d = p.add_argument_group("discovery")
-    d.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="auto",
-        help="where GPUs come from: nvml (the driver), fake (--topology), or auto (NVML when "
-        "its library loads, else --topology if given). Default: %(default)s.",
-    )
-    d.add_argument(
-        "--topology",
-        metavar="FILE|NAME",
-        help="topology file (YAML/JSON, the inventory schema) or built-in name for the fake "
-        "backend; a broken GPU/NIC entry is skipped with an error naming the field",
-    )
-    d.add_argument(
-        "--rdma",
-        choices=("auto", "sysfs", "topology", "off"),
-        default="auto",
-        help="where RDMA NICs come from: sysfs (+netlink), the topology file, or off; auto "
-        "means the topology file with the fake backend and sysfs otherwise. Default: "
-        "%(default)s.",
-    )
-    d.add_argument(
-        "--sysfs-root",
-        default="/sys",
-        metavar="DIR",
-        help="sysfs mount to read PCI topology and /class/infiniband from. Default: %(default)s.",
-    )
-    d.add_argument(
-        "--no-netlink",
-        action="store_true",
-        help="read NICs from sysfs only (netlink via pyroute2 adds interface names, link and "
-        "VF state, and about 20 MB of memory)",
-    )
-    d.add_argument(
-        "--node-name",
-        type=node_name,
-        default=os.environ.get("NODE_NAME") or socket.gethostname(),
-        help="this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
-        "else the host name (%(default)s).",
-    )
-
-    k = p.add_argument_group("kubelet")
-    k.add_argument(
-        "--device-plugin-dir",
-        default=DEFAULT_PLUGIN_DIR,
-        metavar="DIR",
-        help="the kubelet's device-plugins directory; one socket per resource is created here. "
-        "Default: %(default)s.",
-    )
-    k.add_argument(
-        "--kubelet-socket",
-        metavar="PATH",
-        help="the kubelet's registration socket. Default: <device-plugin-dir>/kubelet.sock.",
-    )
-    k.add_argument(
-        "--memory-unit-mib",
-        type=whole(1, MAX_MEMORY_UNIT_MIB),
-        default=DEFAULT_MEMORY_UNIT_MIB,
-        metavar="MIB",
-        help="size of one tessera.dev/gpu-memory unit; published in the inventory so the "
-        "scheduler converts the same way. A unit so small that a resource would need over "
-        "32768 IDs is refused. Default: %(default)s.",
-    )
-    k.add_argument(
-        "--nvidia-gpu",
-        action="store_true",
-        help="also advertise whole GPUs as nvidia.com/gpu (only for clusters that do not run "
-        "NVIDIA's device plugin). Default: off.",
-    )
-    k.add_argument(
-        "--no-rdma-resource",
-        action="store_true",
-        help="do not advertise tessera.dev/rdma even when the node has RDMA NICs",
-    )
-    k.add_argument(
-        "--socket-poll-interval",
-        type=seconds(),
-        default=0.1,
-        metavar="SECONDS",
-        help="how often the sockets are checked for a kubelet restart. Default: %(default)s.",
-    )
-
-    h = p.add_argument_group("health")
-    h.add_argument(
-        "--health-ignore-xids",
-        type=_xids,
-        default=DEFAULT_IGNORED_XIDS,
-        metavar="LIST",
-        help="comma-separated XIDs that do not mark a GPU unhealthy (application errors); "
-        "'none' for an empty list. Default: "
-        + ",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS))
-        + ".",
-    )
-    h.add_argument(
-        "--no-xid-health",
-        action="store_true",
-        help="do not watch NVML XID events (periodic queries still run)",
-    )
-    h.add_argument(
-        "--health-query-interval",
-        type=seconds(allow_zero=True),
-        default=5.0,
-        metavar="SECONDS",
-        help="how often each GPU is queried and each NIC's ports re-read; 0 turns the queries "
-        "off (and with them recovery, which needs normal answers). Default: %(default)s.",
-    )
-    h.add_argument(
-        "--health-recovery-seconds",
-        type=seconds(allow_zero=True),
-        default=300.0,
-        metavar="SECONDS",
-        help="quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
-        "again; 0 keeps it unhealthy until the agent restarts. Default: %(default)s.",
-    )
-
-    i = p.add_argument_group("inventory")
-    i.add_argument(
-        "--no-inventory",
-        action="store_true",
-        help="run without a cluster: no NodeDevices object, labels or Lease (demo, tests)",
-    )
-    i.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        default=os.environ.get("KUBECONFIG") or None,
-        help="kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's "
-        "service account (in-cluster) unless ~/.kube/config exists.",
-    )
-    i.add_argument(
-        "--kube-context", type=non_empty, metavar="NAME", help="kubeconfig context to use"
-    )
-    i.add_argument(
-        "--heartbeat-namespace",
-        type=namespace,
-        default=DEFAULT_HEARTBEAT_NAMESPACE,
-        metavar="NS",
-        help="namespace of the heartbeat Lease. Default: %(default)s.",
-    )
-    i.add_argument(
-        "--heartbeat-interval",
-        type=seconds(),
-        default=DEFAULT_HEARTBEAT_INTERVAL_S,
-        metavar="SECONDS",
-        help="how often the Lease is renewed. Default: %(default)s.",
-    )
-    i.add_argument(
-        "--lease-duration",
-        type=whole(1, 86400),
-        default=DEFAULT_LEASE_DURATION_S,
-        metavar="SECONDS",
-        help="the Lease's leaseDurationSeconds; the scheduler treats an agent whose Lease is "
-        "older than this as dead; must be longer than --heartbeat-interval. Default: %(default)s.",
-    )
-    i.add_argument(
-        "--gfd-labels",
-        action="store_true",
-        help="also label the Node as NVIDIA GPU Feature Discovery does (nvidia.com/gpu.product, "
-        ".memory, .count, .present, cuda.driver.*, cuda.runtime.*) so existing nodeSelectors "
-        "work; only where GFD does not run (it owns those labels). Default: off.",
-    )
-    i.add_argument(
-        "--resync-interval",
-        type=seconds(),
-        default=300.0,
-        metavar="SECONDS",
-        help="how often the NodeDevices object and labels are compared with the API server "
-        "even when nothing changed. Default: %(default)s.",
-    )
-
-    o = p.add_argument_group("logs and metrics")
-    add_log_flags(o)
-    add_metrics_flags(o, DEFAULT_METRICS_PORT)
-    o.add_argument(
-        "--print-inventory",
-        action="store_true",
-        help="discover, print the inventory (the NodeDevices spec) and the unit counts as "
-        "JSON, and exit; to compare with `nvidia-smi -q` on a node",
-    )
+    output = add_flags(p, DevicePluginConfig)["logs and metrics"]
+    add_log_flags(output)
+    add_metrics_flags(output, DEFAULT_METRICS_PORT)
     return p
 
 

@@ -1,44 +1,187 @@
-"""tessera-device-plugin's settings: one frozen object built from the flags (or their
-`TESSERA_*` twins); everything below the command line reads this, not argparse."""
+"""tessera-device-plugin's settings: each field declares its flag (tessera_cli.flags)."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import socket
 from dataclasses import dataclass
 
+from deviceplugin.backend import BACKENDS
+from deviceplugin.health import DEFAULT_IGNORED_XIDS, parse_xid_list
+from deviceplugin.inventory import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_LEASE_DURATION_S
+from deviceplugin.server import DEFAULT_PLUGIN_DIR
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_MEMORY_UNIT_MIB
+from tessera_cli.flags import FlagGroup
+from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
 
-@dataclass(frozen=True, slots=True)
+MAX_MEMORY_UNIT_MIB = 1 << 20
+"""Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
+
+_DISCOVERY = FlagGroup("discovery")
+_KUBELET = FlagGroup("kubelet")
+_HEALTH = FlagGroup("health")
+_INVENTORY = FlagGroup("inventory")
+_OUTPUT = FlagGroup("logs and metrics")
+
+
+def _xids(text: str) -> frozenset[int]:
+    try:
+        return parse_xid_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DevicePluginConfig:
-    # discovery
-    backend: str
-    topology: str | None
-    rdma: str
-    sysfs_root: str
-    no_netlink: bool
-    node_name: str
-    # kubelet
-    device_plugin_dir: str
-    kubelet_socket: str | None
-    memory_unit_mib: int
-    nvidia_gpu: bool
-    no_rdma_resource: bool
-    socket_poll_interval: float
-    # health
-    health_ignore_xids: frozenset[int]
-    no_xid_health: bool
-    health_query_interval: float
-    health_recovery_seconds: float
-    # inventory
-    no_inventory: bool
-    kubeconfig: str | None
-    kube_context: str | None
-    heartbeat_namespace: str
-    heartbeat_interval: float
-    lease_duration: int
-    gfd_labels: bool
-    resync_interval: float
-    # logs and metrics
+    backend: str = _DISCOVERY.flag(
+        "where GPUs come from: nvml (the driver), fake (--topology), or auto (NVML when its "
+        "library loads, else --topology if given). Default: %(default)s.",
+        choices=BACKENDS,
+        default="auto",
+    )
+    topology: str | None = _DISCOVERY.flag(
+        "topology file (YAML/JSON, the inventory schema) or built-in name for the fake "
+        "backend; a broken GPU/NIC entry is skipped with an error naming the field",
+        metavar="FILE|NAME",
+    )
+    rdma: str = _DISCOVERY.flag(
+        "where RDMA NICs come from: sysfs (+netlink), the topology file, or off; auto means "
+        "the topology file with the fake backend and sysfs otherwise. Default: %(default)s.",
+        choices=("auto", "sysfs", "topology", "off"),
+        default="auto",
+    )
+    sysfs_root: str = _DISCOVERY.flag(
+        "sysfs mount to read PCI topology and /class/infiniband from. Default: %(default)s.",
+        default="/sys",
+        metavar="DIR",
+    )
+    no_netlink: bool = _DISCOVERY.flag(
+        "read NICs from sysfs only (netlink via pyroute2 adds interface names, link and VF "
+        "state, and about 20 MB of memory)",
+        action="store_true",
+    )
+    node_name: str = _DISCOVERY.flag(
+        "this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
+        "else the host name (%(default)s).",
+        type=node_name,
+        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname(),
+    )
+
+    device_plugin_dir: str = _KUBELET.flag(
+        "the kubelet's device-plugins directory; one socket per resource is created here. "
+        "Default: %(default)s.",
+        default=DEFAULT_PLUGIN_DIR,
+        metavar="DIR",
+    )
+    kubelet_socket: str | None = _KUBELET.flag(
+        "the kubelet's registration socket. Default: <device-plugin-dir>/kubelet.sock.",
+        metavar="PATH",
+    )
+    memory_unit_mib: int = _KUBELET.flag(
+        "size of one tessera.dev/gpu-memory unit; published in the inventory so the "
+        "scheduler converts the same way. A unit so small that a resource would need over "
+        "32768 IDs is refused. Default: %(default)s.",
+        type=whole(1, MAX_MEMORY_UNIT_MIB),
+        default=DEFAULT_MEMORY_UNIT_MIB,
+        metavar="MIB",
+    )
+    nvidia_gpu: bool = _KUBELET.flag(
+        "also advertise whole GPUs as nvidia.com/gpu (only for clusters that do not run "
+        "NVIDIA's device plugin). Default: off.",
+        action="store_true",
+    )
+    no_rdma_resource: bool = _KUBELET.flag(
+        "do not advertise tessera.dev/rdma even when the node has RDMA NICs",
+        action="store_true",
+    )
+    socket_poll_interval: float = _KUBELET.flag(
+        "how often the sockets are checked for a kubelet restart. Default: %(default)s.",
+        type=seconds(),
+        default=0.1,
+        metavar="SECONDS",
+    )
+
+    health_ignore_xids: frozenset[int] = _HEALTH.flag(
+        "comma-separated XIDs that do not mark a GPU unhealthy (application errors); 'none' "
+        "for an empty list. Default: "
+        + ",".join(str(x) for x in sorted(DEFAULT_IGNORED_XIDS))
+        + ".",
+        type=_xids,
+        default=DEFAULT_IGNORED_XIDS,
+        metavar="LIST",
+    )
+    no_xid_health: bool = _HEALTH.flag(
+        "do not watch NVML XID events (periodic queries still run)", action="store_true"
+    )
+    health_query_interval: float = _HEALTH.flag(
+        "how often each GPU is queried and each NIC's ports re-read; 0 turns the queries off "
+        "(and with them recovery, which needs normal answers). Default: %(default)s.",
+        type=seconds(allow_zero=True),
+        default=5.0,
+        metavar="SECONDS",
+    )
+    health_recovery_seconds: float = _HEALTH.flag(
+        "quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
+        "again; 0 keeps it unhealthy until the agent restarts. Default: %(default)s.",
+        type=seconds(allow_zero=True),
+        default=300.0,
+        metavar="SECONDS",
+    )
+
+    no_inventory: bool = _INVENTORY.flag(
+        "run without a cluster: no NodeDevices object, labels or Lease (demo, tests)",
+        action="store_true",
+    )
+    kubeconfig: str | None = _INVENTORY.flag(
+        "kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's service "
+        "account (in-cluster) unless ~/.kube/config exists.",
+        metavar="FILE",
+        default_factory=lambda: os.environ.get("KUBECONFIG") or None,
+    )
+    kube_context: str | None = _INVENTORY.flag(
+        "kubeconfig context to use", type=non_empty, metavar="NAME"
+    )
+    heartbeat_namespace: str = _INVENTORY.flag(
+        "namespace of the heartbeat Lease. Default: %(default)s.",
+        type=namespace,
+        default=DEFAULT_HEARTBEAT_NAMESPACE,
+        metavar="NS",
+    )
+    heartbeat_interval: float = _INVENTORY.flag(
+        "how often the Lease is renewed. Default: %(default)s.",
+        type=seconds(),
+        default=DEFAULT_HEARTBEAT_INTERVAL_S,
+        metavar="SECONDS",
+    )
+    lease_duration: int = _INVENTORY.flag(
+        "the Lease's leaseDurationSeconds; the scheduler treats an agent whose Lease is older "
+        "than this as dead; must be longer than --heartbeat-interval. Default: %(default)s.",
+        type=whole(1, 86400),
+        default=DEFAULT_LEASE_DURATION_S,
+        metavar="SECONDS",
+    )
+    gfd_labels: bool = _INVENTORY.flag(
+        "also label the Node as NVIDIA GPU Feature Discovery does (nvidia.com/gpu.product, "
+        ".memory, .count, .present, cuda.driver.*, cuda.runtime.*) so existing nodeSelectors "
+        "work; only where GFD does not run (it owns those labels). Default: off.",
+        action="store_true",
+    )
+    resync_interval: float = _INVENTORY.flag(
+        "how often the NodeDevices object and labels are compared with the API server even "
+        "when nothing changed. Default: %(default)s.",
+        type=seconds(),
+        default=300.0,
+        metavar="SECONDS",
+    )
+
+    print_inventory: bool = _OUTPUT.flag(
+        "discover, print the inventory (the NodeDevices spec) and the unit counts as JSON, "
+        "and exit; to compare with `nvidia-smi -q` on a node",
+        action="store_true",
+    )
+    # the flags every node program shares (tessera_edge.logs, tessera_cli.metrics)
     log_format: str
     log_level: str
     metrics_port: int
     metrics_address: str
-    print_inventory: bool

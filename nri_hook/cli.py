@@ -14,16 +14,14 @@ import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import NoReturn
 
-from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE, Settings
+from nri_hook.adjust import Settings
 from nri_hook.config import NriHookConfig
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics
-from nri_hook.netdev import IFNAMSIZ, NetdevMover
+from nri_hook.netdev import NetdevMover
 from nri_hook.plugin import (
-    DEFAULT_REGISTRATION_TIMEOUT,
-    DEFAULT_SOCKET_PATH,
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
@@ -31,33 +29,15 @@ from nri_hook.plugin import (
     check_identity,
 )
 from tessera.record_keys import KeyFileError
-from tessera.resources import ALLOCATION_ANNOTATION, DEFAULT_INTEGRITY_KEY_FILE
+from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.flags import add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
 from tessera_cli.paths import check_directory, check_socket_path
-from tessera_cli.values import absolute_path, node_name, seconds
 from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.logs import add_log_flags, setup_logging
 
 log = logging.getLogger("nri_hook")
-
-DEFAULT_PLUGIN_NAME = "tessera"
-DEFAULT_PLUGIN_INDEX = "50"
-MAX_REGISTRATION_TIMEOUT: Final = 3600.0
-"""Seconds; containerd's own registration timeout is 5 s, so anything near an hour is a typo."""
-_IFNAME_RE: Final = re.compile(r"^[A-Za-z0-9_.-]*$")
-
-
-def _vf_prefix(text: str) -> str:
-    """A prefix for interface names: PREFIX and a two-digit index fit in IFNAMSIZ."""
-    if len(text) + 2 >= IFNAMSIZ:
-        raise argparse.ArgumentTypeError(
-            f"{text[:40]!r} is too long for an interface name (at most {IFNAMSIZ - 3} characters)"
-        )
-    if not _IFNAME_RE.match(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: use only letters, digits, '_', '.' and '-'")
-    return text
-
 
 DESCRIPTION = f"""\
 tessera's containerd NRI plugin. For every container containerd creates, it reads the
@@ -85,126 +65,9 @@ def build_parser() -> CliParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    conn = p.add_argument_group("connection to the runtime")
-    conn.add_argument(
-        "--socket",
-        default=DEFAULT_SOCKET_PATH,
-        metavar="PATH",
-        help="NRI socket of containerd to dial (default: %(default)s). Not used when "
-        f"containerd launched the plugin ({PLUGIN_SOCKET_ENV} set).",
-    )
-    conn.add_argument(
-        "--plugin-name",
-        default=DEFAULT_PLUGIN_NAME,
-        metavar="NAME",
-        help="name to register under; letters, digits, _ . + - (default: %(default)s). "
-        f"{PLUGIN_NAME_ENV} from a launching runtime takes precedence.",
-    )
-    conn.add_argument(
-        "--plugin-index",
-        default=DEFAULT_PLUGIN_INDEX,
-        metavar="NN",
-        help="two-digit index; containerd calls plugins in ascending index order "
-        f"(default: %(default)s). {PLUGIN_IDX_ENV} from a launching runtime takes precedence.",
-    )
-    conn.add_argument(
-        "--registration-timeout",
-        type=seconds(high=MAX_REGISTRATION_TIMEOUT),
-        default=DEFAULT_REGISTRATION_TIMEOUT,
-        metavar="SECONDS",
-        help="how long to wait for the runtime to accept the registration (default: %(default)s)",
-    )
-    rec = p.add_argument_group("allocation records")
-    rec.add_argument(
-        "--node-name",
-        type=node_name,
-        default=None,
-        metavar="NAME",
-        help="this node's Kubernetes name; a record for another node is refused "
-        "(default: $NODE_NAME, else the lower-cased host name, as kubelet does)",
-    )
-    rec.add_argument(
-        "--integrity-key-file",
-        default=DEFAULT_INTEGRITY_KEY_FILE,
-        metavar="PATH",
-        help="PEM public key file, or directory of them (the Secret tessera-record-verify), "
-        "that verify the scheduler's Ed25519 record signatures; private keys are refused. "
-        "Re-read when the files change (checked every 10 s), so rotation needs no restart "
-        "(default: %(default)s)",
-    )
-    rec.add_argument(
-        "--no-integrity",
-        action="store_true",
-        help="accept records without checking their integrity proof. Anyone who can "
-        "create a pod can then claim any device: for test clusters only",
-    )
-    rec.add_argument(
-        "--on-invalid-record",
-        choices=("fail", "warn"),
-        default="fail",
-        help="what to do with a malformed or forged record, or one naming a device this "
-        "node lacks: fail the container creation (and a sandbox start that must move VFs) "
-        "with an error saying what is wrong, or log a warning and leave the container "
-        "untouched (default: %(default)s)",
-    )
-    dev = p.add_argument_group("devices")
-    dev.add_argument(
-        "--device-root",
-        default="/",
-        metavar="DIR",
-        help="where the host's /dev, /sys and /proc/driver/nvidia are visible; device type, "
-        "major, minor and mode are read from <DIR>/dev/... (default: %(default)s; /host "
-        "in the DaemonSet)",
-    )
-    dev.add_argument(
-        "--isolation",
-        choices=ISOLATION_LAYERS,
-        default=ISOLATION_NONE,
-        help="GPU sharing layer to configure: 'mps' sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS pipe directory; 'hami-core' "
-        "sets CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; 'none' only gives the "
-        "devices (default: %(default)s)",
-    )
-    dev.add_argument(
-        "--mps-pipe-dir",
-        type=absolute_path,
-        default=DEFAULT_MPS_PIPE_DIR,
-        metavar="DIR",
-        help="host directory of the MPS control daemon's pipes, mounted at the same path "
-        "(with --isolation=mps; default: %(default)s)",
-    )
-    dev.add_argument(
-        "--hami-core-library",
-        type=absolute_path,
-        default="",
-        metavar="PATH",
-        help="host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD "
-        "(with --isolation=hami-core; default: none, the node or image provides it)",
-    )
-    net = p.add_argument_group("RDMA VF network devices")
-    net.add_argument(
-        "--no-vf-netdevs",
-        action="store_true",
-        help="do not move allocated VF netdevs into pod network namespaces",
-    )
-    net.add_argument(
-        "--vf-rename-prefix",
-        type=_vf_prefix,
-        default="",
-        metavar="PREFIX",
-        help="inside the pod, name the VFs PREFIX0, PREFIX1, ... in record order "
-        "(default: keep the host name)",
-    )
-    obs = p.add_argument_group("logs and metrics")
-    add_log_flags(obs)
-    obs.add_argument(
-        "--log-file",
-        default="",
-        metavar="PATH",
-        help="append logs to this file (default: stderr; a plugin launched by containerd "
-        "has its stderr sent to /dev/null, so give it a file)",
-    )
-    add_metrics_flags(obs, Metrics.DEFAULT_PORT)
+    output = add_flags(p, NriHookConfig)["logs and metrics"]
+    add_log_flags(output)
+    add_metrics_flags(output, Metrics.DEFAULT_PORT)
     return p
 
 

@@ -1,36 +1,155 @@
-"""tessera-nri-hook's settings: one frozen object built from the flags (or their
-`TESSERA_*` twins); everything below the command line reads this, not argparse."""
+"""tessera-nri-hook's settings: each field declares its flag (tessera_cli.flags)."""
 
 from __future__ import annotations
 
+import argparse
+import re
 from dataclasses import dataclass
+from typing import Final
 
+from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE
 from nri_hook.enforce import OnInvalid
+from nri_hook.netdev import IFNAMSIZ
+from nri_hook.plugin import (
+    DEFAULT_REGISTRATION_TIMEOUT,
+    DEFAULT_SOCKET_PATH,
+    PLUGIN_IDX_ENV,
+    PLUGIN_NAME_ENV,
+    PLUGIN_SOCKET_ENV,
+)
+from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE
+from tessera_cli.flags import FlagGroup
+from tessera_cli.values import absolute_path, node_name, seconds
+
+DEFAULT_PLUGIN_NAME = "tessera"
+DEFAULT_PLUGIN_INDEX = "50"
+MAX_REGISTRATION_TIMEOUT: Final = 3600.0
+"""Seconds; containerd's own registration timeout is 5 s, so anything near an hour is a typo."""
+_IFNAME_RE: Final = re.compile(r"^[A-Za-z0-9_.-]*$")
+
+_CONNECTION = FlagGroup("connection to the runtime")
+_RECORDS = FlagGroup("allocation records")
+_DEVICES = FlagGroup("devices")
+_VF_NETDEVS = FlagGroup("RDMA VF network devices")
+_OUTPUT = FlagGroup("logs and metrics")
 
 
-@dataclass(frozen=True, slots=True)
+def _vf_prefix(text: str) -> str:
+    """A prefix for interface names: PREFIX and a two-digit index fit in IFNAMSIZ."""
+    if len(text) + 2 >= IFNAMSIZ:
+        raise argparse.ArgumentTypeError(
+            f"{text[:40]!r} is too long for an interface name (at most {IFNAMSIZ - 3} characters)"
+        )
+    if not _IFNAME_RE.match(text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use only letters, digits, '_', '.' and '-'")
+    return text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NriHookConfig:
-    # connection to the runtime
-    socket: str
-    plugin_name: str
-    plugin_index: str
-    registration_timeout: float
-    # allocation records
-    node_name: str | None
-    integrity_key_file: str
-    no_integrity: bool
-    on_invalid_record: OnInvalid
-    # devices
-    device_root: str
-    isolation: str
-    mps_pipe_dir: str
-    hami_core_library: str
-    # RDMA VF network devices
-    no_vf_netdevs: bool
-    vf_rename_prefix: str
-    # logs and metrics
+    socket: str = _CONNECTION.flag(
+        "NRI socket of containerd to dial (default: %(default)s). Not used when containerd "
+        f"launched the plugin ({PLUGIN_SOCKET_ENV} set).",
+        default=DEFAULT_SOCKET_PATH,
+        metavar="PATH",
+    )
+    plugin_name: str = _CONNECTION.flag(
+        "name to register under; letters, digits, _ . + - (default: %(default)s). "
+        f"{PLUGIN_NAME_ENV} from a launching runtime takes precedence.",
+        default=DEFAULT_PLUGIN_NAME,
+        metavar="NAME",
+    )
+    plugin_index: str = _CONNECTION.flag(
+        "two-digit index; containerd calls plugins in ascending index order (default: "
+        f"%(default)s). {PLUGIN_IDX_ENV} from a launching runtime takes precedence.",
+        default=DEFAULT_PLUGIN_INDEX,
+        metavar="NN",
+    )
+    registration_timeout: float = _CONNECTION.flag(
+        "how long to wait for the runtime to accept the registration (default: %(default)s)",
+        type=seconds(high=MAX_REGISTRATION_TIMEOUT),
+        default=DEFAULT_REGISTRATION_TIMEOUT,
+        metavar="SECONDS",
+    )
+
+    node_name: str | None = _RECORDS.flag(
+        "this node's Kubernetes name; a record for another node is refused (default: "
+        "$NODE_NAME, else the lower-cased host name, as kubelet does)",
+        type=node_name,
+        default=None,
+        metavar="NAME",
+    )
+    integrity_key_file: str = _RECORDS.flag(
+        "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
+        "verify the scheduler's Ed25519 record signatures; private keys are refused. Re-read "
+        "when the files change (checked every 10 s), so rotation needs no restart (default: "
+        "%(default)s)",
+        default=DEFAULT_INTEGRITY_KEY_FILE,
+        metavar="PATH",
+    )
+    no_integrity: bool = _RECORDS.flag(
+        "accept records without checking their integrity proof. Anyone who can create a pod "
+        "can then claim any device: for test clusters only",
+        action="store_true",
+    )
+    on_invalid_record: OnInvalid = _RECORDS.flag(  # noqa: RUF009 -- a field, not a value
+        "what to do with a malformed or forged record, or one naming a device this node "
+        "lacks: fail the container creation (and a sandbox start that must move VFs) with an "
+        "error saying what is wrong, or log a warning and leave the container untouched "
+        "(default: %(default)s)",
+        choices=("fail", "warn"),
+        default="fail",
+    )
+
+    device_root: str = _DEVICES.flag(
+        "where the host's /dev, /sys and /proc/driver/nvidia are visible; device type, major, "
+        "minor and mode are read from <DIR>/dev/... (default: %(default)s; /host in the "
+        "DaemonSet)",
+        default="/",
+        metavar="DIR",
+    )
+    isolation: str = _DEVICES.flag(
+        "GPU sharing layer to configure: 'mps' sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS pipe directory; 'hami-core' sets "
+        "CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; 'none' only gives the devices "
+        "(default: %(default)s)",
+        choices=ISOLATION_LAYERS,
+        default=ISOLATION_NONE,
+    )
+    mps_pipe_dir: str = _DEVICES.flag(
+        "host directory of the MPS control daemon's pipes, mounted at the same path (with "
+        "--isolation=mps; default: %(default)s)",
+        type=absolute_path,
+        default=DEFAULT_MPS_PIPE_DIR,
+        metavar="DIR",
+    )
+    hami_core_library: str = _DEVICES.flag(
+        "host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD (with "
+        "--isolation=hami-core; default: none, the node or image provides it)",
+        type=absolute_path,
+        default="",
+        metavar="PATH",
+    )
+
+    no_vf_netdevs: bool = _VF_NETDEVS.flag(
+        "do not move allocated VF netdevs into pod network namespaces", action="store_true"
+    )
+    vf_rename_prefix: str = _VF_NETDEVS.flag(
+        "inside the pod, name the VFs PREFIX0, PREFIX1, ... in record order (default: keep "
+        "the host name)",
+        type=_vf_prefix,
+        default="",
+        metavar="PREFIX",
+    )
+
+    log_file: str = _OUTPUT.flag(
+        "append logs to this file (default: stderr; a plugin launched by containerd has its "
+        "stderr sent to /dev/null, so give it a file)",
+        default="",
+        metavar="PATH",
+    )
+    # the flags every node program shares (tessera_edge.logs, tessera_cli.metrics)
     log_format: str
     log_level: str
-    log_file: str
     metrics_port: int
     metrics_address: str

@@ -1,57 +1,200 @@
-"""tessera-scheduler's settings: one frozen object built from the flags (or their
-`TESSERA_*` twins); everything below the command line reads this, not argparse."""
+"""tessera-scheduler's settings: each field declares its flag (tessera_cli.flags)."""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import dataclasses
 
+from scheduler_plugin import limits
 from scheduler_plugin.service import Options
-from tessera_cli import config_from
+from tessera.policy_registry import POLICIES
+from tessera.resources import (
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_INTEGRITY_KEY_FILE,
+    DEFAULT_POLICY,
+    HEARTBEAT_LEASE_PREFIX,
+)
+from tessera_cli.flags import FlagGroup
+from tessera_cli.values import listen_address, seconds
+
+_SERVING = FlagGroup(
+    "serving and security",
+    "The extender port serves the verbs and /debug. kube-scheduler authenticates with a "
+    "client certificate (--tls-client-ca-file); without one the verbs are refused on any "
+    "non-loopback address unless --insecure-allow-unauthenticated. /debug needs a client "
+    "certificate or a Kubernetes bearer token allowed to get the path (TokenReview + "
+    "SubjectAccessReview). Probes and Prometheus use --health-listen.",
+)
+_CLUSTER = FlagGroup("cluster")
+_DECISIONS = FlagGroup("decisions")
+_HA = FlagGroup("high availability")
 
 
-@dataclass(frozen=True, slots=True)
+def _body_size(text: str) -> int:
+    if not text.isdigit() or not 1024 <= int(text) <= limits.MAX_BODY_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes from 1024 to {limits.MAX_BODY_LIMIT}, got {text[:80]!r}"
+        )
+    return int(text)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
-    service: Options
-    """What the running extender needs (addresses, policy, leader election, heartbeats)."""
-    kubeconfig: str | None
-    context: str | None
-    api_timeout: float
-    tls_cert_file: str | None
-    tls_key_file: str | None
-    tls_client_ca_file: str | None
-    integrity_key_file: str
-    legacy_hmac_key_file: str | None
+    listen: tuple[str, int] = _SERVING.flag(
+        "address for the extender verbs and /debug/ (also /healthz, /readyz, /metrics)",
+        type=listen_address,
+        default=("0.0.0.0", 8888),
+        metavar="HOST:PORT",
+    )
+    health_listen: tuple[str, int] = _SERVING.flag(
+        "plain-HTTP address for /healthz, /readyz and /metrics only (kubelet probes, "
+        "Prometheus); port 0 picks a free port",
+        type=listen_address,
+        default=("0.0.0.0", 8081),
+        metavar="HOST:PORT",
+    )
+    tls_cert_file: str | None = _SERVING.flag(
+        "serve HTTPS with this PEM certificate (chain); needs --tls-key-file"
+    )
+    tls_key_file: str | None = _SERVING.flag("PEM private key of --tls-cert-file")
+    tls_client_ca_file: str | None = _SERVING.flag(
+        "PEM CA bundle: the extender verbs need a client certificate it signed "
+        "(kube-scheduler's tlsConfig certFile/keyFile); needs --tls-cert-file"
+    )
+    insecure_allow_unauthenticated: bool = _SERVING.flag(
+        "serve the verbs and /debug to anyone who reaches the port, without client "
+        "certificates or tokens (never in production: anyone could bind pods)",
+        action="store_true",
+    )
+    max_body_bytes: int = _SERVING.flag(
+        "largest request body, refused with 413 before it is read; the default holds 5,000 "
+        f"node names (nodeCacheCapable true); use {limits.NODE_OBJECTS_BODY_BYTES} with "
+        "nodeCacheCapable false",
+        type=_body_size,
+        default=limits.MAX_BODY_BYTES,
+    )
+
+    kubeconfig: str | None = _CLUSTER.flag(
+        "kubeconfig file; default: $KUBECONFIG or ~/.kube/config when it exists, else the "
+        "in-cluster service account when running in a pod"
+    )
+    context: str | None = _CLUSTER.flag("kubeconfig context (default: its current context)")
+    api_timeout: float = _CLUSTER.flag(
+        "seconds one API request may take (keep below the extender httpTimeout)",
+        type=seconds(),
+        default=10.0,
+    )
+    heartbeat_namespace: str = _CLUSTER.flag(
+        f"namespace of the node agents' heartbeat Leases ({HEARTBEAT_LEASE_PREFIX}<node>)",
+        default=DEFAULT_HEARTBEAT_NAMESPACE,
+    )
+    heartbeat_grace: float = _CLUSTER.flag(
+        "seconds past a heartbeat Lease's duration before its node takes no new pods",
+        type=seconds(),
+        default=5.0,
+    )
+    require_heartbeat: bool = _CLUSTER.flag(
+        "do not require node agent heartbeats (testing only)",
+        option="--no-heartbeat-check",
+        action="store_false",
+    )
+    watch_nodes: bool = _CLUSTER.flag(
+        "do not watch Node objects (an inventory then counts even without its Node)",
+        option="--no-watch-nodes",
+        action="store_false",
+    )
+    status_interval: float = _CLUSTER.flag(
+        "seconds between batched writes of allocation summaries to NodeDevices status",
+        type=seconds(),
+        default=2.0,
+    )
+    write_status: bool = _CLUSTER.flag(
+        "do not write allocation summaries into NodeDevices status",
+        option="--no-status-writes",
+        action="store_false",
+    )
+
+    policy: str = _DECISIONS.flag(
+        "placement policy for nodes and devices (a pod may override it with the "
+        "tessera.dev/placement annotation)",
+        choices=sorted(POLICIES),
+        default=DEFAULT_POLICY,
+    )
+    integrity_key_file: str = _DECISIONS.flag(
+        "PEM private key file, or directory of PEM keys (the Secret tessera-record-signing), "
+        "that sign allocation records with Ed25519; nodes verify with the public keys. "
+        "Re-read when the files change, so rotation needs no restart (default: %(default)s)",
+        default=DEFAULT_INTEGRITY_KEY_FILE,
+    )
+    legacy_hmac_key_file: str | None = _DECISIONS.flag(
+        "upgrade from a release with HMAC records: the old integrity key file or directory. "
+        "Its keys only verify old records while the state is rebuilt; each running pod's "
+        "valid old record is then re-signed with Ed25519 once",
+        default=None,
+        metavar="PATH",
+    )
+    manage_nvidia_gpu: bool = _DECISIONS.flag(
+        "also place nvidia.com/gpu requests (only where NVIDIA's device plugin is absent)",
+        action="store_true",
+    )
+
+    leader_elect: bool = _HA.flag(
+        "elect one leader among replicas on a Lease; only the leader is ready and answers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+    )
+    leader_elect_namespace: str = _HA.flag(
+        "namespace of the leader election Lease", default=DEFAULT_HEARTBEAT_NAMESPACE
+    )
+    leader_elect_lease_name: str = _HA.flag(
+        "name of the leader election Lease", default="tessera-scheduler"
+    )
+    leader_elect_identity: str = _HA.flag(
+        "this replica's identity in the Lease (default: $POD_NAME_hostname when POD_NAME is "
+        "set, as the shipped Deployment does, else hostname_pid)",
+        default="",
+    )
+    leader_elect_lease_duration: float = _HA.flag(
+        "seconds a standby waits after the last renewal before taking over",
+        type=seconds(),
+        default=15.0,
+    )
+    leader_elect_renew_deadline: float = _HA.flag(
+        "seconds the leader keeps leading without a successful renewal",
+        type=seconds(),
+        default=10.0,
+    )
+    leader_elect_retry_period: float = _HA.flag(
+        "seconds between election attempts and renewals", type=seconds(), default=2.0
+    )
+    # the flags every program shares (tessera_edge.logs)
     log_format: str
     log_level: str
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SchedulerConfig:
-        """The rest of the fields come from the flags of the same name."""
-        return config_from(
-            cls,
-            args,
-            service=Options(
-                host=args.listen[0],
-                port=args.listen[1],
-                policy=args.policy,
-                leader_elect=args.leader_elect,
-                leader_namespace=args.leader_elect_namespace,
-                leader_name=args.leader_elect_lease_name,
-                identity=args.leader_elect_identity,
-                lease_duration=args.leader_elect_lease_duration,
-                renew_deadline=args.leader_elect_renew_deadline,
-                retry_period=args.leader_elect_retry_period,
-                heartbeat_namespace=args.heartbeat_namespace,
-                heartbeat_grace=args.heartbeat_grace,
-                require_heartbeat=args.require_heartbeat,
-                watch_nodes=args.watch_nodes,
-                status_interval=args.status_interval,
-                write_status=args.write_status,
-                manage_nvidia_gpu=args.manage_nvidia_gpu,
-                max_body=args.max_body_bytes,
-                health_host=args.health_listen[0],
-                health_port=args.health_listen[1],
-                open_debug=args.insecure_allow_unauthenticated,
-            ),
+    @property
+    def service(self) -> Options:
+        """What the running extender needs (addresses, policy, leader election,
+        heartbeats), from the flags."""
+        return Options(
+            host=self.listen[0],
+            port=self.listen[1],
+            policy=self.policy,
+            leader_elect=self.leader_elect,
+            leader_namespace=self.leader_elect_namespace,
+            leader_name=self.leader_elect_lease_name,
+            identity=self.leader_elect_identity,
+            lease_duration=self.leader_elect_lease_duration,
+            renew_deadline=self.leader_elect_renew_deadline,
+            retry_period=self.leader_elect_retry_period,
+            heartbeat_namespace=self.heartbeat_namespace,
+            heartbeat_grace=self.heartbeat_grace,
+            require_heartbeat=self.require_heartbeat,
+            watch_nodes=self.watch_nodes,
+            status_interval=self.status_interval,
+            write_status=self.write_status,
+            manage_nvidia_gpu=self.manage_nvidia_gpu,
+            max_body=self.max_body_bytes,
+            health_host=self.health_listen[0],
+            health_port=self.health_listen[1],
+            open_debug=self.insecure_allow_unauthenticated,
         )

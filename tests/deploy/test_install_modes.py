@@ -19,6 +19,7 @@ import yaml
 from scheduler_plugin.cli import build_parser, check_config
 from scheduler_plugin.config import SchedulerConfig
 from tessera import resources as rn
+from tessera_cli import config_from
 from tests.deploy.install_modes import (
     CHART,
     DEPLOY,
@@ -132,7 +133,7 @@ def test_second_scheduler_calls_its_sidecar_on_loopback() -> None:
     assert (url.scheme, url.hostname, url.port) == ("http", "127.0.0.1", args.listen[1])
     assert args.listen[0] == "127.0.0.1" and ext["enableHTTPS"] is False
     # loopback without a client CA is a combination the binary accepts
-    assert check_config(SchedulerConfig.from_args(args)) is None
+    assert check_config(config_from(SchedulerConfig, args)) is None
     # kube-scheduler's own Lease, and the Role that lets it hold that one
     election = config["leaderElection"]
     assert election["leaderElect"] is True

@@ -15,6 +15,7 @@ from scheduler_plugin.cli import build_parser, check_config
 from scheduler_plugin.config import SchedulerConfig
 from scheduler_plugin.http import VERBS
 from tessera import resources as rn
+from tessera_cli import config_from
 from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share, wait_for
 
@@ -93,7 +94,7 @@ def test_deployment_flags_pass_the_binary_checks_with_real_tls_files(pki: Path) 
     with the Secret's files replaced by real ones."""
     (deployment,) = docs("deployment.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    config = SchedulerConfig.from_args(build_parser().parse_args(container["args"]))
+    config = config_from(SchedulerConfig, build_parser().parse_args(container["args"]))
     config = dataclasses.replace(
         config,
         tls_cert_file=str(pki / "server.crt"),

@@ -1,0 +1,74 @@
+"""Flags declared on the config dataclass they fill: each setting is written once.
+
+A component's frozen config names each setting as a field; `FlagGroup.flag` gives the
+field its flag (`node_name` is `--node-name`, with `dest` the field's name) and the
+argparse keywords of that flag. `add_flags` adds the flags of a config class to a parser,
+group by group in field order, and `config_from` (tessera_cli.parser) reads the parsed
+values back into the class. A field declared without `flag` (a flag shared by several
+programs, such as `--log-level`, added by its own module) is left to the caller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_FLAG = "tessera_cli.flag"
+"""The key of a field's metadata that holds its `Flag`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Flag:
+    group: FlagGroup
+    option: str | None
+    """The flag's name when it is not the field's (`--no-heartbeat-check` sets
+    `require_heartbeat`)."""
+    default_factory: Callable[[], Any] | None
+    """The default, computed when the parser is built (it reads the environment)."""
+    kwargs: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FlagGroup:
+    """A titled section of --help."""
+
+    title: str
+    description: str | None = None
+
+    def flag(
+        self,
+        help: str,
+        *,
+        option: str | None = None,
+        default_factory: Callable[[], Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A config field set by a flag of this group; `kwargs` go to `add_argument`."""
+        flag = Flag(self, option, default_factory, {"help": help, **kwargs})
+        return dataclasses.field(metadata={_FLAG: flag})
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, config: type[DataclassInstance]
+) -> dict[str, argparse._ArgumentGroup]:
+    """Add the flag of every `FlagGroup.flag` field of `config`; the groups, by title."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for field in dataclasses.fields(config):
+        flag: Flag | None = field.metadata.get(_FLAG)
+        if flag is None:
+            continue
+        group = groups.get(flag.group.title)
+        if group is None:
+            group = parser.add_argument_group(flag.group.title, flag.group.description)
+            groups[flag.group.title] = group
+        kwargs = dict(flag.kwargs)
+        if flag.default_factory is not None:
+            kwargs["default"] = flag.default_factory()
+        option = flag.option or "--" + field.name.replace("_", "-")
+        group.add_argument(option, dest=field.name, **kwargs)
+    return groups

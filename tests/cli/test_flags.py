@@ -1,0 +1,59 @@
+"""Flags declared on config fields: the field's name makes the flag, its group the --help
+section; the parsed values come back as the config, environment twins included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tessera_cli import CliParser, config_from
+from tessera_cli.flags import FlagGroup, add_flags
+from tessera_cli.values import seconds
+
+_FIRST = FlagGroup("first", "what the first group is for")
+_SECOND = FlagGroup("second")
+_BUILT: list[int] = []
+
+
+def _when_built() -> str:
+    _BUILT.append(1)
+    return f"built-{len(_BUILT)}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Config:
+    wait_time: float = _FIRST.flag("how long", type=seconds(), default=2.0)
+    watch: bool = _SECOND.flag("do not watch", option="--no-watch", action="store_false")
+    name: str = _FIRST.flag("a name", default_factory=_when_built)
+    shared: str
+    """Added by the caller, not by add_flags."""
+
+
+def _parser(env: dict[str, str]) -> CliParser:
+    parser = CliParser(prog="prog", env=env)
+    groups = add_flags(parser, _Config)
+    groups["second"].add_argument("--shared", default="s", help="shared")
+    return parser
+
+
+def test_each_field_makes_its_flag_in_its_group() -> None:
+    parser = _parser({})
+    groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
+    assert groups["first"] == ["wait_time", "name"]
+    assert groups["second"] == ["watch", "shared"]
+    assert "what the first group is for" in parser.format_help()
+    options = {a.dest: a.option_strings for a in parser._actions}
+    assert options["wait_time"] == ["--wait-time"] and options["watch"] == ["--no-watch"]
+
+
+def test_the_parsed_flags_and_twins_are_the_config() -> None:
+    config = config_from(_Config, _parser({}).parse_args([]))
+    assert config == _Config(wait_time=2.0, watch=True, name=config.name, shared="s")
+    env = {"TESSERA_WAIT_TIME": "5", "TESSERA_NO_WATCH": "true"}
+    config = config_from(_Config, _parser(env).parse_args(["--name", "n", "--shared", "x"]))
+    assert config == _Config(wait_time=5.0, watch=False, name="n", shared="x")
+
+
+def test_a_default_factory_runs_when_the_parser_is_built() -> None:
+    first = _parser({}).parse_args([]).name
+    second = _parser({}).parse_args([]).name
+    assert first != second and first.startswith("built-")
