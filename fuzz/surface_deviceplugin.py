@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +36,7 @@ from deviceplugin.request_bounds import (
     MAX_IDS_PER_REQUEST,
 )
 from deviceplugin.server import SERVICE, PluginServer
+from deviceplugin.units import unit_id
 from fuzz.common import Tally, mutate
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.resources import GPU_CORE
@@ -56,16 +57,33 @@ CALL_TIMEOUT_S = 20.0
 """A call that takes longer than this is counted as a hang."""
 
 
-def captured_requests() -> dict[str, bytes]:
-    """The requests a real kubelet sent (its captured bytes, rebuilt field for field)."""
-    available = [f"gpu0-core-{n}" for n in (2, 3, 4, 5, 6, 7, 0, 1)]
+CAPTURED_ID_PREFIX = "gpu0-core-"
+"""The captured kubelet advertised `example.com/gpu-core` units named `gpu0-core-<n>`."""
+
+
+def captured_id(unit: str, device: str) -> str:
+    """A captured unit ID (`gpu0-core-<n>`) as this plugin names unit n of `device`."""
+    number = unit.removeprefix(CAPTURED_ID_PREFIX)
+    if number == unit or not number.isascii() or not number.isdigit():
+        raise ValueError(f"not a captured unit ID: {unit!r}")
+    return unit_id(device, GPU_CORE, int(number))
+
+
+def captured_requests(rename: Callable[[str], str] | None = None) -> dict[str, bytes]:
+    """The requests a real kubelet sent (its captured bytes, rebuilt field for field); with
+    `rename`, the same requests with each captured ID renamed (to IDs a target advertises)."""
+
+    def ids(numbers: tuple[int, ...]) -> list[str]:
+        captured = [f"{CAPTURED_ID_PREFIX}{n}" for n in numbers]
+        return [rename(u) for u in captured] if rename else captured
+
     preferred = pb.PreferredAllocationRequest()
-    preferred.container_requests.add(available_deviceIDs=available, allocation_size=3)
-    allocate = pb.AllocateRequest()
-    allocate.container_requests.add(devices_ids=["gpu0-core-3", "gpu0-core-4", "gpu0-core-2"])
-    prestart = pb.PreStartContainerRequest(
-        devices_ids=["gpu0-core-4", "gpu0-core-2", "gpu0-core-3"]
+    preferred.container_requests.add(
+        available_deviceIDs=ids((2, 3, 4, 5, 6, 7, 0, 1)), allocation_size=3
     )
+    allocate = pb.AllocateRequest()
+    allocate.container_requests.add(devices_ids=ids((3, 4, 2)))
+    prestart = pb.PreStartContainerRequest(devices_ids=ids((4, 2, 3)))
     return {
         "GetDevicePluginOptions": b"",
         "ListAndWatch": b"",
@@ -91,6 +109,9 @@ class Target:
         agent.discover()
         backend.close()
         self.units = agent.units
+        gpu0 = self.units[GPU_CORE].devices[0]
+        self.rename: Callable[[str], str] = lambda unit: captured_id(unit, gpu0)
+        """Maps the captured requests' IDs to the units this node advertises for them."""
         self.servers: dict[str, PluginServer] = {}
         self.channels: dict[str, grpc.Channel] = {}
         for resource, units in self.units.items():
@@ -160,9 +181,25 @@ def target(topology: str = "h100-sxm-8x") -> Iterator[Target]:
 
 # --- hostile inputs ------------------------------------------------------------------------
 
+_GPU0 = "GPU-8f4c3a0e-0000-4000-8000-000000000000"
+"""GPU 0's UUID in the built-in h100-sxm-8x topology: near misses of its unit IDs."""
+
 ODD = (
     "",
     "\x00",
+    f"{_GPU0}::1\x00",
+    f"{_GPU0}::\u0661",
+    f"{_GPU0}::\uff11",
+    f"{_GPU0}\u200b::1",
+    f"{_GPU0}::01",
+    f"{_GPU0}::-1",
+    f"{_GPU0}:1",
+    f"{_GPU0}:::1",
+    f"{_GPU0}::1::1",
+    f"{_GPU0.lower()}::1",
+    f"{_GPU0}::99999999999999999999999",
+    "::1",
+    _GPU0,
     "gpu0-core-1\x00",
     "gpu0-core-\u0661",  # Arabic-Indic digit one: isdigit() but not ASCII
     "gpu0-core-\uff11",  # fullwidth digit one
@@ -187,7 +224,7 @@ def hostile_ids(rng: random.Random, known: list[str]) -> list[str]:
     roll = rng.random()
     if roll < 0.03:  # huge: over the per-list bound, or just under it with a bad ID
         count = MAX_IDS_PER_LIST + rng.choice((1, 100)) if rng.random() < 0.5 else len(known)
-        ids = [known[i % len(known)] if i < len(known) else f"gpu{i}-core-0" for i in range(count)]
+        ids = [known[i % len(known)] if i < len(known) else f"GPU-{i}::0" for i in range(count)]
         if rng.random() < 0.5:
             ids[rng.randrange(len(ids))] = rng.choice(ODD)
         return ids
@@ -201,10 +238,9 @@ def hostile_ids(rng: random.Random, known: list[str]) -> list[str]:
             ids.insert(rng.randrange(len(ids) + 1), rng.choice(ODD))
         elif kind == 2 and ids:
             i = rng.randrange(len(ids))
-            ids[i] = ids[i] + rng.choice(("0", "-0", "x", " "))
+            ids[i] = ids[i] + rng.choice(("0", "-0", "x", " ", ":", "::0"))
         else:
-            kind_name = rng.choice(("core", "mem", "share"))
-            ids.append(f"gpu{rng.randrange(20)}-{kind_name}-{rng.randrange(200)}")
+            ids.append(f"GPU-{rng.randrange(20)}::{rng.randrange(200)}")
     return ids
 
 
@@ -303,8 +339,8 @@ def check(tally: Tally, t: Target, resource: str, method: str, raw: bytes, label
 def run(n: int, seed: int) -> Tally:
     tally = Tally("deviceplugin")
     rng = random.Random(seed)
-    seeds = captured_requests()
     with target() as t:
+        seeds = captured_requests(t.rename)
         resources = sorted(t.units)
         known_by_resource = {r: t.ids(r) for r in resources}
         for i in range(n):

@@ -40,6 +40,6 @@ def health_by_device(message: pb.ListAndWatchResponse) -> dict[str, set[str]]:
     """device key -> the set of health strings its units have."""
     out: dict[str, set[str]] = {}
     for device in message.devices:
-        key = device.ID.rsplit("-", 2)[0] if device.ID.count("-") >= 2 else device.ID
+        key = device.ID.split("::")[0]  # where dcgm-exporter cuts a shared device's ID
         out.setdefault(key, set()).add(device.health)
     return out

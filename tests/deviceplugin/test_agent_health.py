@@ -34,8 +34,8 @@ def test_xid_then_quiet_period_then_healthy(tmp_path: Path) -> None:
     agent.apply_events([XidEvent(uuid, 79, "XID 79")])
     assert _unhealthy(agent) == {"gpu3": "XID 79"}
     units = agent.units[GPU_CORE].units
-    assert {u.healthy for u in units if u.device == "gpu3"} == {False}
-    assert all(u.healthy for u in units if u.device != "gpu3")
+    assert {u.healthy for u in units if u.device == uuid} == {False}
+    assert all(u.healthy for u in units if u.device != uuid)
     clock.now += 59
     agent.query_once()
     assert _unhealthy(agent) == {"gpu3": "XID 79"}
@@ -110,19 +110,20 @@ def test_health_transitions_seen_through_list_and_watch(sock_dir: Path) -> None:
         kubelet.wait_registered(resources)
         core = kubelet.endpoint(GPU_CORE)
         core.wait_for(lambda m: len(m.devices) == 800)
-        backend.inject_xid(backend.gpu(6).uuid, 31)  # application error: ignored
-        backend.inject_xid(backend.gpu(5).uuid, 79)
-        sick = core.wait_for(lambda m: health_by_device(m)["gpu5"] == {"Unhealthy"})
+        gpu5, gpu6 = backend.gpu(5).uuid, backend.gpu(6).uuid
+        backend.inject_xid(gpu6, 31)  # application error: ignored
+        backend.inject_xid(gpu5, 79)
+        sick = core.wait_for(lambda m: health_by_device(m)[gpu5] == {"Unhealthy"})
         assert len(sick.devices) == 800  # a complete snapshot, not a delta
-        assert all(h == {"Healthy"} for d, h in health_by_device(sick).items() if d != "gpu5")
+        assert all(h == {"Healthy"} for d, h in health_by_device(sick).items() if d != gpu5)
         for resource in resources:
             kubelet.endpoint(resource).wait_for(
-                lambda m: health_by_device(m)["gpu5"] == {"Unhealthy"}
+                lambda m: health_by_device(m)[gpu5] == {"Unhealthy"}
             )
         # the GPU keeps answering NVML: after the quiet period it is back
-        core.wait_for(lambda m: health_by_device(m)["gpu5"] == {"Healthy"}, after=sick)
+        core.wait_for(lambda m: health_by_device(m)[gpu5] == {"Healthy"}, after=sick)
         history = [health_by_device(m) for m in core.snapshots]
-        states = [h["gpu5"] for h in history]
+        states = [h[gpu5] for h in history]
         first_bad = states.index({"Unhealthy"})
         assert {"Healthy"} in states[first_bad:]
-        assert all(h["gpu6"] == {"Healthy"} for h in history)  # XID 31 never counted
+        assert all(h[gpu6] == {"Healthy"} for h in history)  # XID 31 never counted

@@ -76,6 +76,21 @@ def test_the_captured_requests_are_rebuilt_byte_for_byte(vectors: Path) -> None:
         assert ours[method] == (vectors / name).read_bytes(), method
 
 
+def test_the_captured_requests_with_our_ids_are_answered(node: Target) -> None:
+    """The captured kubelet named its units `gpu0-core-<n>`; renamed to this node's IDs for
+    those units the requests are honest and answered, as captured they name unknown IDs."""
+    renamed = captured_requests(node.rename)
+    assert node.rename("gpu0-core-3") == f"{node.units[GPU_CORE].devices[0]}::3"
+    for method, raw in renamed.items():
+        assert node.call(GPU_CORE, method, raw).code == OK, method
+    for method, raw in captured_requests().items():
+        answer = node.call(GPU_CORE, method, raw)
+        if method in ("GetPreferredAllocation", "Allocate", "PreStartContainer"):
+            assert answer.code == INVALID and "unknown device ID 'gpu0-core-" in answer.details
+        else:
+            assert answer.code == OK
+
+
 def test_100k_unknown_ids_are_refused_at_once(node: Target) -> None:
     """Reported: GetPreferredAllocation with 100k unknown IDs never finished (each unknown ID
     was its own device, and the device choice was quadratic). The deadline guards a hang."""
@@ -99,13 +114,16 @@ def test_preferred_allocation_over_every_advertised_unit(node: Target) -> None:
 
 def _bad_requests(core: list[str]) -> list[tuple[str, bytes, str]]:
     long_id = "g" * (MAX_ID_LENGTH + 1)
+    gpu0 = core[0].split("::")[0]
     return [
-        ("Allocate", _allocate(["gpu0-core-1", "gpu9-core-1"]), "unknown device ID 'gpu9-core-1'"),
-        ("Allocate", _allocate(["gpu0-core-1", "gpu0-core-1"]), "appears more than once"),
+        ("Allocate", _allocate([core[1], "GPU-9::1"]), "unknown device ID 'GPU-9::1'"),
+        ("Allocate", _allocate([core[1], core[1]]), "appears more than once"),
         ("Allocate", _allocate([long_id]), f"longer than {MAX_ID_LENGTH} characters"),
         ("Allocate", _allocate([""]), "an empty device ID"),
-        ("Allocate", _allocate(["gpu0-core-\u0661"]), "unknown device ID"),
-        ("Allocate", _allocate(["gpu0-core-1\x00"]), "unknown device ID"),
+        ("Allocate", _allocate([f"{gpu0}::\u0661"]), "unknown device ID"),
+        ("Allocate", _allocate([f"{gpu0}::1\x00"]), "unknown device ID"),
+        ("Allocate", _allocate([f"{gpu0}::01"]), "unknown device ID"),
+        ("Allocate", _allocate(["gpu0-core-1"]), "unknown device ID 'gpu0-core-1'"),
         ("Allocate", _allocate(), "no container requests"),
         (
             "Allocate",
@@ -161,7 +179,8 @@ def test_honest_calls_count_once_each(node: Target) -> None:
     answer = node.call(GPU_CORE, "Allocate", _allocate(core[100:250]))
     assert answer.code == OK and answer.body is not None
     (container,) = pb.AllocateResponse.FromString(answer.body).container_responses
-    assert container.annotations["tessera.dev/dp-units-gpu-core"] == "gpu1:100,gpu2:50"
+    gpu1, gpu2 = node.units[GPU_CORE].devices[1:3]
+    assert container.annotations["tessera.dev/dp-units-gpu-core"] == f"{gpu1}:100,{gpu2}:50"
     assert node.servers[GPU_CORE].servicer.allocations == allocations + 1
 
 
@@ -181,7 +200,7 @@ def test_mutated_and_crafted_requests(
 ) -> None:
     rng = random.Random(seed)
     if mutations:
-        raw = captured_requests()[method]
+        raw = captured_requests(node.rename)[method]
         for _ in range(mutations):
             raw = mutate(raw, rng)
     else:

@@ -35,10 +35,11 @@ def test_registers_every_resource_and_sends_full_snapshots(sock_dir: Path) -> No
         core = kubelet.endpoint(GPU_CORE).wait_for(lambda m: len(m.devices) > 0)
         assert len(core.devices) == 800
         assert {d.health for d in core.devices} == {"Healthy"}
-        numa = {g.index: g.numa_node for g in agent.inventory.gpus}
+        numa = {g.uuid: g.numa_node for g in agent.inventory.gpus}
         for device in core.devices:
-            index = int(device.ID.split("-")[0].removeprefix("gpu"))
-            assert [n.ID for n in device.topology.nodes] == [numa[index]]
+            uuid, _, number = device.ID.partition("::")
+            assert number.isdigit()
+            assert [n.ID for n in device.topology.nodes] == [numa[uuid]]
         memory = kubelet.endpoint(GPU_MEMORY).wait_for(lambda m: len(m.devices) > 0)
         assert len(memory.devices) == 8 * (81559 // 1024)
         rdma = kubelet.endpoint(RDMA).wait_for(lambda m: len(m.devices) > 0)
@@ -46,22 +47,23 @@ def test_registers_every_resource_and_sends_full_snapshots(sock_dir: Path) -> No
 
 
 def test_preferred_allocation_allocate_and_prestart_through_the_kubelet(sock_dir: Path) -> None:
-    agent, _ = make_agent(sock_dir)
+    agent, backend = make_agent(sock_dir)
+    gpu2, gpu5, gpu6 = (backend.gpu(i).uuid for i in (2, 5, 6))
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered([GPU_CORE])
         snapshot = kubelet.endpoint(GPU_CORE).wait_for(lambda m: len(m.devices) > 0)
         # the kubelet offers what is free: say 40 units left on gpu2, all of gpu5 and gpu6
-        available = [d.ID for d in snapshot.devices if d.ID.startswith(("gpu5-", "gpu6-"))]
-        available += [f"gpu2-core-{n}" for n in range(60, 100)]
+        available = [d.ID for d in snapshot.devices if d.ID.startswith((gpu5, gpu6))]
+        available += [f"{gpu2}::{n}" for n in range(60, 100)]
         chosen = kubelet.get_preferred_allocation(GPU_CORE, available, [], 140)
-        per_device = Counter(c.split("-")[0] for c in chosen)
+        per_device = Counter(c.split("::")[0] for c in chosen)
         assert sum(per_device.values()) == 140 and len(per_device) == 2
-        assert per_device["gpu2"] == 40
+        assert per_device[gpu2] == 40
         response = kubelet.allocate(GPU_CORE, chosen)
         # no env var: the kubelet's units may be on other GPUs than the allocation record
         assert not any(name.startswith("TESSERA_DP") for name in response.envs)
         summary = response.annotations["tessera.dev/dp-units-gpu-core"]
-        assert dict(item.split(":") for item in summary.split(",")) == {
+        assert dict(item.rsplit(":", 1) for item in summary.split(",")) == {
             k: str(v) for k, v in per_device.items()
         }
         assert not response.devices and not response.mounts  # the NRI plugin injects
@@ -69,12 +71,13 @@ def test_preferred_allocation_allocate_and_prestart_through_the_kubelet(sock_dir
 
 
 def test_allocate_answers_every_container_and_refuses_unknown_ids(sock_dir: Path) -> None:
-    agent, _ = make_agent(sock_dir, "t4-4x")
+    agent, backend = make_agent(sock_dir, "t4-4x")
+    gpu0, gpu1, gpu3 = (backend.gpu(i).uuid for i in (0, 1, 3))
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered([GPU_MEMORY])
         request = pb.AllocateRequest()
-        request.container_requests.add(devices_ids=["gpu0-mem-1", "gpu0-mem-2"])
-        request.container_requests.add(devices_ids=["gpu3-mem-0", "gpu1-mem-7"])
+        request.container_requests.add(devices_ids=[f"{gpu0}::1", f"{gpu0}::2"])
+        request.container_requests.add(devices_ids=[f"{gpu3}::0", f"{gpu1}::7"])
         request.container_requests.add(devices_ids=[])
         stub = kubelet.endpoint(GPU_MEMORY).stub
         response = stub.Allocate(request, timeout=5)
@@ -83,26 +86,27 @@ def test_allocate_answers_every_container_and_refuses_unknown_ids(sock_dir: Path
             dict(c.annotations).get("tessera.dev/dp-units-gpu-memory")
             for c in response.container_responses
         ]
-        assert summaries == ["gpu0:2", "gpu3:1,gpu1:1", ""]
-        request.container_requests.add(devices_ids=["gpu9-mem-0", "stale-id"])
+        assert summaries == [f"{gpu0}:2", f"{gpu3}:1,{gpu1}:1", ""]
+        request.container_requests.add(devices_ids=["GPU-not-here::0", "gpu0-mem-0"])
         with pytest.raises(grpc.RpcError) as refused:
             stub.Allocate(request, timeout=5)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "unknown device ID 'gpu9-mem-0'" in (refused.value.details() or "")
+        assert "unknown device ID 'GPU-not-here::0'" in (refused.value.details() or "")
 
 
 def test_nvidia_gpu_resource_when_enabled(sock_dir: Path) -> None:
-    agent, _ = make_agent(sock_dir, "t4-4x", units=UnitConfig(nvidia_gpu=True))
+    agent, backend = make_agent(sock_dir, "t4-4x", units=UnitConfig(nvidia_gpu=True))
+    uuids = [backend.gpu(i).uuid for i in range(4)]
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered([NVIDIA_GPU, GPU_CORE])
         whole = kubelet.endpoint(NVIDIA_GPU).wait_for(lambda m: len(m.devices) > 0)
-        assert [d.ID for d in whole.devices] == ["gpu0", "gpu1", "gpu2", "gpu3"]
+        assert [d.ID for d in whole.devices] == uuids  # as NVIDIA's plugin names whole GPUs
         assert RDMA not in kubelet.endpoints  # the T4 node has no RDMA NICs
         assert (
-            kubelet.allocate(NVIDIA_GPU, ["gpu2"]).annotations[
+            kubelet.allocate(NVIDIA_GPU, [uuids[2]]).annotations[
                 "tessera.dev/dp-units-nvidia.com-gpu"
             ]
-            == "gpu2:1"
+            == f"{uuids[2]}:1"
         )
 
 
@@ -137,7 +141,8 @@ def test_kubelet_rejects_bad_names_and_the_plugin_keeps_retrying(sock_dir: Path)
 
 
 def test_kubelet_restart_is_survived(sock_dir: Path) -> None:
-    agent, _ = make_agent(sock_dir)
+    agent, backend = make_agent(sock_dir)
+    gpu1 = backend.gpu(1).uuid
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered(TESSERA)
         (sock_dir / "some-other-file").write_text("kept")
@@ -149,10 +154,8 @@ def test_kubelet_restart_is_survived(sock_dir: Path) -> None:
                 assert {d.health for d in snapshot.devices} == {"Healthy"}
         assert (sock_dir / CHECKPOINT).exists()
         assert (sock_dir / "some-other-file").read_text() == "kept"
-        chosen = kubelet.get_preferred_allocation(
-            GPU, [f"gpu1-share-{n}" for n in range(100)], [], 50
-        )
-        assert kubelet.allocate(GPU, chosen).annotations["tessera.dev/dp-units-gpu"] == "gpu1:50"
+        chosen = kubelet.get_preferred_allocation(GPU, [f"{gpu1}::{n}" for n in range(100)], [], 50)
+        assert kubelet.allocate(GPU, chosen).annotations["tessera.dev/dp-units-gpu"] == f"{gpu1}:50"
 
 
 def test_new_kubelet_socket_alone_triggers_registration(sock_dir: Path) -> None:

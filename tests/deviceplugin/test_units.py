@@ -50,7 +50,7 @@ def test_h100_unit_counts_follow_the_resource_table(h100: NodeInventory) -> None
 
 def test_unit_ids_are_unique_short_and_name_their_device(h100: NodeInventory) -> None:
     units = build_units(h100, UnitConfig(nvidia_gpu=True))
-    numa_of = {f"gpu{g.index}": g.numa_node for g in h100.gpus}
+    numa_of = {g.uuid: g.numa_node for g in h100.gpus}
     numa_of.update({f"rdma-{n.ibdev}": n.numa_node for n in h100.nics})
     for resource, ru in units.items():
         ids = [u.id for u in ru.units]
@@ -58,6 +58,7 @@ def test_unit_ids_are_unique_short_and_name_their_device(h100: NodeInventory) ->
         for unit in ru.units:
             assert len(unit.id) <= 63
             assert device_of(unit.id) == unit.device
+            assert unit.id.split("::")[0] == unit.device  # where dcgm-exporter cuts it
             assert unit.numa_node == numa_of[unit.device]
         per_device = Counter(u.device for u in ru.units)
         assert list(per_device) == list(ru.devices)
@@ -71,7 +72,7 @@ def test_memory_units_follow_the_configured_unit(h100: NodeInventory) -> None:
 def test_nvidia_gpu_is_off_by_default_and_one_id_per_gpu(h100: NodeInventory) -> None:
     assert rn.NVIDIA_GPU not in build_units(h100, UnitConfig())
     whole = build_units(h100, UnitConfig(nvidia_gpu=True))[rn.NVIDIA_GPU]
-    assert [u.id for u in whole.units] == [f"gpu{i}" for i in range(8)]
+    assert [u.id for u in whole.units] == [g.uuid for g in h100.gpus]
 
 
 def test_rdma_only_with_nics() -> None:
@@ -80,12 +81,13 @@ def test_rdma_only_with_nics() -> None:
 
 
 def test_unhealthy_gpu_units_are_unhealthy_in_every_gpu_resource(h100: NodeInventory) -> None:
-    sick = h100.with_gpu_health(h100.gpus[3].uuid, False, "XID 79")
+    uuid = h100.gpus[3].uuid
+    sick = h100.with_gpu_health(uuid, False, "XID 79")
     units = build_units(sick, UnitConfig(nvidia_gpu=True))
     for resource, ru in units.items():
         bad = {u.device for u in ru.units if not u.healthy}
-        assert bad == (set() if resource == rn.RDMA else {"gpu3"}), resource
-        assert all(u.health == ("Unhealthy" if u.device == "gpu3" else "Healthy") for u in ru.units)
+        assert bad == (set() if resource == rn.RDMA else {uuid}), resource
+        assert all(u.health == ("Unhealthy" if u.device == uuid else "Healthy") for u in ru.units)
 
 
 @pytest.mark.parametrize("numa", [-1, 0, 1, 7, 300, 2**31])
@@ -93,7 +95,7 @@ def test_snapshot_size_is_the_exact_protobuf_size(numa: int) -> None:
     units = ResourceUnits(
         rn.GPU_CORE,
         tuple(
-            Unit(f"gpu{i}-core-{n}", f"gpu{i}", i % 2 == 0, numa)
+            Unit(f"GPU-{i}::{n}", f"GPU-{i}", i % 2 == 0, numa)
             for i in range(3)
             for n in range(150)
         ),
@@ -130,7 +132,7 @@ def test_a_too_small_memory_unit_is_refused_with_the_fix(h100: NodeInventory) ->
 def test_the_message_budget_is_enforced_too() -> None:
     units = {
         rn.GPU_CORE: ResourceUnits(
-            rn.GPU_CORE, tuple(Unit(f"gpu0-core-{n}", "gpu0", True, 0) for n in range(100))
+            rn.GPU_CORE, tuple(Unit(f"GPU-0::{n}", "GPU-0", True, 0) for n in range(100))
         )
     }
     check_limits(units, 1024)
@@ -192,48 +194,40 @@ def test_our_rules_agree_with_the_simulated_kubelet(name: str) -> None:
 # --- preferred allocation --------------------------------------------------------------------
 
 
-def _ids(device: str, kind: str, count: int, start: int = 0) -> list[str]:
-    return [f"{device}-{kind}-{n}" for n in range(start, start + count)]
+def _ids(device: str, count: int, start: int = 0) -> list[str]:
+    return [f"{device}::{n}" for n in range(start, start + count)]
 
 
 def test_preferred_allocation_on_the_captured_request() -> None:
-    available = [
-        "gpu0-core-2",
-        "gpu0-core-3",
-        "gpu0-core-4",
-        "gpu0-core-5",
-        "gpu0-core-6",
-        "gpu0-core-7",
-        "gpu0-core-0",
-        "gpu0-core-1",
-    ]
+    # the captured kubelet request's IDs gpu0-core-<n>, as this plugin names them
+    available = [f"GPU-0::{n}" for n in (2, 3, 4, 5, 6, 7, 0, 1)]
     chosen = preferred_allocation(available, [], 3)
-    assert chosen == ["gpu0-core-0", "gpu0-core-1", "gpu0-core-2"]
+    assert chosen == ["GPU-0::0", "GPU-0::1", "GPU-0::2"]
 
 
 def test_one_device_that_fits_wins_and_the_tightest_fit_is_used() -> None:
-    available = _ids("gpu0", "core", 30) + _ids("gpu1", "core", 100) + _ids("gpu2", "core", 50)
+    available = _ids("GPU-0", 30) + _ids("GPU-1", 100) + _ids("GPU-2", 50)
     chosen = preferred_allocation(available, [], 40)
-    assert {device_of(u) for u in chosen} == {"gpu2"}
+    assert {device_of(u) for u in chosen} == {"GPU-2"}
     assert len(chosen) == 40
 
 
 def test_spanning_devices_uses_as_few_as_possible() -> None:
-    available = _ids("gpu0", "core", 30) + _ids("gpu1", "core", 100) + _ids("gpu2", "core", 50)
+    available = _ids("GPU-0", 30) + _ids("GPU-1", 100) + _ids("GPU-2", 50)
     chosen = preferred_allocation(available, [], 120)
-    assert Counter(device_of(u) for u in chosen) == {"gpu1": 100, "gpu0": 20}
+    assert Counter(device_of(u) for u in chosen) == {"GPU-1": 100, "GPU-0": 20}
 
 
 def test_must_include_is_kept_and_its_device_filled_first() -> None:
-    available = _ids("gpu0", "mem", 80) + _ids("gpu1", "mem", 80)
-    chosen = preferred_allocation(available, ["gpu1-mem-5"], 10)
-    assert chosen[0] == "gpu1-mem-5"
-    assert {device_of(u) for u in chosen} == {"gpu1"}
+    available = _ids("GPU-0", 80) + _ids("GPU-1", 80)
+    chosen = preferred_allocation(available, ["GPU-1::5"], 10)
+    assert chosen[0] == "GPU-1::5"
+    assert {device_of(u) for u in chosen} == {"GPU-1"}
     assert len(set(chosen)) == 10
 
 
 def test_asking_for_more_than_available_returns_everything() -> None:
-    available = _ids("gpu0", "core", 5)
+    available = _ids("GPU-0", 5)
     assert sorted(preferred_allocation(available, [], 9)) == sorted(available)
 
 
@@ -254,7 +248,7 @@ def _min_devices(free: list[int], need: int) -> int:
     st.randoms(use_true_random=False),
 )
 def test_preferred_allocation_properties(free: list[int], size: int, rnd: random.Random) -> None:
-    available = [u for i, n in enumerate(free) for u in _ids(f"gpu{i}", "core", n)]
+    available = [u for i, n in enumerate(free) for u in _ids(f"GPU-{i}", n)]
     rnd.shuffle(available)
     chosen = preferred_allocation(available, [], size)
     assert len(chosen) == len(set(chosen)) == min(size, len(available))
@@ -265,18 +259,29 @@ def test_preferred_allocation_properties(free: list[int], size: int, rnd: random
 
 @pytest.mark.parametrize(
     "hostile",
-    ["gpu0-core-01", "gpu0-core-123456", "gpu0-core-" + "9" * 5000, "gpu0-core-\u0661", "-core-1"],
+    [
+        "GPU-0::01",
+        "GPU-0::123456",
+        "GPU-0::" + "9" * 5000,
+        "GPU-0::\u0661",
+        "::1",
+        "GPU-0::",
+        "GPU-0::1::2",
+        "GPU-0::-1",
+        "GPU-0:1",
+    ],
 )
 def test_hostile_unit_numbers_name_no_device(hostile: str) -> None:
-    # a leading zero, more digits than any advertised unit, non-ASCII digits: never ours, so
-    # the ID is its own device and no int() of an unbounded digit string happens
+    # a leading zero, more digits than any advertised unit, non-ASCII digits, no device, a
+    # second separator: never ours, so the ID is its own device and no int() of an
+    # unbounded digit string happens
     assert device_of(hostile) == hostile
-    assert allocation_summary([hostile, "gpu0-core-1"]) == f"{hostile}:1,gpu0:1"
+    assert allocation_summary([hostile, "GPU-0::1"]) == f"{hostile}:1,GPU-0:1"
 
 
 def test_allocation_summary_counts_units_per_device() -> None:
-    ids = ["gpu1-core-0", "gpu0-core-3", "gpu1-core-7", "rdma-mlx5_0-share-1", "gpu2"]
-    assert allocation_summary(ids) == "gpu1:2,gpu0:1,rdma-mlx5_0:1,gpu2:1"
+    ids = ["GPU-b::0", "GPU-a::3", "GPU-b::7", "rdma-mlx5_0::1", "GPU-c"]
+    assert allocation_summary(ids) == "GPU-b:2,GPU-a:1,rdma-mlx5_0:1,GPU-c:1"
 
 
 @settings(max_examples=300, deadline=None)
@@ -284,12 +289,12 @@ def test_allocation_summary_counts_units_per_device() -> None:
     st.lists(
         st.one_of(
             st.builds(
-                lambda d, k, n: f"gpu{d}-{k}-{n}",
+                lambda d, k, n: f"GPU-{d}{k}{n}",
                 st.integers(0, 3),
-                st.sampled_from(["core", "mem", "Core", ""]),
+                st.sampled_from(["::", ":", ":::", ""]),
                 st.integers(0, 120),
             ),
-            st.text(alphabet="gpu0-1x", max_size=8),
+            st.text(alphabet="GPU0-1x:", max_size=8),
         ),
         max_size=40,
     )
@@ -310,6 +315,6 @@ def test_allocation_summary_agrees_with_device_of(ids: list[str]) -> None:
 def test_preferred_allocation_over_thousands_of_devices() -> None:
     """The device choice is O(D log D): 30000 one-unit devices (whole-device IDs) used to take
     minutes, one scan of every device per device taken."""
-    available = [f"gpu{n}" for n in range(30_000)]
+    available = [f"GPU-{n}" for n in range(30_000)]
     chosen = preferred_allocation(available, [], 15_000)
     assert chosen == available[:15_000]  # equal sizes: the first listed first

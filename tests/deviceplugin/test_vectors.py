@@ -1,17 +1,22 @@
-"""A real kubelet's requests (tests/vectors/deviceplugin): decoded with our messages, and the
-exact request bytes replayed against our server."""
+"""A real kubelet's requests (tests/vectors/deviceplugin): decoded with our messages, and
+replayed against our server: the exact bytes, and the same requests with the captured unit
+IDs (`gpu0-core-<n>`, the capturing plugin's names) renamed to this plugin's IDs for the same
+units (`<GPU UUID>::<n>`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from deviceplugin.server import API_VERSION
+from fuzz.surface_deviceplugin import captured_id
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.helpers import make_agent, running
@@ -63,7 +68,7 @@ def test_our_register_request_is_encoded_like_the_captured_one(vectors: Path) ->
 
 @pytest.fixture
 def one_gpu_topology(tmp_path: Path) -> Path:
-    """A node whose gpu0 units include the captured IDs gpu0-core-0..7."""
+    """A node with one GPU: units 0..7 of the captured IDs gpu0-core-0..7 exist on it."""
     path = tmp_path / "one.yaml"
     path.write_text(
         yaml.safe_dump(
@@ -84,10 +89,54 @@ def one_gpu_topology(tmp_path: Path) -> Path:
     return path
 
 
+UUID = "GPU-00000000-0000-4000-8000-000000000000"
+
+
+def _rename(message: Message, rename: Callable[[str], str]) -> Message:
+    """A copy of a request with every device ID renamed (the other fields untouched)."""
+    out = type(message)()
+    out.CopyFrom(message)
+    lists = []
+    if isinstance(out, pb.PreferredAllocationRequest):
+        for c in out.container_requests:
+            lists += [c.available_deviceIDs, c.must_include_deviceIDs]
+    elif isinstance(out, pb.AllocateRequest):
+        lists += [c.devices_ids for c in out.container_requests]
+    elif isinstance(out, pb.PreStartContainerRequest):
+        lists.append(out.devices_ids)
+    for ids in lists:
+        renamed = [rename(u) for u in ids]
+        del ids[:]
+        ids.extend(renamed)
+    return out
+
+
+def _captured_number(unit: str) -> str:
+    device, _, number = unit.partition("::")
+    assert device == UUID
+    return f"gpu0-core-{number}"
+
+
+@pytest.mark.parametrize(
+    "name", ["004-GetPreferredAllocation", "005-Allocate", "006-PreStartContainer"]
+)
+def test_renaming_changes_only_the_ids(vectors: Path, name: str) -> None:
+    raw = (vectors / f"{name}.pb").read_bytes()
+    captured = REQUESTS[name].FromString(raw)
+    ours = _rename(captured, lambda u: captured_id(u, UUID))
+    assert ours != captured
+    assert _rename(ours, _captured_number).SerializeToString() == raw
+
+
 def test_captured_requests_replayed_against_our_server(
     vectors: Path, sock_dir: Path, one_gpu_topology: Path
 ) -> None:
     agent, _ = make_agent(sock_dir, str(one_gpu_topology))
+
+    def ours(name: str) -> bytes:
+        captured = REQUESTS[name].FromString((vectors / f"{name}.pb").read_bytes())
+        return _rename(captured, lambda u: captured_id(u, UUID)).SerializeToString()
+
     with KubeletSimulator(sock_dir) as kubelet, running(agent):
         kubelet.wait_registered(["tessera.dev/gpu-core"])
         endpoint = kubelet.endpoint("tessera.dev/gpu-core")
@@ -97,23 +146,30 @@ def test_captured_requests_replayed_against_our_server(
         )
         assert pb.DevicePluginOptions.FromString(raw).get_preferred_allocation_available
 
-        request = pb.PreferredAllocationRequest.FromString(
-            (vectors / "004-GetPreferredAllocation.pb").read_bytes()
-        )
-        raw = endpoint.call_raw(
-            "GetPreferredAllocation", (vectors / "004-GetPreferredAllocation.pb").read_bytes()
-        )
+        # as captured, the IDs are not this plugin's: refused, nothing counted
+        for name, method in [
+            ("004-GetPreferredAllocation", "GetPreferredAllocation"),
+            ("005-Allocate", "Allocate"),
+            ("006-PreStartContainer", "PreStartContainer"),
+        ]:
+            with pytest.raises(grpc.RpcError) as refused:
+                endpoint.call_raw(method, (vectors / f"{name}.pb").read_bytes())
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "unknown device ID 'gpu0-core-" in (refused.value.details() or "")
+        assert agent.manager is not None
+        assert agent.manager.servers["tessera.dev/gpu-core"].servicer.allocations == 0
+
+        request = pb.PreferredAllocationRequest.FromString(ours("004-GetPreferredAllocation"))
+        raw = endpoint.call_raw("GetPreferredAllocation", ours("004-GetPreferredAllocation"))
         (preferred,) = pb.PreferredAllocationResponse.FromString(raw).container_responses
         available = set(request.container_requests[0].available_deviceIDs)
         assert len(preferred.deviceIDs) == request.container_requests[0].allocation_size == 3
         assert set(preferred.deviceIDs) <= available
 
-        raw = endpoint.call_raw("Allocate", (vectors / "005-Allocate.pb").read_bytes())
+        raw = endpoint.call_raw("Allocate", ours("005-Allocate"))
         (container,) = pb.AllocateResponse.FromString(raw).container_responses
         assert dict(container.envs) == {}
-        assert dict(container.annotations) == {"tessera.dev/dp-units-gpu-core": "gpu0:3"}
+        assert dict(container.annotations) == {"tessera.dev/dp-units-gpu-core": f"{UUID}:3"}
 
-        raw = endpoint.call_raw(
-            "PreStartContainer", (vectors / "006-PreStartContainer.pb").read_bytes()
-        )
+        raw = endpoint.call_raw("PreStartContainer", ours("006-PreStartContainer"))
         assert raw == b""  # an empty PreStartContainerResponse
