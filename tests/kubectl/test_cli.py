@@ -13,7 +13,7 @@ from kubectl_tessera.cli import main
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
-from tests.scheduler.helpers import Http, pod, running, schedule, share, wait_for
+from tests.scheduler.helpers import pod, schedule, serving, share, wait_for
 
 WHOLE = {rn.GPU: 400}
 """Four whole GPUs."""
@@ -60,8 +60,7 @@ def test_nodes_shows_devices_allocation_fencing_and_heartbeat(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (_service, h):
         assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
         assert schedule(h, fake, pod("b", WHOLE), ["h100"]) == "h100"
         # a record altered after the bind: the scheduler fences the node
@@ -154,8 +153,7 @@ def test_pods_lists_grants_per_container_and_invalid_records(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
         nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
         assert schedule(h, fake, nic_pod, ["h100"]) == "h100"
@@ -203,8 +201,7 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with running(fake) as service:
-        h = Http(service.server.port)
+    with serving(fake) as (service, h):
         for i in range(3):  # 6 of the H100s taken, 2 left
             assert schedule(h, fake, pod(f"w{i}", {rn.GPU: 200}), ["h100"]) == "h100"
         assert schedule(h, fake, pod("s", share(80, 90)), ["t4"]) == "t4"
