@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera.model import RdmaVf
+
 
 @dataclass(frozen=True)
 class GpuGrant:
@@ -17,12 +19,8 @@ class GpuGrant:
     memory_mib: int
 
 
-@dataclass(frozen=True)
-class VfGrant:
-    pci_bus_id: str
-    ibdev: str
-    uverbs_minor: int
-    netdev: str = ""
+VfGrant = RdmaVf
+"""A VF is granted whole: its grant is the VF as the node's inventory describes it."""
 
 
 @dataclass(frozen=True)

@@ -436,9 +436,8 @@ def _place_rdma(
         vfs: tuple[VfGrant, ...] = ()
         if want < _FULL and scratch.vf[i]:
             j = scratch.vf[i].index(True)
-            vf = nic.vfs[j]
             scratch.vf[i][j] = False
-            vfs = (VfGrant(vf.pci_bus_id, vf.ibdev, vf.uverbs_minor, vf.netdev),)
+            vfs = (nic.vfs[j],)
         elif want == _FULL:
             scratch.vf[i] = [False] * len(scratch.vf[i])
         scratch.nic[i] -= want
