@@ -34,27 +34,11 @@ def node_spec(name: str) -> dict[str, Any]:
     return inventory_spec(name, GPUS_PER_NODE, mem=MEM)
 
 
-def lease(name: str) -> dict[str, Any]:
-    from datetime import UTC, datetime
-
-    from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
-
-    return {
-        "metadata": {
-            "name": HEARTBEAT_LEASE_PREFIX + name,
-            "namespace": DEFAULT_HEARTBEAT_NAMESPACE,
-        },
-        "spec": {
-            "leaseDurationSeconds": 3600,
-            "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        },
-    }
-
-
 def create_nodes(client: Any, count: int) -> list[str]:
     """`count` Nodes with their NodeDevices and fresh heartbeat Leases, created through
     `client` on an API server; returns the node names."""
     from kube_edge.client import lease_path
+    from tessera_testbed.inventory import heartbeat_lease
 
     names = [f"node-{n:04d}" for n in range(count)]
     for name in names:
@@ -63,7 +47,7 @@ def create_nodes(client: Any, count: int) -> list[str]:
             "/apis/tessera.dev/v1alpha1/nodedevices",
             {"metadata": {"name": name}, "spec": node_spec(name)},
         )
-        client.create(lease_path("tessera-system"), lease(name))
+        client.create(lease_path("tessera-system"), heartbeat_lease(name))
     return names
 
 
@@ -115,13 +99,14 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
     from scheduler_plugin.recovery import Holds
     from scheduler_plugin.views import PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+    from tessera_testbed.inventory import heartbeat_lease
 
     rng = random.Random(seed)
     cache = Cache("binpack", require_heartbeat=True)
     for n in range(nodes):
         name = f"node-{n:05d}"
         cache.upsert_inventory(name, node_spec(name))
-        cache.lease_seen(lease(name))
+        cache.lease_seen(heartbeat_lease(name))
         used = 0.0
         slot = 0
         pod_no = 0
@@ -244,6 +229,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.record import Keyring
+    from tessera_testbed.inventory import heartbeat_lease
 
     proc, url = _start_fake_api()
     try:
@@ -255,7 +241,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
                 "/apis/tessera.dev/v1alpha1/nodedevices",
                 {"metadata": {"name": name}, "spec": node_spec(name)},
             )
-            setup.create(lease_path("tessera-system"), lease(name))
+            setup.create(lease_path("tessera-system"), heartbeat_lease(name))
         shape = {rn.GPU_CORE: "10", rn.GPU_MEMORY_RATIO: "10"}
         created = []
         for i in range(binds):

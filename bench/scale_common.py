@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,23 +79,6 @@ def node_devices(template: dict[str, Any], index: int) -> dict[str, Any]:
 def node_capacity(units: dict[str, int]) -> dict[str, str]:
     counts = {k: str(v) for k, v in units.items()}
     return {**counts, PLAIN: "8", "cpu": "64", "memory": "512Gi", "pods": "110"}
-
-
-def heartbeat_lease(node: str) -> dict[str, Any]:
-    """A node agent's heartbeat Lease that stays fresh for the whole run."""
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": rn.HEARTBEAT_LEASE_PREFIX + node,
-            "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
-        },
-        "spec": {
-            "holderIdentity": node,
-            "leaseDurationSeconds": 3600,
-            "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        },
-    }
 
 
 def pod(name: str, run: str, index: int, tessera: bool) -> dict[str, Any]:

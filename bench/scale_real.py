@@ -27,6 +27,7 @@ from kube_edge.errors import ApiError
 from tessera import resources as rn
 from tessera.errors import TesseraError
 from tessera.record import decode
+from tessera_testbed.inventory import heartbeat_lease
 
 CPU_OF = ("etcd", "kube-apiserver", "kube-scheduler", "tessera-scheduler-0")
 E2E_ONLY_FLAGS = frozenset(
@@ -136,7 +137,7 @@ class RealScale:
                 f"/apis/{rn.INVENTORY_GROUP}/v1alpha1/{rn.INVENTORY_PLURAL}",
                 sc.node_devices(template, i),
             )
-            admin.create(lease_path(rn.DEFAULT_HEARTBEAT_NAMESPACE), sc.heartbeat_lease(name))
+            admin.create(lease_path(rn.DEFAULT_HEARTBEAT_NAMESPACE), heartbeat_lease(name))
 
         started = time.monotonic()
         _parallel(list(range(self.nodes)), make)

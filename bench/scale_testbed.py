@@ -27,6 +27,7 @@ from bench import scale_common as sc
 from bench.common import percentile
 from kube_edge.client import KubeClient, lease_path, pod_path
 from tessera import resources as rn
+from tessera_testbed.inventory import heartbeat_lease
 
 BIND_WORKERS = 16
 """Binds in flight at once (kube-scheduler runs each binding cycle in its own goroutine;
@@ -93,7 +94,7 @@ class TestbedScale:
                 f"/apis/{rn.INVENTORY_GROUP}/v1alpha1/{rn.INVENTORY_PLURAL}",
                 sc.node_devices(template, i),
             )
-            self.api.create(lease_path(rn.DEFAULT_HEARTBEAT_NAMESPACE), sc.heartbeat_lease(name))
+            self.api.create(lease_path(rn.DEFAULT_HEARTBEAT_NAMESPACE), heartbeat_lease(name))
 
         started = time.monotonic()
         with ThreadPoolExecutor(8) as pool:

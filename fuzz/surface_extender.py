@@ -189,29 +189,15 @@ def target() -> Iterator[Any]:
     """A ready Service on a loopback port over a simulated API server."""
     from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
-    from tessera import resources as rn
     from tessera.record import Keyring
     from tessera_testbed.apiserver import FakeApiServer
-    from tessera_testbed.inventory import nodedevices
+    from tessera_testbed.inventory import heartbeat_lease, nodedevices
 
     with FakeApiServer() as fake:
         for node in NODES:
             fake.create("nodes", {"metadata": {"name": node}})
             fake.create("nodedevices", nodedevices(node))
-            fake.create(
-                "leases",
-                {
-                    "metadata": {
-                        "name": rn.HEARTBEAT_LEASE_PREFIX + node,
-                        "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
-                    },
-                    "spec": {
-                        "holderIdentity": node,
-                        "leaseDurationSeconds": 3600,
-                        "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()),
-                    },
-                },
-            )
+            fake.create("leases", heartbeat_lease(node))
         options = Options(
             host="127.0.0.1",
             port=0,

@@ -1,8 +1,11 @@
-"""Synthetic NodeDevices objects (8x H100 nodes by default) for tests, benchmarks and attack
-runs: one definition, so they all describe the same kind of node."""
+"""What a node agent publishes, synthetic, for tests, benchmarks and attack runs: NodeDevices
+objects (8x H100 nodes by default) and heartbeat Leases; one definition, so they all
+describe the same kind of node."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from tessera import resources as rn
@@ -52,4 +55,25 @@ def nodedevices(node: str, **spec: Any) -> dict[str, Any]:
         "kind": rn.INVENTORY_KIND,
         "metadata": {"name": node},
         "spec": inventory_spec(node, **spec),
+    }
+
+
+def heartbeat_lease(
+    node: str, renewed: float | None = None, duration_s: int = 3600
+) -> dict[str, Any]:
+    """`node`'s heartbeat Lease, last renewed at `renewed` (epoch seconds; default now): by
+    default it stays fresh for an hour."""
+    renew_time = datetime.fromtimestamp(time.time() if renewed is None else renewed, UTC)
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": rn.HEARTBEAT_LEASE_PREFIX + node,
+            "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
+        },
+        "spec": {
+            "holderIdentity": node,
+            "leaseDurationSeconds": duration_s,
+            "renewTime": renew_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        },
     }

@@ -9,7 +9,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
-from tessera_testbed.inventory import nodedevices
+from tessera_testbed.inventory import heartbeat_lease, nodedevices
 from tests.vectors import EXTENDER
 
 KEYRING = Keyring.generate("k1")
@@ -27,22 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 VECTORS = EXTENDER
 
 
-def now_text(offset: float = 0.0) -> str:
-    return datetime.fromtimestamp(time.time() + offset, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def heartbeat(node: str, offset: float = 0.0, duration: int = 40) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": rn.HEARTBEAT_LEASE_PREFIX + node,
-            "namespace": rn.DEFAULT_HEARTBEAT_NAMESPACE,
-        },
-        "spec": {
-            "holderIdentity": node,
-            "leaseDurationSeconds": duration,
-            "renewTime": now_text(offset),
-        },
-    }
+    """`node`'s heartbeat Lease, renewed `offset` seconds from now."""
+    return heartbeat_lease(node, time.time() + offset, duration)
 
 
 def pod(
