@@ -98,6 +98,8 @@ class Adjustment:
     """UUIDs of the GPUs given (for logs)."""
     rdma: tuple[str, ...] = ()
     """RDMA devices given, as "ibdev" or "ibdev/vf-ibdev" (for logs)."""
+    shares: int = 0
+    """GPUs given only in part (compute share below 100): what an isolation layer limits."""
 
     @property
     def empty(self) -> bool:
@@ -127,6 +129,10 @@ class HostView(Protocol):
     def gpu_minors(self) -> Mapping[str, int] | None:
         """GPU UUID -> device minor as the driver reports it; None when the host does not
         expose the information (then the minor in the record is taken as given)."""
+        ...
+
+    def exists(self, path: str) -> bool:
+        """Whether the host has a file or directory at `path` (a mount source)."""
         ...
 
 
@@ -225,6 +231,15 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
             need(gpu_device_path(gpu.minor), what)
         env.append((VISIBLE_DEVICES_ENV, ",".join(g.uuid for g in entry.gpus)))
         iso_env, iso_mounts = isolation_env(entry.gpus, settings)
+        for mount in iso_mounts:
+            # Checked here so that a node without the layer refuses the container saying
+            # so, rather than with the runtime's bare "no such file or directory".
+            if not host.exists(mount.source):
+                raise RejectError(
+                    CODE_FAILED_PRECONDITION,
+                    f"{where}.gpus: isolation layer {settings.isolation}: "
+                    f"{_layer_source(settings, mount.source)} is missing on this node",
+                )
         env.extend(iso_env)
         mounts.extend(iso_mounts)
 
@@ -252,7 +267,14 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
         mounts=tuple(mounts),
         gpus=tuple(g.uuid for g in entry.gpus),
         rdma=tuple(rdma_given),
+        shares=sum(1 for g in entry.gpus if g.core < 100),
     )
+
+
+def _layer_source(settings: Settings, path: str) -> str:
+    if settings.isolation == ISOLATION_MPS:
+        return f"the MPS control daemon's pipe directory {path} (--mps-pipe-dir)"
+    return f"the HAMi-core library {path} (--hami-core-library)"
 
 
 def isolation_env(

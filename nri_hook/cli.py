@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from nri_hook.adjust import Settings
+from nri_hook.adjust import ISOLATION_NONE, Settings
 from nri_hook.config import NriHookConfig
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics
@@ -53,8 +53,8 @@ connection passed in {PLUGIN_SOCKET_ENV}."""
 
 EPILOG = """\
 exit status: 0 after SIGTERM/SIGINT or when a launching runtime closes the connection;
-2 for an invalid flag, TESSERA_* or NRI_PLUGIN_* variable or path, or an unreadable integrity key
-(one line on stderr naming it).
+2 for an invalid flag, TESSERA_* or NRI_PLUGIN_* variable or path, an unreadable integrity key,
+or no --isolation chosen (one line on stderr naming it).
 See docs/nri_hook.md for what is injected and how to deploy it."""
 
 
@@ -104,14 +104,35 @@ def check_config(config: NriHookConfig, name: str, index: str) -> Settings:
         # the runtime may not be up yet (the plugin retries), but the directory must exist
         check_socket_path("--socket", Path(config.socket), directory_must_exist=True)
     check_directory("--device-root", Path(config.device_root))
+    isolation = check_isolation(config)
     try:
         return Settings(
-            isolation=config.isolation,
+            isolation=isolation,
             mps_pipe_dir=config.mps_pipe_dir,
             hami_core_library=config.hami_core_library,
         )
     except ValueError as exc:
         raise ConfigError("--isolation", str(exc)) from None
+
+
+def check_isolation(config: NriHookConfig) -> str:
+    """The layer to configure. Every tessera node advertises GPU shares, and a share the
+    node does not limit lets one pod take a GPU's memory from its neighbours, so running
+    without a layer must be chosen twice: `--isolation=none --allow-unisolated-sharing`."""
+    if config.isolation is None:
+        raise ConfigError(
+            "--isolation",
+            "no GPU isolation layer chosen, so GPU shares would not be limited in memory or "
+            "compute: choose mps or hami-core (docs/isolation.md), or none together with "
+            "--allow-unisolated-sharing",
+        )
+    if config.isolation == ISOLATION_NONE and not config.allow_unisolated_sharing:
+        raise ConfigError(
+            "--isolation none",
+            "GPU shares would not be limited in memory or compute: choose mps or hami-core "
+            "(docs/isolation.md), or add --allow-unisolated-sharing to accept that",
+        )
+    return config.isolation
 
 
 def _check_inherited_socket(fd_text: str) -> None:
@@ -169,8 +190,14 @@ def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int
     if config.metrics_port:
         metrics = Metrics()
         serve_metrics(metrics.registry, config.metrics_port, config.metrics_address)
+        metrics.isolation(settings.isolation)
     if config.no_integrity:
         log.warning("record integrity is NOT checked (--no-integrity): test clusters only")
+    if settings.isolation == ISOLATION_NONE:
+        log.warning(
+            "GPU shares are NOT isolated (--isolation=none --allow-unisolated-sharing): "
+            "pods sharing a GPU are not limited in memory or compute"
+        )
     enforcer = Enforcer(
         EnforcerConfig(
             node_name=node,

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS, ISOLATION_NONE
+from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS
 from nri_hook.enforce import OnInvalid
 from nri_hook.netdev import IFNAMSIZ
 from nri_hook.plugin import (
@@ -108,13 +108,20 @@ class NriHookConfig:
         default="/",
         metavar="DIR",
     )
-    isolation: str = _DEVICES.flag(
-        "GPU sharing layer to configure: 'mps' sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, "
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS pipe directory; 'hami-core' sets "
-        "CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; 'none' only gives the devices "
-        "(default: %(default)s)",
+    isolation: str | None = _DEVICES.flag(
+        "GPU sharing layer that limits each GPU share: 'mps' sets "
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS "
+        "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; "
+        "'none' only gives the devices and needs --allow-unisolated-sharing (default: none "
+        "chosen, and the hook refuses to start)",
         choices=ISOLATION_LAYERS,
-        default=ISOLATION_NONE,
+        default=None,
+    )
+    allow_unisolated_sharing: bool = _DEVICES.flag(
+        "with --isolation=none: accept that pods sharing a GPU are not limited in memory or "
+        "compute (each such container is logged as a warning and counted in "
+        "tessera_nri_unisolated_gpu_shares_total)",
+        action="store_true",
     )
     mps_pipe_dir: str = _DEVICES.flag(
         "host directory of the MPS control daemon's pipes, mounted at the same path (with "

@@ -76,6 +76,9 @@ class HostDevices:
             file_mode=st.st_mode & 0o777,
         )
 
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._prefix + "/" + path.lstrip("/"))
+
     def gpu_minors(self) -> Mapping[str, int] | None:
         """UUID -> minor from the driver, cached for GPU_INFO_TTL seconds; None when the
         driver's /proc files are not visible under the root."""

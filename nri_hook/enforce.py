@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from nri_hook.adjust import (
+    ISOLATION_NONE,
     Adjustment,
     HostView,
     Settings,
@@ -206,6 +207,18 @@ class Enforcer(Handler):
         )
         self.injected[container.id] = (pod.id, summary)
         self._count("create", "injected")
+        if plan.shares and self.config.settings.isolation == ISOLATION_NONE:
+            # The operator accepted this (--allow-unisolated-sharing); say it every time,
+            # since a neighbour on the same GPU can take all its memory.
+            log.warning(
+                "pod=%s container=%s: %d GPU share(s) given WITHOUT isolation "
+                "(--isolation=none): memory and compute are not limited",
+                _pod_key(pod),
+                container.name,
+                plan.shares,
+            )
+            if self.metrics is not None:
+                self.metrics.unisolated(plan.shares)
         return api.CreateContainerResponse(adjust=to_proto(plan))
 
     async def stop_container(
@@ -474,7 +487,7 @@ class Metrics:
     agent's, 9400 dcgm-exporter's)."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
         self._results = Counter(
@@ -495,6 +508,24 @@ class Metrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05),
             registry=self.registry,
         )
+        self._layer = Gauge(
+            "tessera_nri_isolation_layer",
+            '1 for the GPU isolation layer the hook configures (--isolation); layer="none" '
+            "means GPU shares are not limited",
+            ["layer"],
+            registry=self.registry,
+        )
+        self._unisolated = Counter(
+            "tessera_nri_unisolated_gpu_shares",
+            "GPU shares (below a whole GPU) given to containers with no isolation layer",
+            registry=self.registry,
+        )
+
+    def isolation(self, layer: str) -> None:
+        self._layer.labels(layer).set(1)
+
+    def unisolated(self, shares: int) -> None:
+        self._unisolated.inc(shares)
 
     def count(self, operation: str, result: str) -> None:
         self._results.labels(operation, result).inc()

@@ -489,6 +489,9 @@ class Node:
                 f"--node-name={self.name}",
                 f"--integrity-key-file={self.cp.integrity_dir / 'public'}",
                 f"--device-root={devices}",
+                # the node has no isolation layer: what the e2e checks is the devices
+                "--isolation=none",
+                "--allow-unisolated-sharing",
                 "--log-level=info",
             ],
             PYTHON_ENV,

@@ -41,18 +41,27 @@ GPU_C = GpuGrant("GPU-cccccccc-0000-0000-0000-000000000000", 5, 5, 100, 81920)
 
 class FakeHost:
     def __init__(
-        self, paths: Mapping[str, tuple[int, int]], minors: Mapping[str, int] | None = None
+        self,
+        paths: Mapping[str, tuple[int, int]],
+        minors: Mapping[str, int] | None = None,
+        files: frozenset[str] = frozenset(
+            {"/run/mps", "/tmp/nvidia-mps", "/usr/local/vgpu/libvgpu.so"}
+        ),
     ) -> None:
         self.nodes = {
             p: DeviceNode(p, "c", major, minor, 0o666) for p, (major, minor) in paths.items()
         }
         self.minors = minors
+        self.files = files
 
     def device(self, path: str) -> DeviceNode | None:
         return self.nodes.get(path)
 
     def gpu_minors(self) -> Mapping[str, int] | None:
         return self.minors
+
+    def exists(self, path: str) -> bool:
+        return path in self.files or path in self.nodes
 
 
 FULL_HOST = FakeHost(
@@ -275,6 +284,39 @@ def test_hami_core_memory_only_share_and_library() -> None:
     assert plan.mounts == (
         Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", "bind", ("rbind", "ro")),
     )
+
+
+def test_a_node_without_the_isolation_layer_refuses_the_container_saying_so() -> None:
+    """The layer's mount source must exist on the host: otherwise the runtime would fail
+    with a bare "no such file or directory", or (without a check) a share would run
+    unlimited."""
+    alloc = _alloc(ContainerAllocation("main", gpus=(GPU_A,)))
+    bare = FakeHost({"/dev/nvidia0": (195, 0)}, files=frozenset())
+    with pytest.raises(RejectError) as no_mps:
+        plan_container(alloc, "main", Settings(isolation="mps"), bare)
+    assert no_mps.value.code == CODE_FAILED_PRECONDITION
+    assert no_mps.value.message == (
+        "record.containers[0].gpus: isolation layer mps: the MPS control daemon's pipe "
+        "directory /tmp/nvidia-mps (--mps-pipe-dir) is missing on this node"
+    )
+    lib = Settings(isolation="hami-core", hami_core_library="/opt/vgpu/libvgpu.so")
+    with pytest.raises(RejectError) as no_hami:
+        plan_container(alloc, "main", lib, FULL_HOST)
+    assert no_hami.value.message == (
+        "record.containers[0].gpus: isolation layer hami-core: the HAMi-core library "
+        "/opt/vgpu/libvgpu.so (--hami-core-library) is missing on this node"
+    )
+    # without a library to mount (the image brings it) there is nothing to check
+    plan = plan_container(alloc, "main", Settings(isolation="hami-core"), bare)
+    assert plan is not None and plan.shares == 1
+
+
+def test_shares_counts_the_gpus_given_in_part() -> None:
+    alloc = _alloc(
+        ContainerAllocation("main", gpus=(GPU_A, GPU_B, GpuGrant(GPU_C.uuid, 5, 5, 0, 4096)))
+    )
+    plan = plan_container(alloc, "main", Settings(), FULL_HOST)
+    assert plan is not None and plan.shares == 2  # 30 % and memory-only; GPU_B is whole
 
 
 def test_rdma_pf_and_vf_devices() -> None:

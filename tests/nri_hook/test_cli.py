@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from nri_hook.cli import build_parser, launched_identity, main
+from nri_hook.cli import build_parser, check_isolation, launched_identity, main
+from nri_hook.config import NriHookConfig
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_cli import config_from
 from tessera_testbed.containerd import CONTAINERD_2_3, RuntimeSimulator, make_container, make_pod
 from tests.keyfiles import write_public
 
@@ -49,6 +51,7 @@ def test_flags_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             [
                 "--socket",
                 str(tmp_path / "nri.sock"),
+                "--isolation=hami-core",
                 "--integrity-key-file",
                 str(tmp_path / "absent"),
                 "--log-file",
@@ -58,6 +61,44 @@ def test_flags_are_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert bad_key.value.code == 2
     assert "does not exist" in capsys.readouterr().err
     assert "does not exist" in (tmp_path / "log").read_text()
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_without_an_isolation_layer_the_hook_refuses_to_start(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, sock_dir: Path
+) -> None:
+    """GPU shares unlimited must be chosen twice; the one line says how to choose."""
+    for name in ("NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX", "TESSERA_ISOLATION"):
+        monkeypatch.delenv(name, raising=False)
+    base = ["--socket", str(sock_dir / "nri.sock"), "--device-root", "/", "--no-integrity"]
+
+    def refused(*args: str) -> str:
+        with pytest.raises(SystemExit) as exited:
+            main([*base, *args])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        return err.strip()
+
+    assert refused() == (
+        "tessera-nri-hook: error: --isolation: no GPU isolation layer chosen, so GPU shares would "
+        "not be limited in memory or compute: choose mps or hami-core (docs/isolation.md), "
+        "or none together with --allow-unisolated-sharing"
+    )
+    assert refused("--isolation=none") == (
+        "tessera-nri-hook: error: --isolation none: GPU shares would not be limited in memory or "
+        "compute: choose mps or hami-core (docs/isolation.md), or add "
+        "--allow-unisolated-sharing to accept that"
+    )
+    # the environment twins: the variable is named when the value came from it
+    monkeypatch.setenv("TESSERA_ISOLATION", "none")
+    assert "TESSERA_ISOLATION" in refused()
+    monkeypatch.setenv("TESSERA_ALLOW_UNISOLATED_SHARING", "true")
+    config = config_from(NriHookConfig, build_parser().parse_args(base))
+    assert check_isolation(config) == "none"
+    monkeypatch.setenv("TESSERA_ISOLATION", "hami-core")
+    monkeypatch.delenv("TESSERA_ALLOW_UNISOLATED_SHARING")
+    config = config_from(NriHookConfig, build_parser().parse_args(base))
+    assert check_isolation(config) == "hami-core"
 
 
 def test_launched_identity_reads_the_runtime_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,6 +141,8 @@ def test_launched_by_the_runtime_with_only_the_nri_environment(tmp_path: Path) -
             str(key),
             "--node-name",
             "node-a",
+            "--isolation=none",
+            "--allow-unisolated-sharing",
             "--log-format",
             "json",
             "--log-file",
@@ -186,7 +229,7 @@ def test_each_bad_flag_is_one_line_naming_it_and_exit_2(
 ) -> None:
     for name in ("NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"):
         monkeypatch.delenv(name, raising=False)
-    base = ["--socket", str(sock_dir / "nri.sock"), "--device-root", "/"]
+    base = ["--socket", str(sock_dir / "nri.sock"), "--device-root", "/", "--isolation=mps"]
     for args, env, flag in _bad_flag_cases(tmp_path):
         with monkeypatch.context() as m:
             for key, value in env.items():
@@ -212,6 +255,7 @@ def test_a_metrics_port_in_use_is_one_line_naming_it(
                 "--socket",
                 str(sock_dir / "nri.sock"),
                 "--no-integrity",
+                "--isolation=hami-core",
                 "--metrics-address",
                 "127.0.0.1",
                 "--metrics-port",

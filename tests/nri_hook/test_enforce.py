@@ -16,7 +16,7 @@ import pytest
 from nri_hook import enforce as enforce_module
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
-from nri_hook.enforce import Enforcer, EnforcerConfig, OnInvalid
+from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics, OnInvalid
 from nri_hook.netdev import NetdevMover
 from nri_hook.plugin import NriPlugin
 from protos.nri import api_pb2 as api
@@ -189,7 +189,9 @@ def test_named_containers_get_their_devices_others_are_untouched(
     _run(body)
 
 
-def test_isolation_layer_settings_reach_the_container(hook: Hook) -> None:
+def test_isolation_layer_settings_reach_the_container(hook: Hook, device_root: Path) -> None:
+    (device_root / "run" / "mps").mkdir(parents=True)  # the MPS control daemon's pipes
+
     async def body() -> None:
         h = await hook(
             settings=Settings(isolation="mps", mps_pipe_dir="/run/mps"),
@@ -563,3 +565,29 @@ def test_synchronize_forgets_pods_and_containers_the_runtime_no_longer_has(
     asyncio.run(enforcer.synchronize([kept], [kept_container]))
     assert list(enforcer.injected) == ["c-kept"]
     assert list(enforcer.pod_netdevs) == [kept.id]
+
+
+def test_an_unisolated_share_is_warned_and_counted(
+    device_root: Path, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With --isolation=none (accepted by the operator) every container given part of a GPU
+    is logged as a warning and counted; a whole GPU is neither."""
+    metrics = Metrics()
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE, settings=Settings(isolation="none")),
+        KeyringSource(key_file),
+        HostDevices(device_root),
+        metrics=metrics,
+    )
+
+    def unisolated() -> float | None:
+        return metrics.registry.get_sample_value("tessera_nri_unisolated_gpu_shares_total")
+
+    whole = _train_pod(record(ContainerAllocation("main", gpus=(GPU1,))))
+    asyncio.run(enforcer.create_container(whole, make_container(whole, "main")))
+    assert unisolated() == 0 and not [r for r in caplog.records if "WITHOUT" in r.getMessage()]
+    share = _train_pod(record(ContainerAllocation("main", gpus=(GPU0, GPU1))))
+    asyncio.run(enforcer.create_container(share, make_container(share, "main")))
+    assert unisolated() == 1
+    (warning,) = [r for r in caplog.records if "WITHOUT isolation" in r.getMessage()]
+    assert warning.levelname == "WARNING" and "team-a/train" in warning.getMessage()

@@ -31,3 +31,35 @@ app.kubernetes.io/part-of: tessera
   ignoredByScheduler: false
 {{- end }}
 {{- end -}}
+
+{{/* The NRI hook's isolation flags (docs/isolation.md): GPU shares left unlimited must be
+chosen twice, as the hook itself demands. */}}
+{{- define "tessera.isolationArgs" -}}
+{{- $hook := .Values.nriHook -}}
+{{- if eq $hook.isolation "hami-core" -}}
+- --isolation=hami-core
+{{- with $hook.hamiCoreLibrary }}
+- --hami-core-library={{ . }}
+{{- end }}
+{{- else if eq $hook.isolation "mps" -}}
+- --isolation=mps
+- --mps-pipe-dir={{ $hook.mpsPipeDir }}
+{{- else if eq $hook.isolation "none" -}}
+{{- if not $hook.allowUnisolatedSharing -}}
+{{- fail "nriHook.isolation=none leaves GPU shares unlimited in memory and compute: choose hami-core or mps, or also set nriHook.allowUnisolatedSharing=true" -}}
+{{- end -}}
+- --isolation=none
+- --allow-unisolated-sharing
+{{- else -}}
+{{- fail (printf "nriHook.isolation must be hami-core, mps or none, not %q" $hook.isolation) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The host directory the hook checks the layer's files in (mounted under /host). */}}
+{{- define "tessera.isolationDir" -}}
+{{- if and (eq .Values.nriHook.isolation "hami-core") .Values.nriHook.hamiCoreLibrary -}}
+{{ dir .Values.nriHook.hamiCoreLibrary }}
+{{- else if eq .Values.nriHook.isolation "mps" -}}
+{{ .Values.nriHook.mpsPipeDir }}
+{{- end -}}
+{{- end -}}
