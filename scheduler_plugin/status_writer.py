@@ -7,10 +7,12 @@ the status subresource outside it; at most `max_per_flush` nodes per round, the 
 for the next round. A summary equal to the last one written for that node is skipped.
 Only the leader writes; a failed write re-marks the node dirty.
 
-Layout (docs/scheduler.md): `status.allocation = {updated, usable, problem, gpus: [{uuid,
-index, model, healthy, core: {total, used, free}, memoryMiB: {total, used, free}, pods:
-[{namespace, name, uid, container, core, memoryMiB}]}], rdma: [{ibdev, pciBusId, healthy,
-share: {total, used, free}, vfs: {total, free}, pods: [...]}]}`.
+Layout (docs/scheduler.md): `status.allocation = {updated, usable, problem, summary:
+{coreAllocated, coreFree, memoryAllocated, memoryFree}, gpus: [{uuid, index, model, healthy,
+core: {total, used, free}, memoryMiB: {total, used, free}, pods: [{namespace, name, uid,
+container, core, memoryMiB}]}], rdma: [{ibdev, pciBusId, healthy, share: {total, used,
+free}, vfs: {total, free}, pods: [...]}]}`. `summary` is what `kubectl get nodedevices`
+prints (the CRD's printer columns); it travels in the same patch as the rest.
 """
 
 from __future__ import annotations
@@ -35,6 +37,26 @@ log = logging.getLogger(__name__)
 
 def status_path(node: str) -> str:
     return f"{INVENTORY_PATH}/{quote(node, safe='')}/status"
+
+
+def mib_quantity(mib: int) -> str:
+    """MiB as a Kubernetes quantity: whole GiB as `Gi`, anything else as `Mi`."""
+    if mib == 0:
+        return "0"
+    return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+
+def node_totals(gpus: list[dict[str, Any]]) -> dict[str, Any]:
+    """The node's GPU totals from its per-GPU summaries. Compute in percent of one GPU
+    (250 = two and a half GPUs). Allocated counts every GPU (what pods hold); free counts
+    healthy GPUs only, since an unhealthy GPU's free part takes no new pod."""
+    healthy = [g for g in gpus if g["healthy"]]
+    return {
+        "coreAllocated": sum(g["core"]["used"] for g in gpus),
+        "coreFree": sum(g["core"]["free"] for g in healthy),
+        "memoryAllocated": mib_quantity(sum(g["memoryMiB"]["used"] for g in gpus)),
+        "memoryFree": mib_quantity(sum(g["memoryMiB"]["free"] for g in healthy)),
+    }
 
 
 @dataclass(eq=False)
@@ -77,6 +99,7 @@ class StatusWriter(Rounds):
                 self._written.pop(node, None)
                 continue
             body = {k: v for k, v in summary.items() if k != "node"}
+            body["summary"] = node_totals(body["gpus"])
             if self._written.get(node) == body:
                 continue
             patch = {

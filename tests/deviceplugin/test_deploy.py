@@ -43,7 +43,8 @@ def test_crd_names_match_the_shared_constants() -> None:
     assert version["name"] == INVENTORY_VERSION and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-    assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    # the scheduler's (tests/deploy/test_crd.py): only its printed summary is declared
+    assert status["type"] == "object" and status["x-kubernetes-preserve-unknown-fields"]
 
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool}
@@ -81,19 +82,6 @@ def test_what_the_agent_writes_fits_the_schema(topology: str) -> None:
     declared = schema["properties"]["spec"]["properties"]
     assert set(spec) == set(declared)  # every field we write is named in the schema
     assert set(spec["gpus"][0]) == set(declared["gpus"]["items"]["properties"])
-
-
-def test_printer_columns_point_at_fields_we_write() -> None:
-    spec = cr_spec(load_topology("h100-sxm-8x", "n"))
-    obj = {"spec": spec, "metadata": {"creationTimestamp": "2024-01-01T00:00:00Z"}}
-    columns = _crd()["spec"]["versions"][0]["additionalPrinterColumns"]
-    assert [c["name"] for c in columns][:3] == ["GPUs", "Healthy", "Model"]
-    for column in columns:
-        value: Any = obj
-        for part in column["jsonPath"].lstrip(".").split("."):
-            value = value[part]
-        want = {"integer": int, "string": str, "date": str}[column["type"]]
-        assert isinstance(value, want), column
 
 
 def _rbac() -> list[dict[str, Any]]:
