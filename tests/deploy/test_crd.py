@@ -64,7 +64,12 @@ def _lookup(obj: Any, json_path: str) -> Any:
     return obj
 
 
-_TYPES = {"integer": int, "string": str, "number": (int, float), "boolean": bool}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "integer": int,
+    "string": str,
+    "number": (int, float),
+    "boolean": bool,
+}
 
 
 def _schema_at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
