@@ -23,6 +23,7 @@ from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
+from tessera.rowbits import row_any, row_count
 from tessera.scoring_policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
 
 _CACHE_SHAPES = 256
@@ -197,14 +198,14 @@ class Decider:
                     & (idx.free_core[sel] == UNITS_PER_DEVICE)
                     & (idx.free_mem[sel] == idx.total_mem[sel])
                 )
-                ok = (free_whole.sum(axis=1) >= c.gpu_count) & host_ok
+                ok = (row_count(free_whole) >= c.gpu_count) & host_ok
                 case = WholeCase(
                     c.gpu_count, free_whole, request.cpu_milli, request.memory_mib, request.shape()
                 )
             else:
                 need = _share_need(idx, sel, c)
                 fits = eligible & (idx.free_core[sel] >= c.core) & (idx.free_mem[sel] >= need)
-                ok = fits.any(axis=1) & host_ok
+                ok = row_any(fits) & host_ok
                 case = ShareCase(
                     c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape()
                 )

@@ -5,7 +5,7 @@ See the package doc for the measure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,9 @@ _BIG = np.iinfo(np.int64).max // 4
 @dataclass
 class _NodeSlots:
     inventory: object
-    per_shape: list[list[int]]
+    per_shape: list[list[tuple[int, int]]]
+    """Per shape: (slot, GPU memory a GPU of the shape needs there) of the healthy slots
+    whose model the shape allows."""
     healthy: list[int]
 
 
@@ -71,6 +73,7 @@ class FragmentMeasure:
         self._nodes: dict[int, _NodeSlots] = {}
         self._c = self._compile(workload)
         self._row_cache: _RowsCache | None = None
+        self._weights_memo: dict[tuple[int | None, int | None], list[float]] = {}
 
     def _compile(self, workload: Workload) -> _Compiled:
         shapes: list[GpuShape] = []
@@ -122,8 +125,14 @@ class FragmentMeasure:
             return hit
         gpus = inv.gpus
         healthy = [s for s, g in enumerate(gpus) if g.healthy]
+        unit = inv.memory_unit_mib
+        total = node.total_mem
         per_shape = [
-            [s for s in healthy if _allowed(gpus[s].model, shape.models)]
+            [
+                (s, shape.memory_need(total[s], unit))
+                for s in healthy
+                if _allowed(gpus[s].model, shape.models)
+            ]
             for shape in self._c.shapes
         ]
         entry = _NodeSlots(inv, per_shape, healthy)
@@ -131,6 +140,27 @@ class FragmentMeasure:
             self._nodes.clear()
         self._nodes[id(inv)] = entry
         return entry
+
+    def _shape_weights(self, cpu_free: int | None, mem_free: int | None) -> list[float]:
+        """Per shape, the weight of its classes whose host CPU and memory fit (memoized:
+        nodes' free host amounts repeat)."""
+        key = (cpu_free, mem_free)
+        hit = self._weights_memo.get(key)
+        if hit is not None:
+            return hit
+        out: list[float] = []
+        for classes in self._c.host_by_shape:
+            w = 0.0
+            for cpu_t, mem_t, p in classes:
+                if (cpu_free is None or cpu_free >= cpu_t) and (
+                    mem_free is None or mem_free >= mem_t
+                ):
+                    w += p
+            out.append(w)
+        if len(self._weights_memo) > 65536:
+            self._weights_memo.clear()
+        self._weights_memo[key] = out
+        return out
 
     def fragment(
         self, node: NodeState, free: GpuCapacity, cpu_free: int | None, mem_free: int | None
@@ -140,21 +170,15 @@ class FragmentMeasure:
         c = self._c
         slots = self._slots(node)
         idle = sum(core[s] for s in slots.healthy)
-        total_mem = node.total_mem
-        unit = node.inventory.memory_unit_mib
         result = c.idle_weight * idle
-        for g, shape in enumerate(c.shapes):
-            w = 0.0
-            for cpu_t, mem_t, p in c.host_by_shape[g]:
-                if (cpu_free is None or cpu_free >= cpu_t) and (
-                    mem_free is None or mem_free >= mem_t
-                ):
-                    w += p
+        weights = self._shape_weights(cpu_free, mem_free)
+        for shape, w, pairs in zip(c.shapes, weights, slots.per_shape, strict=True):
             if w == 0.0:
                 continue
+            need_core = shape.core
             count = usable = 0
-            for s in slots.per_shape[g]:
-                if core[s] >= shape.core and mem[s] >= shape.memory_need(total_mem[s], unit):
+            for s, need_mem in pairs:
+                if core[s] >= need_core and mem[s] >= need_mem:
                     count += 1
                     usable += core[s]
             if count >= shape.count:
@@ -202,26 +226,23 @@ class FragmentMeasure:
         out: FloatArray = fits.astype(np.float64) @ c.cls_to_shape
         return out
 
+    def _mem_ok(self, free_mem: IntArray, tm: IntArray, units: IntArray) -> BoolArray:
+        """[R, S, G] whether each slot's free GPU memory holds a GPU of each shape: the
+        need is units * unit, or total * ratio // 100; free >= total * ratio // 100
+        <=> 100 * free + 100 > total * ratio (integers)."""
+        c = self._c
+        by_ratio: BoolArray = (_FULL * free_mem + _FULL)[:, :, None] > tm[:, :, None] * c.ratio
+        if not c.has_units.any():
+            return by_ratio
+        by_units = free_mem[:, :, None] >= c.units * units[:, None, None]
+        out: BoolArray = np.where(c.has_units, by_units, by_ratio)
+        return out
+
     def _state(self, index: ClusterIndex, rows: IntArray) -> _RowState:
         """What the measure needs of each row's current state (request-independent, so it
         is kept per row while the row's stamp is unchanged: a request shape seen for the
         first time then costs a gather, not a recomputation of every node)."""
         c = self._c
-        fc = index.free_core[rows]
-        fm = index.free_mem[rows]
-        tm = index.total_mem[rows]
-        # memory a GPU of shape g needs on each slot: units * unit, or total * ratio // 100;
-        # free >= total * ratio // 100  <=>  100 * free + 100 > total * ratio  (integers)
-        units = index.unit_mib[rows]
-
-        def mem_ok(free_mem: IntArray, tm: IntArray = tm, units: IntArray = units) -> BoolArray:
-            by_ratio = (_FULL * free_mem + _FULL)[:, :, None] > tm[:, :, None] * c.ratio
-            if not c.has_units.any():
-                return by_ratio
-            by_units = free_mem[:, :, None] >= c.units * units[:, None, None]
-            out: BoolArray = np.where(c.has_units, by_units, by_ratio)
-            return out
-
         rc = self._rows_cache(index)
         stale = rows[rc.stamp[rows] != index.stamp[rows]]
         if stale.size:
@@ -233,17 +254,20 @@ class FragmentMeasure:
             ok = (
                 elig
                 & (sfc[:, :, None] >= c.core)
-                & mem_ok(index.free_mem[stale], index.total_mem[stale], index.unit_mib[stale])
+                & self._mem_ok(index.free_mem[stale], index.total_mem[stale], index.unit_mib[stale])
             )
+            cnt = ok.sum(axis=1)
+            usable = np.einsum("rs,rsg->rg", sfc, ok, dtype=np.int64)
+            idle = (sfc * base).sum(axis=1)
+            w = self._host_weights(index.cpu_free[stale], index.mem_free[stale])
             rc.elig[stale] = elig
             rc.ok[stale] = ok
-            rc.cnt[stale] = ok.sum(axis=1)
-            rc.usable[stale] = np.einsum("rs,rsg->rg", sfc, ok, dtype=np.int64)
-            rc.idle[stale] = (sfc * base).sum(axis=1)
+            rc.cnt[stale] = cnt
+            rc.usable[stale] = usable
+            rc.idle[stale] = idle
+            rc.now[stale] = c.idle_weight * idle - (w * (cnt >= c.count) * usable).sum(axis=1)
             rc.stamp[stale] = index.stamp[stale]
-        return _RowState(
-            fc, fm, rc.elig[rows], rc.ok[rows], rc.cnt[rows], rc.usable[rows], rc.idle[rows], mem_ok
-        )
+        return _RowState(rc, rows)
 
     def _rows_cache(self, index: ClusterIndex) -> _RowsCache:
         rc = self._row_cache
@@ -258,16 +282,15 @@ class FragmentMeasure:
                 np.zeros((rows, g), dtype=np.int64),
                 np.zeros((rows, g), dtype=np.int64),
                 np.zeros(rows, dtype=np.int64),
+                np.zeros(rows, dtype=np.float64),
             )
         return rc
 
     def rows_fragment(self, index: ClusterIndex, rows: IntArray) -> FloatArray:
         """Expected fragment of each row as it is now."""
-        c = self._c
-        st = self._state(index, rows)
-        w = self._host_weights(index.cpu_free[rows], index.mem_free[rows])
-        held = (w * (st.cnt >= c.count[None, :]) * st.usable).sum(axis=1)
-        result: FloatArray = c.idle_weight * st.idle - held
+        self._state(index, rows)
+        assert self._row_cache is not None
+        result: FloatArray = self._row_cache.now[rows]
         return result
 
     def vector_deltas(
@@ -278,13 +301,13 @@ class FragmentMeasure:
         the measure cannot settle without knowing which GPUs the core picks."""
         c = self._c
         st = self._state(index, rows)
-        cnt, usable, idle = st.cnt, st.usable, st.idle
-        cpu = index.cpu_free[rows]
-        mem = index.mem_free[rows]
-        w = self._host_weights(cpu, mem)
-        k = c.count[None, :]
-        before = c.idle_weight * idle - (w * (cnt >= k) * usable).sum(axis=1)
-        w2 = self._host_weights(cpu - case.cpu_milli, mem - case.memory_mib)
+        rc = st.rc
+        cnt, usable, idle = rc.cnt[rows], rc.usable[rows], rc.idle[rows]
+        before = rc.now[rows]
+        k = c.count
+        w2 = self._host_weights(
+            index.cpu_free[rows] - case.cpu_milli, index.mem_free[rows] - case.memory_mib
+        )
         if isinstance(case, HostCase):
             after = c.idle_weight * idle - (w2 * (cnt >= k) * usable).sum(axis=1)
             return before - after, idle.astype(np.float64)
@@ -296,7 +319,7 @@ class FragmentMeasure:
                 np.where(fw, model, -1).max(axis=1) == np.where(fw, model, _BIG).min(axis=1)
             )
             first = fw.argmax(axis=1)
-            rep = st.ok[np.arange(rows.size), first, :]  # [R, G]: a free GPU's usability
+            rep = rc.ok[rows, first, :]  # [R, G]: a free GPU's usability
             cnt2 = cnt - case.count * rep
             usable2 = usable - _FULL * case.count * rep
             idle2 = idle - _FULL * case.count
@@ -309,8 +332,15 @@ class FragmentMeasure:
         # shrinks. Each case changes the node's held term of g by a per-row amount (lost:
         # also minus the GPU's free compute), so held after is held before plus three
         # [R, S, G] x [R, G] contractions instead of recounting every shape per slot.
-        fc, ok = st.fc, st.ok
-        ok2 = st.elig & ((fc - case.core)[:, :, None] >= c.core) & st.mem_ok(st.fm - case.need)
+        fc = index.free_core[rows]
+        ok = rc.ok[rows]
+        ok2 = (
+            rc.elig[rows]
+            & ((fc - case.core)[:, :, None] >= c.core)
+            & self._mem_ok(
+                index.free_mem[rows] - case.need, index.total_mem[rows], index.unit_mib[rows]
+            )
+        )
         full = cnt >= k
         held = w2 * full * usable  # [R, G]
         kept_change = w2 * full * (usable - case.core) - held
@@ -340,18 +370,14 @@ class _RowsCache:
     cnt: IntArray
     usable: IntArray
     idle: IntArray
+    now: FloatArray
+    """The row's expected fragment as it is."""
 
 
 @dataclass
 class _RowState:
-    fc: IntArray
-    fm: IntArray
-    elig: BoolArray
-    ok: BoolArray
-    cnt: IntArray
-    usable: IntArray
-    idle: IntArray
-    mem_ok: Callable[[IntArray], BoolArray]
+    rc: _RowsCache
+    rows: IntArray
 
 
 def _one_hot(column: Sequence[int], weight: Sequence[float], columns: int) -> FloatArray:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,7 +23,6 @@ from tessera.scoring_policy import (
     VectorCase,
     WholeCase,
     case_positions,
-    restrict_case,
 )
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ from tessera.fragmentation.workload import (
     OnlineWorkload,
     Workload,
 )
+from tessera.rowbits import row_any, row_count
 from tessera.scoring_policy import BoolArray
 
 _FULL = UNITS_PER_DEVICE
@@ -44,6 +46,9 @@ def squash(x: FloatArray | float, scale: float) -> FloatArray:
     """Map any real number into [0, 1], monotonically, keeping resolution over a wide range
     (-inf -> 0, +inf -> 1, NaN stays NaN)."""
     v = np.asarray(x, dtype=np.float64)
+    if not np.isinf(v).any():  # NaN passes through the arithmetic quietly
+        direct: FloatArray = 0.5 + 0.5 * v / (np.abs(v) + scale)
+        return direct
     with np.errstate(invalid="ignore"):
         out: FloatArray = np.where(np.isinf(v), (v > 0) * 1.0, 0.5 + 0.5 * v / (np.abs(v) + scale))
     return out
@@ -111,6 +116,7 @@ class FragmentationPolicy(Policy):
             workload = self.online.workload
         self.generation = 0
         self._cache = ShapeCache()
+        self._facts: _RowFacts | None = None
         self._use(workload)
 
     def _use(self, workload: Workload) -> None:
@@ -144,30 +150,30 @@ class FragmentationPolicy(Policy):
 
     def _stranded(self, idle: FloatArray, cpu: FloatArray, mem: FloatArray) -> FloatArray:
         """GPU compute (percent) that the node's host CPU and memory cannot feed."""
-        feed = np.full(np.shape(idle), np.inf)
-        if self._cpu_per_pct > 0:
-            feed = np.minimum(feed, np.maximum(cpu, 0) / self._cpu_per_pct)
-        if self._mem_per_pct > 0:
-            feed = np.minimum(feed, np.maximum(mem, 0) / self._mem_per_pct)
+        by_cpu = np.maximum(cpu, 0) / self._cpu_per_pct if self._cpu_per_pct > 0 else None
+        by_mem = np.maximum(mem, 0) / self._mem_per_pct if self._mem_per_pct > 0 else None
+        if by_cpu is None:
+            if by_mem is None:
+                return np.zeros(np.shape(idle))
+            feed = by_mem
+        else:
+            feed = by_cpu if by_mem is None else np.minimum(by_cpu, by_mem)
         out: FloatArray = np.maximum(idle - feed, 0.0)
         return out
 
     def _raw(
         self,
         delta: FloatArray,
-        idle_before: FloatArray,
+        stranded_before: FloatArray,
         idle_after: FloatArray,
-        cpu_before: FloatArray,
         cpu_after: FloatArray,
-        mem_before: FloatArray,
         mem_after: FloatArray,
         used_after: FloatArray,
     ) -> FloatArray:
+        """`stranded_before`: `_stranded` of the node before the placement."""
         raw = delta / _FULL + self.pack * used_after
         if self.balance:
-            strand = self._stranded(idle_before, cpu_before, mem_before) - self._stranded(
-                idle_after, cpu_after, mem_after
-            )
+            strand = stranded_before - self._stranded(idle_after, cpu_after, mem_after)
             raw = raw + self.balance * strand / _FULL
         return raw
 
@@ -176,9 +182,9 @@ class FragmentationPolicy(Policy):
         fixed per-node order, so equal placements fill the same nodes first."""
         raw = np.asarray(raw, dtype=np.float64).reshape(np.shape(priority))
         if self.quantum > 0:
-            with np.errstate(invalid="ignore"):
-                # the nudge keeps float noise (~1e-15) from flipping a value across a step
-                raw = np.floor(raw / self.quantum + 1e-7) * self.quantum
+            # the nudge keeps float noise (~1e-15) from flipping a value across a step
+            # (NaN and infinities pass through floor quietly)
+            raw = np.floor(raw / self.quantum + 1e-7) * self.quantum
         if self.order:
             raw = raw + self.order * priority
         return raw
@@ -218,21 +224,14 @@ class FragmentationPolicy(Policy):
             used_after = -free_after / _MAX_GPUS
         else:
             used_after = 1.0 - free_after / len(healthy) if healthy else 0.0
-        raw = self._raw(
-            *(
-                np.asarray(v, dtype=np.float64)
-                for v in (
-                    delta,
-                    idle_b,
-                    idle_a,
-                    cpu,
-                    cpu - cpu_milli,
-                    mem,
-                    mem - memory_mib,
-                    used_after,
-                )
+        # the vector form's arithmetic on Python floats (same IEEE operations, same
+        # results; numpy's per-call cost dominates on one node)
+        raw = delta / _FULL + self.pack * used_after
+        if self.balance:
+            strand = self._stranded_one(idle_b, cpu, mem) - self._stranded_one(
+                idle_a, cpu - cpu_milli, mem - memory_mib
             )
-        )
+            raw = raw + self.balance * strand / _FULL
         if self._prot_by_name:
             prot = self._prot_by_name
             cost = sum(
@@ -240,7 +239,20 @@ class FragmentationPolicy(Policy):
                 for s in healthy
             )
             raw = raw - self.scarcity * cost
-        return float(squash(self._final(raw, np.asarray([self._priority(node.name)])), 4.0)[0])
+        if self.quantum > 0:
+            raw = math.floor(raw / self.quantum + 1e-7) * self.quantum
+        if self.order:
+            raw = raw + self.order * self._priority(node.name)
+        return 0.5 + 0.5 * raw / (abs(raw) + 4.0)
+
+    def _stranded_one(self, idle: float, cpu: float, mem: float) -> float:
+        """`_stranded` of one node."""
+        feed = math.inf
+        if self._cpu_per_pct > 0:
+            feed = min(feed, max(cpu, 0.0) / self._cpu_per_pct)
+        if self._mem_per_pct > 0:
+            feed = min(feed, max(mem, 0.0) / self._mem_per_pct)
+        return max(idle - feed, 0.0)
 
     def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         after = free.with_slots(option.slots, option.core_after, option.mem_after)
@@ -348,85 +360,52 @@ class FragmentationPolicy(Policy):
         ]
         return min(values) if values else 0.0
 
+    def _row_facts(self, index: ClusterIndex, rows: IntArray) -> _RowFacts:
+        """The request-independent part of the score for each row (kept per row while
+        its stamp and the policy's generation are unchanged)."""
+        facts = self._facts
+        if (
+            facts is None
+            or facts.index is not index
+            or facts.generation != self.generation
+            or facts.free.shape != (index.capacity_rows, index.slots)
+        ):
+            facts = self._facts = _RowFacts.empty(index, self.generation)
+        stale = rows[facts.stamp[rows] != index.stamp[rows]]
+        if stale.size:
+            fc = index.free_core[stale]
+            fm = index.free_mem[stale]
+            tm = index.total_mem[stale]
+            healthy = index.healthy[stale] & (index.model[stale] >= 0)
+            idle = (fc * healthy).sum(axis=1).astype(np.float64)
+            cpu = index.cpu_free[stale].astype(np.float64)
+            mem = index.mem_free[stale].astype(np.float64)
+            # each GPU's free fraction: the scarcer of compute and memory
+            free = np.where(healthy, np.minimum(fc / _FULL, fm / np.maximum(tm, 1)), 0.0)
+            facts.idle[stale] = idle
+            facts.gpus[stale] = np.maximum(row_count(healthy), 1)
+            facts.any_gpu[stale] = row_any(healthy)
+            facts.free[stale] = free
+            facts.free_sum[stale] = free.sum(axis=1)
+            facts.cpu[stale] = cpu
+            facts.mem[stale] = mem
+            facts.stranded[stale] = self._stranded(idle, cpu, mem)
+            facts.stamp[stale] = index.stamp[stale]
+        return facts
+
     def vector_node_scores(
         self, index: ClusterIndex, rows: IntArray, case: VectorCase
     ) -> FloatArray | None:
-        measure = self.measure
         prot = self._protection(index)
         base = 0.0 if prot is None else self._base(index, prot, _case_models(case))
 
         def compute(stale: IntArray) -> FloatArray:
             # only rows where the request can fit need a score (the rest: NaN, unused)
             out = np.full(stale.size, np.nan)
-            fit = _may_fit(index, rows, stale, case)
+            pos = _positions(index, rows, stale)
+            fit = _may_fit(index, stale, pos, case)
             if fit.any():
-                out[fit] = score(stale[fit])
-            return out
-
-        def score(sub: IntArray) -> FloatArray:
-            sub_case = restrict_case(case, rows, sub)
-            delta, idle_after = measure.vector_deltas(index, sub, sub_case)
-            fc = index.free_core[sub]
-            fm = index.free_mem[sub]
-            tm = index.total_mem[sub]
-            healthy = index.healthy[sub] & (index.model[sub] >= 0)
-            idle_before = (fc * healthy).sum(axis=1).astype(np.float64)
-            gpus = np.maximum(healthy.sum(axis=1), 1)
-            # each GPU's free fraction: the scarcer of compute and memory
-            free = np.where(healthy, np.minimum(fc / _FULL, fm / np.maximum(tm, 1)), 0.0)
-            free_sum = free.sum(axis=1)
-            cpu = index.cpu_free[sub].astype(np.float64)
-            mem = index.mem_free[sub].astype(np.float64)
-            if delta.ndim == 2:
-                assert isinstance(sub_case, ShareCase)
-                free2 = np.minimum(
-                    (fc - sub_case.core) / _FULL, (fm - sub_case.need) / np.maximum(tm, 1)
-                )
-                left2 = free_sum[:, None] - free + free2
-                if self.pack_by == "free":
-                    used2 = -left2 / _MAX_GPUS
-                else:
-                    used2 = 1.0 - left2 / gpus[:, None]
-                idle2 = idle_before[:, None] - sub_case.core
-                raw = self._raw(
-                    delta,
-                    idle_before[:, None],
-                    idle2,
-                    cpu[:, None],
-                    cpu[:, None] - sub_case.cpu_milli,
-                    mem[:, None],
-                    mem[:, None] - sub_case.memory_mib,
-                    np.where(np.isfinite(delta), used2, 0.0),
-                )
-                if prot is not None:
-                    # the share's part of a GPU, on each candidate GPU's model
-                    raw = raw - self.scarcity * sub_case.core / _FULL * (
-                        prot[index.model[sub]] - base
-                    )
-                final = self._final(raw.max(axis=1), self._priorities(index, sub))
-                best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
-                return best
-            taken = sub_case.count if isinstance(sub_case, WholeCase) else 0
-            if self.pack_by == "free":
-                used = -(free_sum - taken) / _MAX_GPUS
-            else:
-                used = np.where(healthy.any(axis=1), 1.0 - (free_sum - taken) / gpus, 0.0)
-            raw1 = self._raw(
-                delta,
-                idle_before,
-                idle_after,
-                cpu,
-                cpu - sub_case.cpu_milli,
-                mem,
-                mem - sub_case.memory_mib,
-                used,
-            )
-            if prot is not None and isinstance(sub_case, WholeCase):
-                first = sub_case.free_whole.argmax(axis=1)
-                model = index.model[sub, first]
-                raw1 = raw1 - self.scarcity * sub_case.count * (prot[model] - base)
-            final1 = self._final(raw1, self._priorities(index, sub))
-            out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
+                out[fit] = self._scores(index, stale[fit], _restrict(case, pos[fit]), prot, base)
             return out
 
         key = _case_key(case)
@@ -434,19 +413,142 @@ class FragmentationPolicy(Policy):
             return compute(rows)
         return self._cache.get(index, rows, key, self.generation, compute)
 
+    def _scores(
+        self,
+        index: ClusterIndex,
+        sub: IntArray,
+        sub_case: VectorCase,
+        prot: FloatArray | None,
+        base: float,
+    ) -> FloatArray:
+        """Node scores of the rows `sub`, where the request fits."""
+        delta, idle_after = self.measure.vector_deltas(index, sub, sub_case)
+        facts = self._row_facts(index, sub)
+        idle_before = facts.idle[sub]
+        gpus = facts.gpus[sub]
+        free_sum = facts.free_sum[sub]
+        cpu = facts.cpu[sub]
+        mem = facts.mem[sub]
+        strand_before = facts.stranded[sub]
+        if delta.ndim == 2:
+            assert isinstance(sub_case, ShareCase)
+            fc = index.free_core[sub]
+            fm = index.free_mem[sub]
+            tm = index.total_mem[sub]
+            free2 = np.minimum(
+                (fc - sub_case.core) / _FULL, (fm - sub_case.need) / np.maximum(tm, 1)
+            )
+            left2 = free_sum[:, None] - facts.free[sub] + free2
+            used2 = -left2 / _MAX_GPUS if self.pack_by == "free" else 1.0 - left2 / gpus[:, None]
+            idle2 = idle_before[:, None] - sub_case.core
+            raw = self._raw(
+                delta,
+                strand_before[:, None],
+                idle2,
+                cpu[:, None] - sub_case.cpu_milli,
+                mem[:, None] - sub_case.memory_mib,
+                np.where(np.isfinite(delta), used2, 0.0),
+            )
+            if prot is not None:
+                # the share's part of a GPU, on each candidate GPU's model
+                raw = raw - self.scarcity * sub_case.core / _FULL * (prot[index.model[sub]] - base)
+            final = self._final(raw.max(axis=1), self._priorities(index, sub))
+            best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
+            return best
+        taken = sub_case.count if isinstance(sub_case, WholeCase) else 0
+        if self.pack_by == "free":
+            used = -(free_sum - taken) / _MAX_GPUS
+        else:
+            used = np.where(facts.any_gpu[sub], 1.0 - (free_sum - taken) / gpus, 0.0)
+        raw1 = self._raw(
+            delta,
+            strand_before,
+            idle_after,
+            cpu - sub_case.cpu_milli,
+            mem - sub_case.memory_mib,
+            used,
+        )
+        if prot is not None and isinstance(sub_case, WholeCase):
+            first = sub_case.free_whole.argmax(axis=1)
+            model = index.model[sub, first]
+            raw1 = raw1 - self.scarcity * sub_case.count * (prot[model] - base)
+        final1 = self._final(raw1, self._priorities(index, sub))
+        out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
+        return out
 
-def _may_fit(index: ClusterIndex, rows: IntArray, sub: IntArray, case: VectorCase) -> BoolArray:
-    """Rows of `sub` (a subset of `rows`) where the request fits the host and the GPUs."""
+
+@dataclass
+class _RowFacts:
+    """Per index row, what a node's score needs of its current state whatever the
+    request: idle GPU compute, healthy GPUs (at least 1), whether it has any, each
+    GPU's free fraction and their sum, free host CPU and memory, and the GPU compute
+    that host CPU and memory cannot feed (which depends on the learned workload)."""
+
+    index: object
+    generation: int
+    stamp: IntArray
+    idle: FloatArray
+    gpus: IntArray
+    any_gpu: BoolArray
+    free: FloatArray
+    free_sum: FloatArray
+    cpu: FloatArray
+    mem: FloatArray
+    stranded: FloatArray
+
+    @classmethod
+    def empty(cls, index: ClusterIndex, generation: int) -> _RowFacts:
+        rows, slots = index.capacity_rows, index.slots
+        return cls(
+            index,
+            generation,
+            np.full(rows, -2, dtype=np.int64),
+            np.zeros(rows),
+            np.ones(rows, dtype=np.int64),
+            np.zeros(rows, dtype=np.bool_),
+            np.zeros((rows, slots)),
+            np.zeros(rows),
+            np.zeros(rows),
+            np.zeros(rows),
+            np.zeros(rows),
+        )
+
+
+def _positions(index: ClusterIndex, rows: IntArray, sub: IntArray) -> IntArray:
+    """Positions in `rows` of the rows `sub`; fast for every row of the index (the
+    scheduler's and the simulator's usual case), which is ascending."""
+    if rows is index.all_rows():
+        if rows.size and int(rows[-1]) == rows.size - 1:
+            return sub
+        return np.searchsorted(rows, sub)
+    return case_positions(rows, sub)
+
+
+def _restrict(case: VectorCase, pos: IntArray) -> VectorCase:
+    """The case restricted to the rows at positions `pos`."""
+    if isinstance(case, HostCase):
+        return case
+    if isinstance(case, WholeCase):
+        return WholeCase(
+            case.count, case.free_whole[pos], case.cpu_milli, case.memory_mib, case.shape
+        )
+    return ShareCase(
+        case.core, case.need[pos], case.fits[pos], case.cpu_milli, case.memory_mib, case.shape
+    )
+
+
+def _may_fit(index: ClusterIndex, sub: IntArray, pos: IntArray, case: VectorCase) -> BoolArray:
+    """Rows `sub` (at positions `pos` of the case's rows) where the request fits the
+    host and the GPUs."""
     host: BoolArray = (index.cpu_free[sub] >= case.cpu_milli) & (
         index.mem_free[sub] >= case.memory_mib
     )
     if isinstance(case, HostCase):
         return host
-    pos = case_positions(rows, sub)
     if isinstance(case, WholeCase):
-        gpus: BoolArray = case.free_whole[pos].sum(axis=1) >= case.count
+        gpus: BoolArray = row_count(case.free_whole[pos]) >= case.count
     else:
-        gpus = np.asarray(case.fits[pos].any(axis=1), dtype=np.bool_)
+        gpus = row_any(case.fits[pos])
     return host & gpus
 
 
