@@ -271,9 +271,8 @@ def _choose_share(
     slots: list[int],
 ) -> tuple[int, int, int]:
     unit = node.inventory.memory_unit_mib
-    best: tuple[float, int, int] | None = None
     seen: set[tuple[int, int, int]] = set()
-    free = scratch.gpu()
+    candidates: list[tuple[int, int]] = []
     for s in slots:
         need = c.memory_mib_on(node.total_mem[s], unit)
         if scratch.core[s] < c.core or scratch.mem[s] < need:
@@ -282,6 +281,14 @@ def _choose_share(
         if signature in seen:
             continue  # an identical GPU scored already; the lower slot wins ties
         seen.add(signature)
+        candidates.append((s, need))
+    if not candidates:
+        raise _NoFitError(*_share_shortfall(node, c, scratch, slots))
+    if len(candidates) == 1 and not policy.option_score_draws:
+        return candidates[0][0], c.core, candidates[0][1]  # nothing to compare
+    best: tuple[float, int, int] | None = None
+    free = scratch.gpu()
+    for s, need in candidates:
         option = Option(
             (s,),
             (scratch.core[s] - c.core,),
@@ -293,8 +300,7 @@ def _choose_share(
         score = policy.option_score(node, free, option)
         if best is None or score > best[0]:
             best = (score, s, need)
-    if best is None:
-        raise _NoFitError(*_share_shortfall(node, c, scratch, slots))
+    assert best is not None
     return best[1], c.core, best[2]
 
 

@@ -96,6 +96,9 @@ class Policy:
     generation = 0
     """Changes whenever the policy's scores for an unchanged node may change (a policy that
     learns its workload moved on); score caches include it in their key."""
+    option_score_draws = False
+    """Whether `option_score` draws from a random stream, so `place_pod` must ask it even
+    when only one GPU option exists (for every other policy a lone option needs no score)."""
 
     def option_score(self, node: NodeState, free: GpuCapacity, option: Option) -> float:
         """How good `option` is on `node`, whose GPUs have `free` left so far."""

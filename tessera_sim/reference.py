@@ -151,6 +151,7 @@ class RandomPolicy(ReferencePolicy):
     """
 
     name = RANDOM
+    option_score_draws = True
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed

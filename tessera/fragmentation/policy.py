@@ -400,20 +400,45 @@ class FragmentationPolicy(Policy):
         base = 0.0 if prot is None else self._base(index, prot, _case_models(case))
 
         def compute(stale: IntArray) -> FloatArray:
-            # only rows where the request can fit need a score (the rest: NaN, unused)
-            out = np.full(stale.size, np.nan)
-            pos = _positions(index, rows, stale)
-            fit = _may_fit(index, stale, pos, case)
-            if fit.any():
-                out[fit] = self._scores(index, stale[fit], _restrict(case, pos[fit]), prot, base)
-            return out
+            return self._compute(index, rows, case, prot, base, stale)
 
         key = _case_key(case)
         if key is None:
             return compute(rows)
         return self._cache.get(index, rows, key, self.generation, compute)
 
-    def _scores(
+    def _compute(
+        self,
+        index: ClusterIndex,
+        rows: IntArray,
+        case: VectorCase,
+        prot: FloatArray | None,
+        base: float,
+        stale: IntArray,
+    ) -> FloatArray:
+        """Node scores of the rows `stale` (NaN where the request cannot fit)."""
+        # only rows where the request can fit need a score (the rest: NaN, unused)
+        out = np.full(stale.size, np.nan)
+        pos = _positions(index, rows, stale)
+        fit = _may_fit(index, stale, pos, case)
+        if not fit.any():
+            return out
+        sub, sub_pos = stale[fit], pos[fit]
+        alike = _alike_rows(index, sub) if sub.size >= _DEDUP_ROWS else None
+        if alike is None:
+            raw = self._raw_scores(index, sub, _restrict(case, sub_pos), prot, base)
+        else:
+            # rows in the same state score alike but for the node order: score one of
+            # each (the case's per-row arrays follow from the row's state too)
+            first, inverse = alike
+            raw = self._raw_scores(index, sub[first], _restrict(case, sub_pos[first]), prot, base)[
+                inverse
+            ]
+        final = self._final(raw, self._priorities(index, sub))
+        out[fit] = squash(final, 4.0)
+        return out
+
+    def _raw_scores(
         self,
         index: ClusterIndex,
         sub: IntArray,
@@ -421,7 +446,7 @@ class FragmentationPolicy(Policy):
         prot: FloatArray | None,
         base: float,
     ) -> FloatArray:
-        """Node scores of the rows `sub`, where the request fits."""
+        """Raw scores (`_raw`, before `_final`) of the rows `sub`, where the request fits."""
         delta, idle_after = self.measure.vector_deltas(index, sub, sub_case)
         facts = self._row_facts(index, sub)
         idle_before = facts.idle[sub]
@@ -452,8 +477,7 @@ class FragmentationPolicy(Policy):
             if prot is not None:
                 # the share's part of a GPU, on each candidate GPU's model
                 raw = raw - self.scarcity * sub_case.core / _FULL * (prot[index.model[sub]] - base)
-            final = self._final(raw.max(axis=1), self._priorities(index, sub))
-            best: FloatArray = np.asarray(squash(final, 4.0), dtype=np.float64)
+            best: FloatArray = raw.max(axis=1)
             return best
         taken = sub_case.count if isinstance(sub_case, WholeCase) else 0
         if self.pack_by == "free":
@@ -472,9 +496,7 @@ class FragmentationPolicy(Policy):
             first = sub_case.free_whole.argmax(axis=1)
             model = index.model[sub, first]
             raw1 = raw1 - self.scarcity * sub_case.count * (prot[model] - base)
-        final1 = self._final(raw1, self._priorities(index, sub))
-        out: FloatArray = np.asarray(squash(final1, 4.0), dtype=np.float64)
-        return out
+        return raw1
 
 
 @dataclass
@@ -512,6 +534,49 @@ class _RowFacts:
             np.zeros(rows),
             np.zeros(rows),
         )
+
+
+_DEDUP_ROWS = 128
+"""From this many rows to score at once (a new request shape, a new workload), rows in
+identical states are scored once: early on most nodes are untouched, late most are full."""
+
+
+def _alike_rows(index: ClusterIndex, rows: IntArray) -> tuple[IntArray, IntArray] | None:
+    """(positions of one row per distinct state, each row's state among those), or None
+    when nearly every row is distinct. The state is everything a score reads of a row."""
+    state = np.concatenate(
+        (
+            index.free_core[rows],
+            index.free_mem[rows],
+            index.total_mem[rows],
+            index.model[rows],
+            index.healthy[rows].astype(np.int64),
+            index.cpu_free[rows, None],
+            index.mem_free[rows, None],
+            index.unit_mib[rows, None],
+        ),
+        axis=1,
+    )
+    # group by a hash of the state (integer products wrap), then check every row against
+    # its group's first row, so a collision can only cost the saving, never a wrong score
+    mix = _state_mix(state.shape[1])
+    _, first, inverse = np.unique(state @ mix, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(rows.size)
+    if first.size > 0.8 * rows.size or not np.array_equal(state, state[first][inverse]):
+        return None
+    return first, inverse
+
+
+_MIXES: dict[int, IntArray] = {}
+
+
+def _state_mix(width: int) -> IntArray:
+    """Fixed odd 63-bit multipliers for hashing a row state of `width` integers."""
+    mix = _MIXES.get(width)
+    if mix is None:
+        rng = np.random.default_rng(width)
+        mix = _MIXES[width] = rng.integers(1, 2**62, width, dtype=np.int64) | 1
+    return mix
 
 
 def _positions(index: ClusterIndex, rows: IntArray, sub: IntArray) -> IntArray:

@@ -62,10 +62,18 @@ class ShapeCache:
                 self._entries.popitem(last=False)
         else:
             self._entries.move_to_end(key)
-        current = stamps[rows]
-        stale = rows[entry.stamp[rows] != current]
+        # every row of the index, in order (the usual case): slices, not gathers
+        sel: IntArray | slice = (
+            slice(0, rows.size)
+            if rows is index.all_rows() and rows.size and int(rows[-1]) == rows.size - 1
+            else rows
+        )
+        current = stamps[sel]
+        stale = rows[entry.stamp[sel] != current]
         if stale.size:
             entry.values[stale] = compute(stale)
             entry.stamp[stale] = stamps[stale]
-        result: FloatArray = entry.values[rows]
+        result: FloatArray = (
+            entry.values[sel].copy() if isinstance(sel, slice) else entry.values[sel]
+        )
         return result
