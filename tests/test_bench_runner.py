@@ -1,5 +1,6 @@
-"""`make bench` fails when a figure misses its target and rewrites docs/benchmarks.md;
-`make bench-quick` (smaller sizes, no verdict) does neither."""
+"""`make bench` fails when a figure misses its target and rewrites docs/benchmarks.md (all
+but `make bench-scale`'s section); `make bench-quick` (smaller sizes, no verdict) does
+neither."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bench import run_all
+from bench import run_all, scale
 from bench.common import BenchContext, Result
 
 
-@pytest.fixture
-def one_missed_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fake_bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, results: list[Result]) -> Path:
+    """`make bench` with one benchmark, `fake`, reporting `results`, and the repository at
+    `tmp_path`; the benchmarks page it writes."""
+
     def run(ctx: BenchContext) -> list[Result]:
-        return [Result("a figure", 3.0, "ms", 2.0), Result("another", 1.0, "ms", 2.0)]
+        return results
 
     module = types.ModuleType("bench.bench_fake")
     module.run = run  # type: ignore[attr-defined]
@@ -25,6 +28,12 @@ def one_missed_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "docs").mkdir()
     monkeypatch.setattr(run_all, "ROOT", tmp_path)
     return tmp_path / "docs" / "benchmarks.md"
+
+
+@pytest.fixture
+def one_missed_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    results = [Result("a figure", 3.0, "ms", 2.0), Result("another", 1.0, "ms", 2.0)]
+    return fake_bench(monkeypatch, tmp_path, results)
 
 
 def test_a_full_run_fails_on_a_missed_target_and_writes_the_figures(
@@ -38,3 +47,16 @@ def test_a_full_run_fails_on_a_missed_target_and_writes_the_figures(
 def test_a_quick_run_neither_fails_nor_writes(one_missed_target: Path) -> None:
     assert run_all.main(["--quick"]) == 0
     assert not one_missed_target.exists()
+
+
+def test_a_full_run_keeps_the_scale_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make bench-scale` writes its own section of the page; `make bench` rewrites the rest."""
+    doc = fake_bench(monkeypatch, tmp_path, [Result("a figure", 1.0, "ms", 2.0)])
+    doc.write_text("# Benchmarks\n\nold table\n")
+    scale.write_section(["5000 nodes: 100 pods/s"], doc)
+    assert run_all.main([]) == 0
+    text = doc.read_text()
+    assert "a figure" in text and "old table" not in text
+    assert "5000 nodes: 100 pods/s" in text

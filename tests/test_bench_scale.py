@@ -1,18 +1,15 @@
-"""`make bench-scale`'s pure parts: its section of docs/benchmarks.md (kept by `make
-bench`), the latency quantile it reads from tessera's histogram, the node names it sends
-the extender, and the nodes' inventories."""
+"""`make bench-scale`'s pure parts: its section of docs/benchmarks.md (that `make bench`
+keeps it: tests/test_bench_runner.py), the latency quantile it reads from tessera's
+histogram, the node names it sends the extender, and the nodes' inventories."""
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
 
-from bench import run_all, scale
+from bench import scale
 from bench import scale_common as sc
-from bench.common import BenchContext, Result
 
 
 def test_the_scale_section_is_appended_then_replaced(tmp_path: Path) -> None:
@@ -24,27 +21,6 @@ def test_the_scale_section_is_appended_then_replaced(tmp_path: Path) -> None:
     assert text.startswith("# Benchmarks\n\n| a | b |\n")
     assert "second figures" in text and "first figures" not in text
     assert text.count(scale.SECTION_START) == 1 and text.count(scale.SECTION_END) == 1
-
-
-def test_make_bench_keeps_the_scale_section(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def run(ctx: BenchContext) -> list[Result]:
-        return [Result("a figure", 1.0, "ms", 2.0)]
-
-    module = types.ModuleType("bench.bench_fake")
-    module.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "bench.bench_fake", module)
-    monkeypatch.setattr(run_all, "discover", lambda only: ["bench_fake"])
-    (tmp_path / "docs").mkdir()
-    monkeypatch.setattr(run_all, "ROOT", tmp_path)
-    doc = tmp_path / "docs" / "benchmarks.md"
-    doc.write_text("# Benchmarks\n\nold table\n")
-    scale.write_section(["5000 nodes: 100 pods/s"], doc)
-    assert run_all.main([]) == 0
-    text = doc.read_text()
-    assert "a figure" in text and "old table" not in text
-    assert "5000 nodes: 100 pods/s" in text
 
 
 def test_histogram_quantile_interpolates_inside_the_bucket() -> None:
