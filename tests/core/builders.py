@@ -67,3 +67,15 @@ def nic(i: int, vfs: int = 0, **kw: Any) -> RdmaNic:
     }
     fields.update(kw)
     return RdmaNic(**fields)
+
+
+def gpu_entry(**fields: object) -> dict[str, object]:
+    """A GPU of an inventory document (a NodeDevices spec) with only the required fields,
+    then `fields`."""
+    return {
+        "uuid": "GPU-a",
+        "model": "T4",
+        "memoryMiB": 15360,
+        "pciBusId": "0000:3b:00.0",
+        **fields,
+    }

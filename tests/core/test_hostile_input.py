@@ -18,7 +18,7 @@ from tessera.model import NodeInventory
 from tessera.quantity import QuantityError, parse_quantity
 from tessera.request import parse_pod
 
-from .builders import pod
+from .builders import gpu_entry, pod
 from .test_record import GOLDEN_UNSIGNED, KEY
 
 # --- allocation records --------------------------------------------------------------------
@@ -123,17 +123,6 @@ def test_huge_overhead_is_a_request_error() -> None:
 # --- node inventories (NodeDevices specs written by node agents) ----------------------------
 
 
-def _gpu(**fields: object) -> dict[str, object]:
-    g: dict[str, object] = {
-        "uuid": "GPU-a",
-        "model": "T4",
-        "memoryMiB": 15360,
-        "pciBusId": "0000:3b:00.0",
-    }
-    g.update(fields)
-    return g
-
-
 def _nic(**fields: object) -> dict[str, object]:
     n: dict[str, object] = {"ibdev": "mlx5_0", "pciBusId": "0000:0c:00.0", "uverbsMinor": 0}
     n.update(fields)
@@ -143,21 +132,21 @@ def _nic(**fields: object) -> dict[str, object]:
 @pytest.mark.parametrize(
     ("doc", "where"),
     [
-        ({"gpus": [_gpu(memoryMiB=2**63 + 1)]}, "gpus[0].memoryMiB"),
-        ({"gpus": [_gpu(memoryMiB=2**40)]}, "gpus[0].memoryMiB"),
-        ({"gpus": [_gpu(index=2**40)]}, "gpus[0].index"),
-        ({"gpus": [_gpu(minor=2**40)]}, "gpus[0].minor"),
-        ({"gpus": [_gpu(numaNode=2**40)]}, "gpus[0].numaNode"),
+        ({"gpus": [gpu_entry(memoryMiB=2**63 + 1)]}, "gpus[0].memoryMiB"),
+        ({"gpus": [gpu_entry(memoryMiB=2**40)]}, "gpus[0].memoryMiB"),
+        ({"gpus": [gpu_entry(index=2**40)]}, "gpus[0].index"),
+        ({"gpus": [gpu_entry(minor=2**40)]}, "gpus[0].minor"),
+        ({"gpus": [gpu_entry(numaNode=2**40)]}, "gpus[0].numaNode"),
         ({"memoryUnitMiB": 2**63}, "$.memoryUnitMiB"),
-        ({"gpus": [_gpu(uuid="G" * 100_000)]}, "gpus[0].uuid"),
-        ({"gpus": [_gpu(model="m" * 100_000)]}, "gpus[0].model"),
+        ({"gpus": [gpu_entry(uuid="G" * 100_000)]}, "gpus[0].uuid"),
+        ({"gpus": [gpu_entry(model="m" * 100_000)]}, "gpus[0].model"),
         ({"nodeName": "n" * 100_000}, "$.nodeName"),
-        ({"gpus": [_gpu(uuid=f"GPU-{i}", index=i) for i in range(5000)]}, "gpus"),
+        ({"gpus": [gpu_entry(uuid=f"GPU-{i}", index=i) for i in range(5000)]}, "gpus"),
         ({"rdma": [_nic(uverbsMinor=2**40)]}, "rdma[0].uverbsMinor"),
         ({"rdma": [_nic(portStates=["ACTIVE"] * 10_000)]}, "rdma[0].portStates"),
         ({"rdma": [_nic(portStates=["A" * 10_000])]}, "rdma[0].portStates[0]"),
         ({"rdma": [_nic(vfs=[{}] * 100_000)]}, "rdma[0].vfs"),
-        ({"gpus": [_gpu(nvlinks={"x": 2**70})]}, "gpus[0].nvlinks.x"),
+        ({"gpus": [gpu_entry(nvlinks={"x": 2**70})]}, "gpus[0].nvlinks.x"),
     ],
 )
 def test_inventory_numbers_lists_and_strings_are_bounded(
@@ -170,10 +159,10 @@ def test_inventory_numbers_lists_and_strings_are_bounded(
 
 def test_a_parsed_inventory_always_fits_the_index() -> None:
     """The reported crash: memoryMiB above 2^63 reached numpy as an OverflowError."""
-    inv = NodeInventory.from_dict({"gpus": [_gpu()]}, node_name="n1")
+    inv = NodeInventory.from_dict({"gpus": [gpu_entry()]}, node_name="n1")
     state = ClusterState()
     state.set_node(inv)
     ClusterIndex(state)  # the largest accepted values must fit int64 columns
-    big = {"gpus": [_gpu(memoryMiB=2**63 + 1)]}
+    big = {"gpus": [gpu_entry(memoryMiB=2**63 + 1)]}
     with pytest.raises(InventoryError):
         NodeInventory.from_dict(big, node_name="n1")

@@ -1,11 +1,12 @@
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory, model_matches, normalize_bus_id
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
+
+from .builders import gpu_entry
 
 
 @pytest.mark.parametrize("name", BUILTIN_TOPOLOGIES)
@@ -37,17 +38,6 @@ def test_bus_ids_are_normalized() -> None:
         normalize_bus_id("1a:00.0")
 
 
-def doc_with(**gpu_fields: object) -> dict[str, Any]:
-    g: dict[str, object] = {
-        "uuid": "GPU-a",
-        "model": "T4",
-        "memoryMiB": 15360,
-        "pciBusId": "0000:3b:00.0",
-    }
-    g.update(gpu_fields)
-    return {"gpus": [g]}
-
-
 @pytest.mark.parametrize(
     ("fields", "where", "needle"),
     [
@@ -64,7 +54,7 @@ def test_inventory_errors_name_source_and_field(
     fields: dict[str, object], where: str, needle: str
 ) -> None:
     with pytest.raises(InventoryError) as info:
-        NodeInventory.from_dict(doc_with(**fields), source="topo.yaml")
+        NodeInventory.from_dict({"gpus": [gpu_entry(**fields)]}, source="topo.yaml")
     assert info.value.source == "topo.yaml"
     assert info.value.field == where
     assert needle in info.value.problem
@@ -72,7 +62,7 @@ def test_inventory_errors_name_source_and_field(
 
 
 def test_duplicate_devices_are_refused() -> None:
-    doc = {"gpus": [doc_with()["gpus"][0], doc_with(pciBusId="0000:3c:00.0")["gpus"][0]]}
+    doc = {"gpus": [gpu_entry(), gpu_entry(pciBusId="0000:3c:00.0")]}
     with pytest.raises(InventoryError, match=r"gpus\[1\].uuid: duplicate"):
         NodeInventory.from_dict(doc)
 
