@@ -21,7 +21,6 @@ from tessera_testbed.inventory import heartbeat_lease, nodedevices
 from tests.vectors import EXTENDER
 
 KEYRING = Keyring.generate("k1")
-KEY = KEYRING  # the scheduler's signing keyring
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = EXTENDER
 

@@ -14,7 +14,7 @@ from tessera.record import Keyring, encode
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
 from tests.scheduler.helpers import (
-    KEY,
+    KEYRING,
     node_summary,
     pod,
     populate,
@@ -71,7 +71,7 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
     populate(fake, ["n"], gpus=1)
     forged_pod(fake, "unsigned", "n", None)
     forged_pod(fake, "wrong-key", "n", Keyring.generate("k1"))
-    forged_pod(fake, "copied", "n", KEY, record_uid="someone-else")
+    forged_pod(fake, "copied", "n", KEYRING, record_uid="someone-else")
     with serving(fake) as (service, h):
         invalid = wait_for(
             lambda: len(service.cache.invalid_records()) == 3 and service.debug_pods()

@@ -9,17 +9,7 @@ from scheduler_plugin.events import UNTRUSTED_RECORD
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import (
-    Http,
-    node_summary,
-    pod,
-    populate,
-    running,
-    schedule,
-    serving,
-    share,
-    wait_for,
-)
+from tests.scheduler.helpers import node_summary, pod, populate, schedule, serving, share, wait_for
 from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
 
 FENCED = "tessera_scheduler_fenced_nodes"
@@ -105,10 +95,9 @@ def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_
     for i, record in enumerate([POISON_DEEP, POISON_MAC, "{", "\x00" * 1000]):
         poison(fake, f"poison{i}", "n1", record)
     started = time.monotonic()
-    with running(fake) as service:
+    with serving(fake) as (service, h):
         ready_after = time.monotonic() - started
         print(f"ready {ready_after:.2f}s after a restart with poison pods")  # the figure
-        h = Http(service.server.port)
         assert service.cache.snapshot().record_fenced_nodes == {"n1"}
         assert {k for k in service.cache.invalid_records()} == {
             "default/v0",
