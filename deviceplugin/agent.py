@@ -26,7 +26,7 @@ from deviceplugin.backend import GpuBackend, NicSource, XidEvent
 from deviceplugin.health import HealthTracker, XidPolicy
 from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.rdma import port_health
-from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
+from deviceplugin.server import DEFAULT_PLUGIN_DIR, Chooser, PluginManager
 from deviceplugin.units import (
     ResourceUnits,
     UnitConfig,
@@ -68,6 +68,8 @@ class Agent:
     nic_source: NicSource | None = None
     publisher: InventoryPublisher | None = None
     clock: Callable[[], float] = time.monotonic
+    chooser: Chooser | None = None
+    """GetPreferredAllocation's record-based choice (record_pods.RecordChooser), if any."""
 
     def __post_init__(self) -> None:
         config = self.config
@@ -163,6 +165,7 @@ class Agent:
             self.config.plugin_dir,
             self.config.kubelet_socket,
             poll_interval_s=self.config.poll_interval_s,
+            chooser=self.chooser,
         )
         self.manager.update(self._units)
         self.manager.start()

@@ -37,6 +37,8 @@ from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent
+    from deviceplugin.server import Chooser
+    from kube_edge.client import KubeClient
 
 log = logging.getLogger("deviceplugin")
 
@@ -226,7 +228,34 @@ def _run(config: DevicePluginConfig) -> int:
                 gfd_labels=_driver_versions(backend) if config.gfd_labels else None,
             ),
         )
+        agent.chooser = _record_chooser(config, api, agent)
     return _serve(agent, config.metrics_port, config.metrics_address)
+
+
+def _record_chooser(config: DevicePluginConfig, api: KubeClient, agent: Agent) -> Chooser | None:
+    """GetPreferredAllocation by the allocation record, when the record keys are there; the
+    default choice (and one warning) when they are not: records that cannot be verified must
+    not steer the kubelet's units."""
+    from deviceplugin.record_pods import RecordChooser
+    from tessera.record_keys import KeyFileError
+    from tessera_edge.keyfiles import KeyringSource
+
+    try:
+        keys = KeyringSource(config.integrity_key_file)
+    except KeyFileError as exc:
+        log.warning(
+            "GetPreferredAllocation does not follow allocation records: %s "
+            "(--integrity-key-file); the kubelet's units may name other GPUs than the records",
+            exc,
+        )
+        return None
+    return RecordChooser(
+        api,
+        config.node_name,
+        keys,
+        lambda: agent.inventory,
+        config.pod_resources_socket,
+    )
 
 
 def _check_inventory(

@@ -10,8 +10,12 @@ from dataclasses import dataclass
 from deviceplugin.backend import BACKENDS
 from deviceplugin.health import DEFAULT_IGNORED_XIDS, parse_xid_list
 from deviceplugin.inventory import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_LEASE_DURATION_S
-from deviceplugin.server import DEFAULT_PLUGIN_DIR
-from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_MEMORY_UNIT_MIB
+from deviceplugin.server import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from tessera.resources import (
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_INTEGRITY_KEY_FILE,
+    DEFAULT_MEMORY_UNIT_MIB,
+)
 from tessera_cli.flags import FlagGroup
 from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
 
@@ -100,6 +104,21 @@ class DevicePluginConfig:
         type=seconds(),
         default=0.1,
         metavar="SECONDS",
+    )
+    pod_resources_socket: str = _KUBELET.flag(
+        "the kubelet's pod-resources socket (<kubelet root dir>/pod-resources/kubelet.sock): "
+        "which containers already hold units, so GetPreferredAllocation finds the pod being "
+        "admitted. Default: %(default)s.",
+        default=DEFAULT_POD_RESOURCES_SOCKET,
+        metavar="PATH",
+    )
+    integrity_key_file: str = _KUBELET.flag(
+        "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
+        "verify the scheduler's record signatures: GetPreferredAllocation follows only records "
+        "that verify. Missing: records are not followed (the default choice is used). "
+        "Default: %(default)s.",
+        default=DEFAULT_INTEGRITY_KEY_FILE,
+        metavar="PATH",
     )
 
     health_ignore_xids: frozenset[int] = _HEALTH.flag(

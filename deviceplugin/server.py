@@ -8,7 +8,9 @@ calls GetDevicePluginOptions from inside its Register handler.
 - ListAndWatch sends the current snapshot at once and again on every change; every message is
   complete. A newer ListAndWatch stream of the same resource ends the older ones, so a
   kubelet that reconnects never leaves threads behind.
-- GetPreferredAllocation keeps a container's units on as few devices as possible.
+- GetPreferredAllocation answers with the units of the allocation record of the pod being
+  admitted when a `chooser` (record_pods.py) finds it; otherwise (no chooser, or no pod that
+  fits unambiguously) it keeps a container's units on as few devices as possible.
 - Allocate answers every container at once, from the request alone: no pod lookup, no lock
   held across calls, nothing that can block. What it returns (an env var and a container
   annotation saying how many units of which device the kubelet counted) is informational;
@@ -65,8 +67,14 @@ from tessera.errors import ErrorTable, InputError, TesseraError
 
 log = logging.getLogger(__name__)
 
+Chooser = Callable[[str, Sequence[str], Sequence[str], int], list[str] | None]
+"""(resource, available, must-include, size) -> the preferred IDs, or None for the default
+choice. Must not raise (record_pods.RecordChooser logs and returns None instead)."""
+
 API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+"""The kubelet's pod-resources API (v1 PodResourcesLister) under its default root dir."""
 KUBELET_SOCKET_NAME = "kubelet.sock"
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
@@ -161,9 +169,12 @@ class ResourceState:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, state: ResourceState, stopping: threading.Event) -> None:
+    def __init__(
+        self, state: ResourceState, stopping: threading.Event, chooser: Chooser | None = None
+    ) -> None:
         self._state = state
         self._stopping = stopping
+        self._chooser = chooser
         self._annotation = annotation_key(state.resource)
         self.allocations = 0
 
@@ -205,11 +216,39 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             check_allocation_size(creq.allocation_size)
         response = pb.PreferredAllocationResponse()
         for creq in requests:
-            ids = preferred_allocation(
-                creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size
-            )
+            ids = self._record_choice(creq)
+            if ids is None:
+                ids = preferred_allocation(
+                    creq.available_deviceIDs, creq.must_include_deviceIDs, creq.allocation_size
+                )
             response.container_responses.add(deviceIDs=ids)
         return response
+
+    def _record_choice(self, creq: pb.ContainerPreferredAllocationRequest) -> list[str] | None:
+        """The chooser's answer when it is one the kubelet can take: the wanted count of
+        distinct available IDs, every must-include one among them. A chooser that fails is
+        a bookkeeping miss, never the kubelet's: its call still gets the default answer."""
+        if self._chooser is None:
+            return None
+        available = creq.available_deviceIDs
+        must = creq.must_include_deviceIDs
+        try:
+            ids = self._chooser(self._state.resource, available, must, creq.allocation_size)
+        except Exception:
+            log.exception("%s: choosing the record's units failed", self._state.resource)
+            return None
+        if ids is None:
+            return None
+        offered = set(available)
+        if (
+            len(ids) != creq.allocation_size
+            or len(set(ids)) != len(ids)
+            or not offered.issuperset(ids)
+            or not set(ids).issuperset(must)
+        ):
+            log.error("%s: record units that do not fit the request ignored", self._state.resource)
+            return None
+        return list(ids)
 
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
@@ -340,7 +379,13 @@ class PluginServer:
     BACKOFF_START_S = 0.1
     BACKOFF_MAX_S = 5.0
 
-    def __init__(self, resource: str, plugin_dir: Path, workers: int = 4) -> None:
+    def __init__(
+        self,
+        resource: str,
+        plugin_dir: Path,
+        workers: int = 4,
+        chooser: Chooser | None = None,
+    ) -> None:
         self.resource = resource
         self.plugin_dir = plugin_dir
         self.endpoint = socket_name(resource)
@@ -348,7 +393,7 @@ class PluginServer:
         self.state = ResourceState(resource)
         self._workers = workers
         self._stopping = threading.Event()
-        self.servicer = DevicePluginServicer(self.state, self._stopping)
+        self.servicer = DevicePluginServicer(self.state, self._stopping, chooser)
         self._server: grpc.Server | None = None
         self._socket_id: tuple[int, int] | None = None
         # registration bookkeeping: the watcher asks for a registration by bumping `wanted`;
@@ -444,12 +489,13 @@ class PluginManager:
         poll_interval_s: float = 0.1,
         register_timeout_s: float = 10.0,
         on_registered: Callable[[Registration], None] | None = None,
+        chooser: Chooser | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.kubelet_socket = (
             Path(kubelet_socket) if kubelet_socket else self.plugin_dir / KUBELET_SOCKET_NAME
         )
-        self.servers = {r: PluginServer(r, self.plugin_dir) for r in resources}
+        self.servers = {r: PluginServer(r, self.plugin_dir, chooser=chooser) for r in resources}
         self.poll_interval_s = poll_interval_s
         self.register_timeout_s = register_timeout_s
         self._on_registered = on_registered

@@ -174,7 +174,7 @@ def device_of(unit: str) -> str:
     return parts[0] if parts else unit
 
 
-def _unit_number(unit: str) -> int:
+def unit_number(unit: str) -> int:
     parts = _split(unit)
     return parts[1] if parts else 0
 
@@ -367,7 +367,7 @@ def preferred_allocation(
         order.setdefault(device, len(order))
         free.setdefault(device, []).append(unit)
     for units in free.values():
-        units.sort(key=_unit_number)
+        units.sort(key=unit_number)
 
     def take(device: str, count: int) -> None:
         nonlocal need

@@ -6,7 +6,8 @@ the API that tessera uses, with the semantics that matter for correctness:
 - resources: pods (with the `binding` and `status` subresources), nodes, events, leases
   (coordination.k8s.io/v1) and the `NodeDevices` custom resource (tessera.dev/v1alpha1,
   cluster-scoped, with a `status` subresource);
-- get, list (all namespaces or one), create, update (PUT with resourceVersion: a stale one
+- get, list (all namespaces or one; `fieldSelector` with `path=value` and `path!=value`
+  terms, e.g. `spec.nodeName=node-a`), create, update (PUT with resourceVersion: a stale one
   gets 409 Conflict), patch (merge, strategic merge treated as merge, JSON patch), delete;
 - one global resourceVersion counter; watch as a chunked stream of JSON lines
   (`{"type": ..., "object": ...}`), from a given resourceVersion, with optional bookmarks;
@@ -205,6 +206,31 @@ class _Watcher:
     namespace: str | None
     events: list[Obj] = field(default_factory=list)
     closed: bool = False
+
+
+_FIELD_TERM = re.compile(r"^([A-Za-z.]+)(!=|==|=)(.*)$")
+
+
+def _field_terms(selector: str) -> list[tuple[list[str], bool, str]]:
+    """(field path, equal?, value) per term of a field selector; 400 for other syntax."""
+    terms = []
+    for term in filter(None, selector.split(",")):
+        match = _FIELD_TERM.match(term)
+        if match is None:
+            raise ApiProblemError(400, "BadRequest", f"unsupported field selector {term!r}")
+        path, op, value = match.groups()
+        terms.append((path.split("."), op != "!=", value))
+    return terms
+
+
+def _selected(obj: Obj, terms: list[tuple[list[str], bool, str]]) -> bool:
+    for path, equal, value in terms:
+        field: Any = obj
+        for part in path:
+            field = field.get(part) if isinstance(field, dict) else None
+        if (str(field if field is not None else "") == value) != equal:
+            return False
+    return True
 
 
 def write_kubeconfig(path: str | Path, server: str, token: str = "fake-token") -> str:
@@ -583,13 +609,19 @@ class FakeApiServer:
     # --- list and watch -----------------------------------------------------------------------
 
     def list(
-        self, resource: str, namespace: str | None, limit: int = 0, continue_token: str = ""
+        self,
+        resource: str,
+        namespace: str | None,
+        limit: int = 0,
+        continue_token: str = "",
+        field_selector: str = "",
     ) -> Obj:
         """A list; with `limit`, one page and a `continue` token (an offset: unlike the
         real server, later pages show the store as it is then, not a snapshot)."""
+        terms = _field_terms(field_selector)
         with self._lock:
             prefix, _, kind = RESOURCES[resource]
-            items = self.items(resource, namespace)
+            items = [o for o in self.items(resource, namespace) if _selected(o, terms)]
             meta: Obj = {"resourceVersion": str(self._rv)}
             if limit > 0:
                 start = int(continue_token or 0)
@@ -810,7 +842,8 @@ class _Handler(BaseHTTPRequestHandler):
         if name is None:
             if method == "GET":
                 limit = int(query.get("limit") or 0)
-                return fake.list(resource, ns, limit, query.get("continue", "")), 200
+                selector = query.get("fieldSelector", "")
+                return fake.list(resource, ns, limit, query.get("continue", ""), selector), 200
             if method == "POST":
                 obj = dict(body or {})
                 meta = dict(obj.get("metadata") or {})

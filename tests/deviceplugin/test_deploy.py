@@ -9,14 +9,18 @@ import pytest
 import yaml
 
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, cr_spec
+from deviceplugin.record_pods import RecordChooser
 from kube_edge.client import KubeClient
+from tessera.record import Keyring
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_INTEGRITY_KEY_FILE,
     INVENTORY_GROUP,
     INVENTORY_KIND,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
 )
+from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.deviceplugin.conftest import ROOT
@@ -145,6 +149,13 @@ def test_rbac_grants_exactly_what_the_agent_calls() -> None:
         publisher.publish(inventory.with_gpu_health(inventory.gpus[0].uuid, False, "x"))
         server.fail("/apis/coordination.k8s.io", method="PUT", status=409)
         publisher.heartbeat()  # a conflict path: GET again, then PUT
+        chooser = RecordChooser(
+            KubeClient.for_host(server.url),
+            "node-a",
+            KeyringSource.fixed(Keyring.generate().verifier()),
+            lambda: inventory,
+        )
+        chooser.pods()  # GetPreferredAllocation's look at the pods bound to this node
         needed = _needed(server.requests)
     assert needed == _granted()
     assert not any("status" in resource for _, _, resource, _ in _granted())
@@ -161,10 +172,14 @@ def test_daemonset_wiring() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert (
         mounts["device-plugins"] == volumes["device-plugins"] == "/var/lib/kubelet/device-plugins"
     )
+    assert mounts["pod-resources"] == volumes["pod-resources"] == "/var/lib/kubelet/pod-resources"
+    keys = next(v for v in pod["volumes"] if v["name"] == "record-keys")
+    assert keys["secret"] == {"secretName": "tessera-record-verify", "optional": True}
+    assert mounts["record-keys"] == DEFAULT_INTEGRITY_KEY_FILE
     from deviceplugin.cli import build_parser
 
     known = {s for a in build_parser()._actions for s in a.option_strings}
