@@ -456,6 +456,11 @@ class Node:
         node = self.cp.admin.get(f"/api/v1/nodes/{self.name}")
         return not (node.get("spec") or {}).get("taints")
 
+    @property
+    def pod_resources_socket(self) -> Path:
+        """The kubelet's pod-resources API under its --root-dir."""
+        return self.work / "kubelet" / "pod-resources" / "kubelet.sock"
+
     def start_agent(self) -> None:
         kubeconfig = self.cp.kubeconfig(
             f"agent-{self.name}", token=self.cp.token("tessera-device-plugin", self.name)
@@ -470,6 +475,8 @@ class Node:
                 f"--topology={self.topology}",
                 f"--node-name={self.name}",
                 f"--kubeconfig={kubeconfig}",
+                f"--integrity-key-file={self.cp.integrity_dir / 'public'}",
+                f"--pod-resources-socket={self.pod_resources_socket}",
                 "--heartbeat-interval=2",
                 "--lease-duration=8",
                 "--health-query-interval=0",

@@ -2,7 +2,9 @@
 shim and runc, tessera's node agent as the kubelet's device plugin and the NRI hook, joined
 to the control plane of test_control_plane.py.
 
-Checked per release: pods asking for a share, for whole GPUs with an RDMA NIC, with
+Checked per release: the kubelet's pod-resources API names, for a fractional pod and a
+multi-GPU pod, exactly each container's record GPUs (the agent's preferred allocation
+follows the record); pods asking for a share, for whole GPUs with an RDMA NIC, with
 several containers, and with nothing, all reach Running; every container's OCI spec (read
 back from containerd) holds exactly the device nodes its record grants and exactly its
 record's GPU UUIDs in the environment; a VF's netdev moves into the pod's network
@@ -20,9 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from kube_edge.client import pod_path
+from protos.kubelet.podresources.v1 import api_pb2 as prpb
+from protos.kubelet.podresources.v1 import api_pb2_grpc as prpb_grpc
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation
 from tests.e2e import binaries
@@ -175,6 +180,54 @@ WORKLOADS: dict[str, dict[str, Any]] = {
     },
     "n-plain": {"limits": {}},
 }
+
+
+GPU_RESOURCES = (rn.GPU, rn.GPU_CORE, rn.GPU_MEMORY_RATIO, rn.GPU_MEMORY, rn.NVIDIA_GPU)
+
+
+def _pod_resources(n: Node) -> dict[tuple[str, str], dict[str, dict[str, list[str]]]]:
+    """The kubelet's pod-resources List: (namespace, pod) -> container -> resource -> IDs."""
+    with grpc.insecure_channel(f"unix://{n.pod_resources_socket}") as channel:
+        stub: Any = prpb_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        answer = stub.List(prpb.ListPodResourcesRequest(), timeout=10)
+    out: dict[tuple[str, str], dict[str, dict[str, list[str]]]] = {}
+    for pod in answer.pod_resources:
+        containers = out.setdefault((pod.namespace, pod.name), {})
+        for c in pod.containers:
+            containers[c.name] = {d.resource_name: list(d.device_ids) for d in c.devices}
+    return out
+
+
+def test_pod_resources_name_each_containers_record_gpus(node: Node) -> None:
+    """First on the empty node: the records' GPUs (pinned with the gpu-uuid hint) are not
+    the ones the fewest-devices default would pick (GPU 0, then GPU 1)."""
+    cp = node.cp
+    spec = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node.name}")["spec"]
+    uuids = [g["uuid"] for g in sorted(spec["gpus"], key=lambda g: g["index"])]
+    pods = {
+        f"pr-frac-{node.name}": ({rn.GPU_CORE: "30", rn.GPU_MEMORY: "10"}, uuids[5:6]),
+        f"pr-multi-{node.name}": ({rn.GPU: "200"}, uuids[6:8]),
+    }
+    for name, (limits, pinned) in pods.items():
+        obj = _pinned(node, name, limits=limits)
+        obj["metadata"].setdefault("annotations", {})[rn.GPU_UUID_ANNOTATION] = ",".join(pinned)
+        cp.admin.create(pod_path(P.NS), obj)
+    keys = keyring(cp.integrity_dir)
+    try:
+        for name, (limits, pinned) in pods.items():
+            record = P.record(_running(cp, name), keys)
+            (entry,) = record.containers
+            assert [g.uuid for g in entry.gpus] == pinned, name
+            listed = _pod_resources(node)[(P.NS, name)][entry.name]
+            assert set(listed) == set(limits), (name, listed)
+            for resource, ids in listed.items():
+                assert resource in GPU_RESOURCES
+                # dcgm-exporter's reading: the ID up to its first '::' is the GPU's UUID
+                assert {i.split("::")[0] for i in ids} == set(pinned), (name, resource, ids)
+                assert len(ids) == int(limits[resource])
+    finally:
+        for name in pods:
+            P.delete_now(cp.admin, name)
 
 
 def test_pods_run_with_exactly_their_devices(node: Node) -> None:
