@@ -96,19 +96,27 @@ class Node:
         return self.api.create("pods", obj)
 
     def admit(
-        self, pod: str, container: str, resource: str, size: int, listed: bool = True
+        self,
+        pod: str,
+        container: str,
+        resource: str,
+        size: int,
+        listed: bool = True,
+        reuse: str = "",
     ) -> list[str]:
-        """What the kubelet does per container and resource: offer every free unit, take
-        the plugin's answer, Allocate it, and remember it (pod-resources List shows it,
-        but not for an ordinary init container: `listed` False)."""
+        """What the kubelet does per container and resource: take the units of the init
+        container `reuse` first (must-include), offer them with every free unit, take the
+        plugin's answer, Allocate it, and remember it (pod-resources List shows it, but not
+        for an ordinary init container: `listed` False)."""
+        must = self.held.get(pod, {}).get(reuse, {}).get(resource, [])[:size]
         held = {
             u
-            for name, containers in self.held.items()
+            for containers in self.held.values()
             for devices in containers.values()
             for u in devices.get(resource, [])
         }
         free = [u for u in self.all_units(resource) if u not in held]
-        chosen = self.kubelet.get_preferred_allocation(resource, free, [], size)
+        chosen = self.kubelet.get_preferred_allocation(resource, free + must, must, size)
         self.kubelet.allocate(resource, chosen)
         if listed:
             self.pod_resources.assign("default", pod, container, resource, chosen)
@@ -297,3 +305,14 @@ def test_a_pod_the_kubelet_already_runs_is_not_waiting(node: Node) -> None:
     node.api.patch("pods", "running", {"status": statuses}, "default", "status")
     node.pod("frac", T0, [("main", {rn.GPU: 30}, [5])])
     assert _gpus(node.admit("frac", "main", rn.GPU, 30)) == {node.uuid(5): 30}
+
+
+def test_an_app_container_reusing_its_init_containers_units_completes_them(node: Node) -> None:
+    # the kubelet hands an app container its init container's units first (must-include)
+    # and asks for the rest; the record puts both on GPU 2
+    node.pod("reuse", T0, [("app", {rn.GPU: 50}, [2])], init=[("setup", {rn.GPU: 20}, [2])])
+    setup = node.admit("reuse", "setup", rn.GPU, 20, listed=False)
+    app = node.admit("reuse", "app", rn.GPU, 50, reuse="setup")
+    assert _gpus(setup) == {node.uuid(2): 20}
+    assert set(setup) <= set(app) and _gpus(app) == {node.uuid(2): 50}
+    assert node.chooser.chosen == 2
