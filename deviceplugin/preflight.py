@@ -13,6 +13,7 @@ import json
 import stat
 import sys
 import tempfile
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,15 @@ DEFAULT_HAMI_CORE_LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
 """Where HAMi's device plugin installs HAMi-core on the host."""
 CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
 TOOLKIT_BINARIES: Final = ("/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-ctk")
+NVIDIA_PLUGIN_SOCKET: Final = "nvidia-gpu.sock"
+"""The socket NVIDIA's device plugin serves `nvidia.com/gpu` on, in the kubelet's
+device-plugin directory."""
+CONTAINERD_CONFIG: Final = "/etc/containerd/config.toml"
+CRI_PLUGINS: Final = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+"""Where containerd 1.7 (config version 2) and 2.x (version 3) keep the CRI's
+`containerd.default_runtime_name`."""
+MAX_CONFIG_FILES: Final = 64
+MAX_CONFIG_BYTES: Final = 1 << 20
 MAX_VERSION_CHARS: Final = 200
 """Of /proc/driver/nvidia/version's first line, kept for the report."""
 
@@ -59,6 +69,7 @@ class Options:
     isolation: str = "auto"
     mps_pipe_dir: str = MPS_PIPE_DIR
     hami_core_library: str = DEFAULT_HAMI_CORE_LIBRARY
+    containerd_config: str = CONTAINERD_CONFIG
 
 
 class Node:
@@ -306,9 +317,100 @@ def check_isolation(node: Node, opts: Options) -> Check:
         "NO GPU ISOLATION: fractional GPUs are advertised but neither HAMi-core "
         f"({opts.hami_core_library}) nor an MPS pipe directory ({opts.mps_pipe_dir}) is "
         "present, so pods sharing a GPU are not limited in memory or compute",
-        "install HAMi-core or run the MPS control daemon and set the NRI hook's "
-        "--isolation, or advertise whole GPUs only",
+        "install HAMi-core or run the MPS control daemon and give the NRI hook the same "
+        "--isolation (docs/isolation.md)",
     )
+
+
+def check_nvidia_plugin(node: Node, opts: Options) -> Check:
+    """NVIDIA's device plugin on the same node would hand out the GPUs tessera hands out."""
+    name = "nvidia-device-plugin"
+    sock = f"{opts.device_plugin_dir.rstrip('/')}/{NVIDIA_PLUGIN_SOCKET}"
+    if node.exists(sock):
+        return Check(
+            name,
+            FAIL,
+            f"NVIDIA's device plugin is registered on this node ({sock}): it and tessera "
+            "would both hand out the node's GPUs",
+            "keep NVIDIA's DaemonSet off nodes labelled tessera.dev/node-agent=true and "
+            "drain the node before labelling it (docs/coexistence.md)",
+        )
+    return Check(name, OK, "not registered on this node")
+
+
+def check_default_runtime(node: Node, opts: Options) -> Check:
+    """The NVIDIA runtime as containerd's default gives every GPU to any container whose
+    image sets NVIDIA_VISIBLE_DEVICES=all, outside tessera's allocations."""
+    name = "default-runtime"
+    try:
+        found = _default_runtime(node, opts.containerd_config)
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        return Check(
+            name,
+            WARN,
+            f"cannot read containerd's configuration: {_line(exc)}",
+            "check it by hand: default_runtime_name must not name the NVIDIA runtime",
+        )
+    if found is None:
+        return Check(name, OK, f"not set in {opts.containerd_config} (containerd's default: runc)")
+    runtime, where = found
+    if "nvidia" in runtime.lower():
+        return Check(
+            name,
+            FAIL,
+            f"containerd's default runtime is {runtime!r} ({where}): every container whose "
+            "image sets NVIDIA_VISIBLE_DEVICES=all gets all GPUs, outside tessera",
+            "set default_runtime_name back to runc (nvidia-ctk runtime configure without "
+            "--set-as-default) and give GPU pods the nvidia RuntimeClass",
+        )
+    return Check(name, OK, f"{runtime} ({where})")
+
+
+def _default_runtime(node: Node, config: str) -> tuple[str, str] | None:
+    """containerd's default runtime and the file that sets it (its `imports` are read in
+    order after it, a later file winning), or None when no file sets one."""
+    if not node.exists(config):
+        return None
+    files = [config]
+    found: tuple[str, str] | None = None
+    i = 0
+    while i < len(files):
+        path = files[i]
+        i += 1
+        with node.path(path).open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path} is larger than {MAX_CONFIG_BYTES} bytes")
+        doc = tomllib.loads(raw.decode("utf-8"))
+        plugins = doc.get("plugins")
+        for plugin in CRI_PLUGINS:
+            table = plugins.get(plugin) if isinstance(plugins, dict) else None
+            cri = table.get("containerd") if isinstance(table, dict) else None
+            value = cri.get("default_runtime_name") if isinstance(cri, dict) else None
+            if isinstance(value, str) and value:
+                found = (value, path)
+        if path == config:
+            files.extend(_imports(node, config, doc.get("imports")))
+            if len(files) > MAX_CONFIG_FILES:
+                raise ValueError(f"{config} imports more than {MAX_CONFIG_FILES} files")
+    return found
+
+
+def _imports(node: Node, config: str, imports: object) -> list[str]:
+    """The files an `imports` list names (globs; relative to the config's directory)."""
+    if not isinstance(imports, list):
+        return []
+    base = config.rsplit("/", 1)[0] or "/"
+    files: list[str] = []
+    for entry in imports:
+        if not isinstance(entry, str) or not entry:
+            continue
+        pattern = entry if entry.startswith("/") else f"{base}/{entry}"
+        directory, _, glob = pattern.rpartition("/")
+        files.extend(
+            f"{directory}/{p.name}" for p in node.glob(directory or "/", glob) if p.is_file()
+        )
+    return files
 
 
 def check_toolkit(node: Node) -> Check:
@@ -324,8 +426,8 @@ def check_toolkit(node: Node) -> Check:
         return Check(
             "container-toolkit",
             OK,
-            "NVIDIA container toolkit and CDI specs not "
-            "found (not needed: the NRI hook adds the devices)",
+            "NVIDIA container toolkit and CDI specs not found: the NRI hook adds the "
+            "devices, so GPU containers need the driver libraries in their image or mounted",
         )
     return Check("container-toolkit", OK, "; ".join(parts))
 
@@ -339,6 +441,8 @@ def run_checks(opts: Options, nvml: Callable[[], Any] | None = None) -> list[Che
         check_nri(node, opts),
         check_rdma(node, opts),
         check_isolation(node, opts),
+        check_nvidia_plugin(node, opts),
+        check_default_runtime(node, opts),
         check_toolkit(node),
     ]
 
@@ -382,6 +486,12 @@ def parser() -> CliParser:
     )
     p.add_argument("--mps-pipe-dir", default=MPS_PIPE_DIR, metavar="DIR")
     p.add_argument("--hami-core-library", default=DEFAULT_HAMI_CORE_LIBRARY, metavar="PATH")
+    p.add_argument(
+        "--containerd-config",
+        default=CONTAINERD_CONFIG,
+        metavar="PATH",
+        help="containerd's configuration, read for its default runtime (default: %(default)s)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     return p
 

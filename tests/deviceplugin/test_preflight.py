@@ -225,7 +225,7 @@ def test_toolkit_and_cdi_are_information(
     good_node: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
-    assert "not needed" in checks["container-toolkit"]["reason"]
+    assert "driver libraries" in checks["container-toolkit"]["reason"]
     touch(good_node, "/etc/cdi/nvidia.yaml")
     touch(good_node, "/usr/bin/nvidia-ctk")
     _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
@@ -239,3 +239,45 @@ def test_usage_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert capsys.readouterr().err.count("\n") == 1
     assert main(["--backend", "magic"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_nvidia_device_plugin_on_the_node_fails(
+    good_node: Path, capsys: pytest.CaptureFixture[str], sockets: list[socket.socket]
+) -> None:
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 0 and checks["nvidia-device-plugin"]["status"] == "ok"
+    listen(good_node, "/var/lib/kubelet/device-plugins/nvidia-gpu.sock", sockets)
+    code, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+    assert code == 1 and checks["nvidia-device-plugin"]["status"] == "fail"
+    assert "nvidia-gpu.sock" in checks["nvidia-device-plugin"]["reason"]
+    assert "tessera.dev/node-agent" in checks["nvidia-device-plugin"]["fix"]
+
+
+RUNTIME = '\n[plugins."{}".containerd]\ndefault_runtime_name = "{{}}"\n'
+V2 = "version = 2" + RUNTIME.format("io.containerd.grpc.v1.cri")
+V3 = "version = 3" + RUNTIME.format("io.containerd.cri.v1.runtime")
+
+
+def test_the_nvidia_runtime_as_containerds_default_fails(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def default_runtime() -> dict[str, str]:
+        _, checks = check(capsys, "--root", str(good_node), nvml=FakeNvml())
+        result: dict[str, str] = checks["default-runtime"]
+        return result
+
+    assert default_runtime()["status"] == "ok"  # no configuration: runc
+    config = touch(good_node, "/etc/containerd/config.toml", V2.format("runc"))
+    assert default_runtime()["status"] == "ok"
+    config.write_text(V2.format("nvidia"))
+    got = default_runtime()
+    assert got["status"] == "fail" and "'nvidia'" in got["reason"]
+    assert "NVIDIA_VISIBLE_DEVICES=all" in got["reason"]
+    # 2.x layout, and a drop-in (as nvidia-ctk writes) overriding the main file
+    config.write_text('imports = ["conf.d/*.toml"]\n' + V3.format("runc"))
+    assert default_runtime()["status"] == "ok"
+    touch(good_node, "/etc/containerd/conf.d/99-nvidia.toml", V3.format("nvidia"))
+    got = default_runtime()
+    assert got["status"] == "fail" and "99-nvidia.toml" in got["reason"]
+    config.write_text("version = [")
+    assert default_runtime()["status"] == "warn"
