@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplugin.agent import Agent
-from deviceplugin.record_pods import RecordChooser
+from deviceplugin.record_pods import RecordChooser, _limits
 from deviceplugin.units import device_of
 from kube_edge.client import KubeClient
 from tessera import resources as rn
@@ -316,3 +318,62 @@ def test_an_app_container_reusing_its_init_containers_units_completes_them(node:
     assert _gpus(setup) == {node.uuid(2): 20}
     assert set(setup) <= set(app) and _gpus(app) == {node.uuid(2): 50}
     assert node.chooser.chosen == 2
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+_CONTAINER = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.text(max_size=6) | _JSON,
+        "resources": st.fixed_dictionaries(
+            {}, optional={"limits": st.dictionaries(st.just(rn.GPU), _JSON) | _JSON}
+        )
+        | _JSON,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "spec": st.fixed_dictionaries(
+                {},
+                optional={
+                    "containers": st.lists(_CONTAINER, max_size=3) | _JSON,
+                    "initContainers": st.lists(_CONTAINER, max_size=2) | _JSON,
+                },
+            )
+            | _JSON
+        },
+    )
+)
+def test_any_pod_shape_gives_limits_or_none(pod: dict[str, Any]) -> None:
+    """A pod is the API server's, but its spec came from anyone: no shape makes the limits
+    reader raise, and what it returns is positive counts of named containers."""
+    got = _limits(pod, rn.GPU)
+    assert got is None or all(isinstance(c, str) and n > 0 for c, n in got)
+
+
+def test_limits_follow_the_kubelets_order_and_skip_other_containers() -> None:
+    def c(name: str, value: object) -> dict[str, Any]:
+        return {"name": name, "resources": {"limits": {rn.GPU: value}}}
+
+    pod = {
+        "spec": {
+            "containers": [c("a", "50"), {"name": "plain"}, c("b", 100)],
+            "initContainers": [c("setup", "0"), c("warm", "20")],
+        }
+    }
+    assert _limits(pod, rn.GPU) == (("warm", 20), ("a", 50), ("b", 100))
+    assert _limits(pod, rn.GPU_CORE) == ()
+    assert _limits({"spec": {"containers": [c("a", "1.5")]}}, rn.GPU) is None
