@@ -5,8 +5,8 @@ few GPU-count heuristics in a kube-scheduler based simulator. What carries over 
 simulator, in our own code:
 
 - Node scores are the integers 0..100 a kube-scheduler score plugin returns (here divided
-  by 100); the framework picks uniformly at random among the nodes with the highest
-  score, so truncation to integers matters and is kept.
+  by 100; truncated as Go truncates); the replay breaks ties among the nodes with the
+  highest score (see `tessera_sim.replay`), so truncation to integers matters and is kept.
 - Random: every feasible node scores the same; a share goes to a random fitting GPU.
 - DotProd: the free vector [host CPU, total free GPU] of the node dotted with the pod's
   request [CPU, GPU], both divided by the largest node (128 cores, 8 GPUs); score =
@@ -18,6 +18,9 @@ simulator, in our own code:
   measured against the trace's typical pods (the most popular (CPU, GPU) classes that make
   up 95% of the pods, CPU-only pods included, which count all idle GPU as fragment). A
   share goes to the GPU with the best score, lowest index first on ties.
+GpuPacking and GpuClustering, the paper's two GPU-count heuristics, are in
+`tessera_sim.reference_gpu`.
+
 Whole GPUs go to the lowest-indexed free GPUs in every policy (all GPUs of an openb node
 are alike, and so is tessera's choice there).
 """
@@ -94,8 +97,10 @@ def _cpu(value: int | None) -> int:
 
 
 def _int_score(x: float) -> float:
-    """A kube-scheduler plugin's integer score (0..100, truncated), as a fraction."""
-    return math.floor(x * 100 + 1e-9) / 100
+    """A kube-scheduler plugin's integer score (0..100, truncated as Go's int64() does),
+    as a fraction. BestFit and DotProd compute x with the plugins' own floating-point
+    operations in the same order, so the truncation lands where theirs does."""
+    return math.floor(x * 100) / 100
 
 
 def _best_fit_option(node: NodeState, option: Option) -> float:
@@ -223,7 +228,7 @@ class DotProdPolicy(ReferencePolicy):
         dot = (cpu_free / MAX_CPU_MILLI) * (case.cpu_milli / MAX_CPU_MILLI) + (
             _vector_gpu_free(index, rows) / MAX_GPU_PERCENT
         ) * (_demand(case) / MAX_GPU_PERCENT)
-        out: FloatArray = np.floor((1.0 - dot / 2) * 100 + 1e-9) / 100
+        out: FloatArray = np.floor((1.0 - dot / 2) * 100) / 100
         return out
 
 
@@ -249,7 +254,7 @@ class BestFitPolicy(ReferencePolicy):
             0.5 * (cpu_free - case.cpu_milli) / MAX_CPU_MILLI
             + 0.5 * (_vector_gpu_free(index, rows) - _demand(case)) / MAX_GPU_PERCENT
         )
-        out: FloatArray = np.floor((1.0 - left) * 100 + 1e-9) / 100
+        out: FloatArray = np.floor((1.0 - left) * 100) / 100
         return out
 
 

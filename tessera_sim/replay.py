@@ -161,6 +161,8 @@ class Replayer:
         idle_sum = float(idle.sum())
 
         tie_rng = np.random.default_rng(seed)
+        # policies that keep their own record of what runs where (GpuClustering)
+        bound = getattr(policy, "bound", None)
         count = len(pods)
         arrived = np.zeros(count, dtype=np.int64)
         allocated = np.zeros(count, dtype=np.int64)
@@ -195,6 +197,8 @@ class Replayer:
                         f"{pod.name}: ranked {chosen} but placing it failed: {placement.reason}"
                     )
                 state.add(placement.allocation)
+                if bound is not None:
+                    bound(chosen, request)
                 where.append((chosen, _gpu_indices(placement.allocation)))
                 allocated_total += pod.gpu_milli_total
                 placed[i] = True

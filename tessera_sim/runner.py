@@ -23,6 +23,12 @@ from tessera_sim.reference import (
     FgdPolicy,
     RandomPolicy,
 )
+from tessera_sim.reference_gpu import (
+    GPUCLUSTERING,
+    GPUPACKING,
+    GpuClusteringPolicy,
+    GpuPackingPolicy,
+)
 from tessera_sim.replay import Replayer, RunResult, arrival_order
 from tessera_sim.trace import TraceNode, TracePod, load_nodes, load_pods
 from tessera_sim.variants import constrain_models, cpu_heavy, cpu_variant_name, variant_name
@@ -41,7 +47,9 @@ OPENB_TRACES = (
     "multigpu40",
     "multigpu50",
 )
-TABLE_POLICIES = (*REFERENCE_POLICIES, DEFAULT_POLICY)
+BASELINES = (*REFERENCE_POLICIES, GPUCLUSTERING, GPUPACKING)
+"""The paper's baselines, FGD included."""
+TABLE_POLICIES = (*BASELINES, DEFAULT_POLICY)
 
 
 OFFLINE = "fragmentation-offline"
@@ -52,7 +60,7 @@ at the future, as FGD does; the default learns online)."""
 def policy_names() -> tuple[str, ...]:
     """Every policy the simulator can run: tessera's, the paper's baselines, and the
     offline variant of tessera's."""
-    return tuple(POLICIES) + tuple(n for n in REFERENCE_POLICIES if n not in POLICIES) + (OFFLINE,)
+    return tuple(POLICIES) + tuple(n for n in BASELINES if n not in POLICIES) + (OFFLINE,)
 
 
 def trace_name(pods_path: Path | str) -> str:
@@ -118,6 +126,10 @@ def make_policy(name: str, trace: Trace, seed: int, memory_mode: str = "share") 
         return DotProdPolicy()
     if name == "bestfit":
         return BestFitPolicy()
+    if name == GPUPACKING:
+        return GpuPackingPolicy()
+    if name == GPUCLUSTERING:
+        return GpuClusteringPolicy()
     if name == "fgd":
         return FgdPolicy(measure_workload(trace, memory_mode))
     if name == OFFLINE:
