@@ -177,9 +177,14 @@ class Decider:
         """(fits, case, eligible slots, host fits, scores) for every row; the scores of
         the rows that fit are the policy's, from its vector form or else exact."""
         idx = self.index
-        # rows 0..n-1 in order (the usual case: every node, none removed) read as views
+        # rows 0..n-1 in order (the usual case: every node, none removed) read as views;
+        # names given in another order keep their order (the last row alone says nothing)
         sel: IntArray | slice = (
-            slice(0, rows.size) if rows.size and int(rows[-1]) == rows.size - 1 else rows
+            slice(0, rows.size)
+            if rows.size
+            and int(rows[-1]) == rows.size - 1
+            and (rows is idx.all_rows() or bool(np.all(rows[1:] > rows[:-1])))
+            else rows
         )
         host_ok = (idx.cpu_free[sel] >= request.cpu_milli) & (
             idx.mem_free[sel] >= request.memory_mib

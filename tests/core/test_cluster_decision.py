@@ -148,3 +148,17 @@ def test_policy_override_per_pod() -> None:
 def test_unknown_default_policy() -> None:
     with pytest.raises(ValueError):
         Decider(ClusterState(), {}, "binpack")
+
+
+def test_nodes_named_out_of_row_order_keep_their_own_results() -> None:
+    # three nodes, rows 0, 1, 2; asked as [n1, n0, n2] the last name is the last row,
+    # which once made the vector path read rows 0, 1, 2 for names n1, n0, n2
+    decider = make_decider(3)
+    names = sorted(decider.state.nodes)
+    fill(decider, [(0, 1)] * 8)  # the second node gets busy
+    request = parse_pod(pod("probe", containers={"main": REQUESTS[0]}))
+    in_order = decider.evaluate(request, names)
+    shuffled = decider.evaluate(request, [names[1], names[0], names[2]])
+    assert shuffled.scores == in_order.scores
+    assert shuffled.failures.keys() == in_order.failures.keys()
+    assert len(set(in_order.scores.values())) > 1
