@@ -54,10 +54,17 @@ def _mib(value: int) -> str:
     return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value} MiB"
 
 
-class _Scratch:
-    """Mutable copies of a node's free vectors while a pod is being placed."""
+class _Attempt:
+    """One attempt to place a pod on a node: the pod, the node, the policy, the GPU slots the
+    pod may use, and mutable copies of the node's free vectors as devices are taken."""
 
-    def __init__(self, node: NodeState) -> None:
+    def __init__(
+        self, node: NodeState, request: PodRequest, policy: Policy, slots: list[int]
+    ) -> None:
+        self.node = node
+        self.request = request
+        self.policy = policy
+        self.slots = slots
         self.core = list(node.free_core)
         self.mem = list(node.free_mem)
         self.nic = list(node.nic_free)
@@ -111,13 +118,13 @@ def place_pod(
         slots, problem = eligible_gpu_slots(node, request.hints)
         if problem is not None:
             return problem
-    scratch = _Scratch(node)
+    attempt = _Attempt(node, request, policy, slots)
     try:
-        allocations = _place_containers(node, request, policy, scratch, slots)
+        allocations = _place_containers(attempt)
     except _NoFitError as exc:
         return exc.nofit
     score = (
-        policy.placement_score(node, request, node.gpu_free, scratch.gpu()) if scored else math.nan
+        policy.placement_score(node, request, node.gpu_free, attempt.gpu()) if scored else math.nan
     )
     alloc = PodAllocation(
         pod_uid=request.uid,
@@ -147,13 +154,8 @@ def _order(containers: Sequence[ContainerRequest]) -> list[ContainerRequest]:
     return sorted(containers, key=key)
 
 
-def _place_containers(
-    node: NodeState,
-    request: PodRequest,
-    policy: Policy,
-    scratch: _Scratch,
-    slots: list[int],
-) -> list[ContainerAllocation]:
+def _place_containers(a: _Attempt) -> list[ContainerAllocation]:
+    node, request = a.node, a.request
     placed: dict[str, ContainerAllocation] = {}
     for c in _order(request.containers):
         if c.init and not c.sidecar:
@@ -170,8 +172,8 @@ def _place_containers(
                 placed[c.name] = reused
                 continue
         try:
-            gpus = _place_gpus(node, c, request, policy, scratch, slots)
-            rdma = _place_rdma(node, c, request.hints, policy, scratch, [g[0] for g in gpus])
+            gpus = _place_gpus(a, c)
+            rdma = _place_rdma(a, c, [g[0] for g in gpus])
         except _NoFitError as exc:
             if len(request.containers) > 1:
                 raise _NoFitError(
@@ -240,59 +242,45 @@ def _reuse(
 # --- GPUs -------------------------------------------------------------------------------------
 
 
-def _place_gpus(
-    node: NodeState,
-    c: ContainerRequest,
-    request: PodRequest,
-    policy: Policy,
-    scratch: _Scratch,
-    slots: list[int],
-) -> list[tuple[int, int, int]]:
-    """Chosen (slot, core, memory MiB) grants for one container, applied to `scratch`."""
+def _place_gpus(a: _Attempt, c: ContainerRequest) -> list[tuple[int, int, int]]:
+    """Chosen (slot, core, memory MiB) grants for one container, taken from `a`."""
     if not c.wants_gpu:
         return []
     if c.gpu_count:
-        chosen = _choose_whole(node, c.gpu_count, request.hints, policy, scratch, slots)
-        grants = [(s, _FULL, node.total_mem[s]) for s in chosen]
+        grants = [(s, _FULL, a.node.total_mem[s]) for s in _choose_whole(a, c.gpu_count)]
     else:
-        grants = [_choose_share(node, c, request, policy, scratch, slots)]
+        grants = [_choose_share(a, c)]
     for s, core, mem in grants:
-        scratch.core[s] -= core
-        scratch.mem[s] -= mem
+        a.core[s] -= core
+        a.mem[s] -= mem
     return grants
 
 
-def _choose_share(
-    node: NodeState,
-    c: ContainerRequest,
-    request: PodRequest,
-    policy: Policy,
-    scratch: _Scratch,
-    slots: list[int],
-) -> tuple[int, int, int]:
+def _choose_share(a: _Attempt, c: ContainerRequest) -> tuple[int, int, int]:
+    node, request, policy = a.node, a.request, a.policy
     unit = node.inventory.memory_unit_mib
     seen: set[tuple[int, int, int]] = set()
     candidates: list[tuple[int, int]] = []
-    for s in slots:
+    for s in a.slots:
         need = c.memory_mib_on(node.total_mem[s], unit)
-        if scratch.core[s] < c.core or scratch.mem[s] < need:
+        if a.core[s] < c.core or a.mem[s] < need:
             continue
-        signature = (scratch.core[s], scratch.mem[s], node.total_mem[s])
+        signature = (a.core[s], a.mem[s], node.total_mem[s])
         if signature in seen:
             continue  # an identical GPU scored already; the lower slot wins ties
         seen.add(signature)
         candidates.append((s, need))
     if not candidates:
-        raise _NoFitError(*_share_shortfall(node, c, scratch, slots))
+        raise _NoFitError(*_share_shortfall(a, c))
     if len(candidates) == 1 and not policy.option_score_draws:
         return candidates[0][0], c.core, candidates[0][1]  # nothing to compare
     best: tuple[float, int, int] | None = None
-    free = scratch.gpu()
+    free = a.gpu()
     for s, need in candidates:
         option = Option(
             (s,),
-            (scratch.core[s] - c.core,),
-            (scratch.mem[s] - need,),
+            (a.core[s] - c.core,),
+            (a.mem[s] - need,),
             request.cpu_milli,
             request.memory_mib,
             request.hints.models,
@@ -304,9 +292,8 @@ def _choose_share(
     return best[1], c.core, best[2]
 
 
-def _share_shortfall(
-    node: NodeState, c: ContainerRequest, scratch: _Scratch, slots: list[int]
-) -> tuple[str, bool]:
+def _share_shortfall(a: _Attempt, c: ContainerRequest) -> tuple[str, bool]:
+    node, slots = a.node, a.slots
     unit = node.inventory.memory_unit_mib
     needs = {s: c.memory_mib_on(node.total_mem[s], unit) for s in slots}
     if all(needs[s] > node.total_mem[s] for s in slots):
@@ -316,14 +303,12 @@ def _share_shortfall(
             f"{_mib(biggest)}",
             True,
         )
-    roomiest = max(
-        slots, key=lambda s: (scratch.core[s] >= c.core, scratch.mem[s], scratch.core[s])
-    )
+    roomiest = max(slots, key=lambda s: (a.core[s] >= c.core, a.mem[s], a.core[s]))
     want = f"{c.core}% compute and {_mib(needs[roomiest])}" if c.core else _mib(needs[roomiest])
     index = node.inventory.gpus[roomiest].index
     return (
-        f"no GPU has {want} free (roomiest: GPU {index} with {scratch.core[roomiest]}% and "
-        f"{_mib(scratch.mem[roomiest])})",
+        f"no GPU has {want} free (roomiest: GPU {index} with {a.core[roomiest]}% and "
+        f"{_mib(a.mem[roomiest])})",
         False,
     )
 
@@ -352,23 +337,22 @@ def _candidate_sets(free: list[int], k: int, node: NodeState) -> list[tuple[int,
     return sorted(sets)
 
 
-def _choose_whole(
-    node: NodeState, k: int, hints: PodHints, policy: Policy, scratch: _Scratch, slots: list[int]
-) -> tuple[int, ...]:
+def _choose_whole(a: _Attempt, k: int) -> tuple[int, ...]:
+    node, slots = a.node, a.slots
     if k > len(slots):
         return_reason = f"needs {k} whole GPUs; the node has {len(slots)} that the pod may use"
         raise _NoFitError(return_reason, unresolvable=not _could_recover(node, k, slots))
-    free = [s for s in slots if scratch.core[s] == _FULL and scratch.mem[s] == node.total_mem[s]]
+    free = [s for s in slots if a.core[s] == _FULL and a.mem[s] == node.total_mem[s]]
     if len(free) < k:
         raise _NoFitError(f"needs {k} whole GPUs, {len(free)} free")
-    scope = hints.topology if k > 1 else None
+    scope = a.request.hints.topology if k > 1 else None
     best: tuple[tuple[int, int, int, int], float, tuple[int, ...]] | None = None
-    gpu_free = scratch.gpu()
+    gpu_free = a.gpu()
     for candidate in _candidate_sets(free, k, node):
         rank = node.tiers.set_rank(candidate)
         if scope is not None and rank[0] > scope:
             continue
-        score = policy.whole_set_score(node, gpu_free, candidate)
+        score = a.policy.whole_set_score(node, gpu_free, candidate)
         if best is None or rank < best[0] or (rank == best[0] and score > best[1]):
             best = (rank, score, candidate)
     if best is None:
@@ -392,16 +376,11 @@ def _could_recover(node: NodeState, k: int, slots: list[int]) -> bool:
 # --- RDMA -------------------------------------------------------------------------------------
 
 
-def _place_rdma(
-    node: NodeState,
-    c: ContainerRequest,
-    hints: PodHints,
-    policy: Policy,
-    scratch: _Scratch,
-    gpu_slots: list[int],
-) -> list[RdmaGrant]:
+def _place_rdma(a: _Attempt, c: ContainerRequest, gpu_slots: list[int]) -> list[RdmaGrant]:
+    """The RDMA grants of one container near its GPUs (`gpu_slots`), taken from `a`."""
     if not c.wants_rdma:
         return []
+    node = a.node
     nics = node.inventory.nics
     if not nics:
         raise _NoFitError("node has no RDMA NICs", unresolvable=True)
@@ -410,7 +389,7 @@ def _place_rdma(
     def tier(i: int) -> Tier:
         return min((nic_gpu_tier(nics[i], g) for g in gpus), default=Tier.NODE)
 
-    limit = hints.rdma_affinity if gpus else None
+    limit = a.request.hints.rdma_affinity if gpus else None
     candidates = [i for i in range(len(nics)) if nics[i].healthy]
     if limit is not None:
         near = [i for i in candidates if tier(i) <= limit]
@@ -423,9 +402,9 @@ def _place_rdma(
 
     def usable(i: int) -> bool:
         if want == _FULL:
-            return scratch.nic[i] == _FULL and all(scratch.vf[i])
-        has_vf = not scratch.vf[i] or any(scratch.vf[i])
-        return scratch.nic[i] >= want and has_vf
+            return a.nic[i] == _FULL and all(a.vf[i])
+        has_vf = not a.vf[i] or any(a.vf[i])
+        return a.nic[i] >= want and has_vf
 
     usable_nics = [i for i in candidates if usable(i)]
     if len(usable_nics) < count:
@@ -434,18 +413,18 @@ def _place_rdma(
             f"needs {what}; {len(usable_nics)} of {len(candidates)} suitable NICs have room"
         )
         raise _NoFitError(return_reason)
-    direction = 1 if policy.pack_nics else -1
-    usable_nics.sort(key=lambda i: (tier(i), direction * scratch.nic[i], i))
+    direction = 1 if a.policy.pack_nics else -1
+    usable_nics.sort(key=lambda i: (tier(i), direction * a.nic[i], i))
     grants = []
     for i in usable_nics[:count]:
         nic = nics[i]
         vfs: tuple[VfGrant, ...] = ()
-        if want < _FULL and scratch.vf[i]:
-            j = scratch.vf[i].index(True)
-            scratch.vf[i][j] = False
+        if want < _FULL and a.vf[i]:
+            j = a.vf[i].index(True)
+            a.vf[i][j] = False
             vfs = (nic.vfs[j],)
         elif want == _FULL:
-            scratch.vf[i] = [False] * len(scratch.vf[i])
-        scratch.nic[i] -= want
+            a.vf[i] = [False] * len(a.vf[i])
+        a.nic[i] -= want
         grants.append(RdmaGrant(nic.pci_bus_id, nic.ibdev, nic.uverbs_minor, want, vfs, nic.netdev))
     return grants
