@@ -83,21 +83,15 @@ class Walkthrough:
 
     def run(self, block: str) -> str:
         script = block.replace("/etc/kubernetes", str(self.etc))
-        done = subprocess.run(
-            ["bash", "-euo", "pipefail", "-c", script],
-            check=False,
-            cwd=self.folder,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT,
-        )
-        assert done.returncode == 0, f"{block}\n--- stdout\n{done.stdout}\n--- {done.stderr}"
-        return done.stdout
+        return self._command(["bash", "-euo", "pipefail", "-c", script], block)
 
     def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        return self._command(["kubectl", *args], f"kubectl {' '.join(args)}", stdin)
+
+    def _command(self, argv: list[str], what: str, stdin: str | None = None) -> str:
+        """`argv`'s output, run in the walkthrough's folder and environment; it must succeed."""
         done = subprocess.run(
-            ["kubectl", *args],
+            argv,
             check=False,
             cwd=self.folder,
             env=self.env,
@@ -106,7 +100,7 @@ class Walkthrough:
             text=True,
             timeout=COMMAND_TIMEOUT,
         )
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        assert done.returncode == 0, f"{what}\n--- stdout\n{done.stdout}\n--- {done.stderr}"
         return done.stdout
 
 
