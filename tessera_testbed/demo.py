@@ -80,7 +80,7 @@ PODS = (
     DemoPod(
         "notebook-b",
         {"main": {rn.GPU_CORE: "30", rn.GPU_MEMORY: "10"}},
-        note="30% compute, 10 GiB",
+        note="30% compute, 10.0 GiB",
     ),
     DemoPod("inference", {"main": {rn.GPU: "50"}}, {rn.GPU_MODEL_ANNOTATION: "T4"}, "half a T4"),
     DemoPod(
@@ -338,12 +338,22 @@ async def _create_containers(
 # --- output ----------------------------------------------------------------------------------
 
 
+def gib(mib: int) -> str:
+    """GPU memory as the demo shows it everywhere: GiB with one decimal."""
+    return f"{mib / 1024:.1f} GiB"
+
+
+def _share(core: int, memory_mib: int) -> str:
+    compute = "no compute share" if core == 0 else f"{core}% compute"
+    return f"{compute}, {gib(memory_mib)}"
+
+
 def _gpus_of(record: Mapping[str, Any], container: str) -> str:
     for c in record["containers"]:
         if c["name"] == container:
             parts = [
                 f"GPU{g['index']}"
-                + ("" if g["core"] == 100 else f" {g['core']}%/{g['memoryMiB'] // 1024}GiB")
+                + ("" if g["core"] == 100 else f" ({_share(g['core'], g['memoryMiB'])})")
                 for g in c.get("gpus", [])
             ]
             parts += [
@@ -395,6 +405,32 @@ def _quiet_logs() -> Iterator[None]:
         root.setLevel(previous)
 
 
+RESOURCE_LEGEND = (
+    (rn.GPU, "compute and memory together, in percent of one GPU (100 per GPU)"),
+    (rn.GPU_CORE, "compute alone, in percent of one GPU (100 per GPU)"),
+    (rn.GPU_MEMORY_RATIO, "memory, in percent of one GPU's memory (100 per GPU)"),
+    (rn.GPU_MEMORY, "memory, in units of {unit} (each GPU's memory, rounded down)"),
+    (rn.RDMA, "a share of an RDMA NIC, in percent (100 per NIC)"),
+)
+
+
+def _legend(unit_mib: int) -> list[str]:
+    """Why the kubelet's five counts are not five pools."""
+    lines = [
+        "      The kubelet counts each resource on its own, but they are five ways to ask",
+        "      for the same devices, not five pools to add up:",
+    ]
+    width = max(len(r.removeprefix(rn.DOMAIN + "/")) for r, _ in RESOURCE_LEGEND)
+    for resource, meaning in RESOURCE_LEGEND:
+        name = resource.removeprefix(rn.DOMAIN + "/")
+        lines.append(f"        {name:<{width}}  {meaning.format(unit=gib(unit_mib))}")
+    lines += [
+        "      A container asks for gpu, or for gpu-core with one memory bound; tessera keeps",
+        "      one account per GPU, so 800 gpu and 800 gpu-core on a node are the same 8 GPUs.",
+    ]
+    return lines
+
+
 def _start_nodes(
     stack: ExitStack, api: FakeApiServer, work: Path, say: Printer
 ) -> dict[str, SimNode]:
@@ -413,8 +449,15 @@ def _start_nodes(
             counts.append(f"{r.removeprefix(rn.DOMAIN + '/')}={len(snapshot.devices)}")
         inv = node.inventory
         model = inv.gpus[0].model if inv.gpus else "-"
-        say(f"      {node.name:<10} {len(inv.gpus)}x {model}, {len(inv.nics)} RDMA NICs")
+        memory = gib(inv.gpus[0].memory_mib) if inv.gpus else "-"
+        say(
+            f"      {node.name:<10} {len(inv.gpus)}x {model} ({memory} each), "
+            f"{len(inv.nics)} RDMA NICs"
+        )
         say(f"      {'':<10} kubelet sees: {', '.join(counts)}")
+    units = {n.inventory.memory_unit_mib for n in nodes.values()}
+    for line in _legend(units.pop() if len(units) == 1 else 1024):
+        say(line)
     return nodes
 
 
@@ -447,12 +490,23 @@ def _describe(pod: DemoPod) -> str:
     return f"  {NAMESPACE + '/' + pod.name:<22} {asks}" + (f"  ({pod.note})" if pod.note else "")
 
 
+def _hami_mib(value: str) -> int:
+    """HAMi-core's limit as the hook writes it (`<MiB>m`) back to MiB."""
+    if not value.endswith("m"):
+        raise ValueError(f"unexpected HAMi-core memory limit {value!r}")
+    return int(value[:-1])
+
+
 def _report_injections(say: Printer, outcomes: Sequence[Outcome]) -> None:
     for outcome in outcomes:
         for container, (devices, env) in outcome.injected.items():
             visible = env.get("NVIDIA_VISIBLE_DEVICES", "")
             n_visible = len(visible.split(",")) if visible else 0
-            memory = [v for k, v in sorted(env.items()) if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")]
+            memory = [
+                gib(_hami_mib(v))
+                for k, v in sorted(env.items())
+                if k.startswith("CUDA_DEVICE_MEMORY_LIMIT")
+            ]
             limits = []
             if memory:
                 limits.append(

@@ -2,6 +2,7 @@
 
 import io
 import json
+import re
 from collections import defaultdict
 
 from tessera import resources as rn
@@ -62,3 +63,31 @@ def test_demo_places_enforces_and_refuses_for_the_right_reasons() -> None:
     assert "8 of 11 pods placed" in text
     assert rn.ALLOCATION_ANNOTATION not in text  # the output explains, it does not dump JSON
     json.dumps([o.record for o in outcomes.values()])
+
+
+def test_demo_shows_memory_in_one_unit_and_the_resources_as_views_of_the_same_gpus() -> None:
+    out = io.StringIO()
+    outcomes = {o.pod.name: o for o in demo.run(out, with_simulation=False)}
+    text = out.getvalue()
+    # one unit, one format: every memory figure is "<n>.<d> GiB"; no MiB, no HAMi "<n>m"
+    assert "MiB" not in text and not re.search(r"\b\d+m\b", text)
+    assert not re.search(r"(?<![\d.])\d+ ?GiB", text), re.findall(r"\S+ ?GiB", text)
+    # the placement line and the injected limit show the same figure for each share
+    for o in outcomes.values():
+        for c in (o.record or {}).get("containers", []):
+            for g in c.get("gpus", []):
+                if g["core"] < 100:
+                    shown = demo.gib(g["memoryMiB"])
+                    assert f"GPU{g['index']} (" in text and shown in text
+                    _, env = o.injected[c["name"]]
+                    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{g['memoryMiB']}m"
+    line = next(ln for ln in text.splitlines() if ln.startswith("  notebook-a/main"))
+    record = outcomes["notebook-a"].record
+    assert record is not None
+    record_mib = record["containers"][0]["gpus"][0]["memoryMiB"]
+    assert f"memory {demo.gib(record_mib)}," in line
+    # the five resources are explained once, each by name, as one set of GPUs
+    legend = text[text.index("not five pools") :]
+    for resource in rn.TESSERA_RESOURCES:
+        assert f"\n        {resource.removeprefix(rn.DOMAIN + '/')} " in legend
+    assert "the same 8 GPUs" in legend
