@@ -281,3 +281,32 @@ def test_the_nvidia_runtime_as_containerds_default_fails(
     assert got["status"] == "fail" and "99-nvidia.toml" in got["reason"]
     config.write_text("version = [")
     assert default_runtime()["status"] == "warn"
+
+
+def test_the_documented_report_is_what_the_command_prints(
+    good_node: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/operations.md's example: the same checks in the same order, with the same
+    verdicts for a node without NRI and without an isolation layer, and the same layout."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    example = doc.split("$ tessera-node-check --root /host\n", 1)[1].split("```", 1)[0]
+    (good_node / "var/run/nri/nri.sock").unlink()
+    (good_node / "usr/local/vgpu/libvgpu.so").unlink()
+    touch(good_node, "/usr/bin/nvidia-ctk")
+    touch(good_node, "/etc/cdi/nvidia.yaml")
+    assert main(["--root", str(good_node)], nvml=FakeNvml) == 1
+    printed = capsys.readouterr().out
+
+    def shape(report: str) -> list[tuple[str, ...]]:
+        """Each line's verdict and check name, or that it is a fix line; the summary."""
+        rows: list[tuple[str, ...]] = []
+        for line in report.strip().splitlines():
+            if line.startswith(" "):
+                rows.append(("fix", str(line.index("->"))))
+            elif line[0].isdigit():
+                rows.append((line,))
+            else:
+                rows.append((line[:6], line.split()[1], str(line.index(line.split()[2]))))
+        return rows
+
+    assert shape(example) == shape(printed)

@@ -227,6 +227,28 @@ def test_second_scheduler_walkthrough_places_a_fractional_pod(walk: Walkthrough)
     record = P.record(placed, load_keyring(walk.folder / "keys" / "public"))
     assert record.containers and record.containers[0].gpus, record
     assert placed["spec"]["schedulerName"] == "tessera"
+
+    # "Check either mode" and "Checking capacity": the page's commands, as written
+    def core_allocated() -> bool:
+        return (
+            walk.kubectl(
+                "get",
+                "nodedevices",
+                NODE,
+                "-o",
+                "jsonpath={.status.allocation.summary.coreAllocated}",
+            )
+            == "20"
+        )
+
+    wait_for(core_allocated, 30, "the scheduler's totals in the node's NodeDevices status")
+    header, *rows = walk.kubectl("get", "nodedevices").splitlines()
+    assert header.split()[:4] == ["NAME", "GPUS", "HEALTHY", "MODEL"], header
+    assert header.split()[-5:] == ["CORE-ALLOC", "CORE-FREE", "MEM-ALLOC", "MEM-FREE", "AGE"]
+    (row,) = [r.split() for r in rows if r.split()[0] == NODE]
+    assert row[1:3] == ["8", "8"] and row[-5:-3] == ["20", "780"], row
+    assert "summary:" in walk.kubectl("get", "nodedevices", NODE, "-o", "yaml")
+    assert re.search(rf"^{NODE}\s+ready\b", walk.kubectl("tessera", "nodes"), re.M)
     leases = walk.kubectl("-n", im.NAMESPACE, "get", "lease", "-o", "name")
     assert "lease.coordination.k8s.io/tessera-kube-scheduler" in leases.split()
     assert "lease.coordination.k8s.io/tessera-scheduler" in leases.split()
