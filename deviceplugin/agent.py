@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from deviceplugin.backend import GpuBackend, NicSource, XidEvent
 from deviceplugin.health import HealthTracker, XidPolicy
 from deviceplugin.inventory import InventoryPublisher
 from deviceplugin.rdma import port_health
-from deviceplugin.server import DEFAULT_PLUGIN_DIR, Chooser, PluginManager
+from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
 from deviceplugin.units import (
     ResourceUnits,
     UnitConfig,
@@ -37,6 +38,9 @@ from deviceplugin.units import (
 from kube_edge.errors import ApiError
 from tessera.errors import InventoryError
 from tessera.model import NodeInventory
+
+if TYPE_CHECKING:
+    from deviceplugin.record_pods import RecordChooser
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +72,8 @@ class Agent:
     nic_source: NicSource | None = None
     publisher: InventoryPublisher | None = None
     clock: Callable[[], float] = time.monotonic
-    chooser: Chooser | None = None
-    """GetPreferredAllocation's record-based choice (record_pods.RecordChooser), if any."""
+    chooser: RecordChooser | None = None
+    """GetPreferredAllocation's record-based choice, if any."""
 
     def __post_init__(self) -> None:
         config = self.config

@@ -37,7 +37,7 @@ from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent
-    from deviceplugin.server import Chooser
+    from deviceplugin.record_pods import RecordChooser
     from kube_edge.client import KubeClient
 
 log = logging.getLogger("deviceplugin")
@@ -232,7 +232,9 @@ def _run(config: DevicePluginConfig) -> int:
     return _serve(agent, config.metrics_port, config.metrics_address)
 
 
-def _record_chooser(config: DevicePluginConfig, api: KubeClient, agent: Agent) -> Chooser | None:
+def _record_chooser(
+    config: DevicePluginConfig, api: KubeClient, agent: Agent
+) -> RecordChooser | None:
     """GetPreferredAllocation by the allocation record, when the record keys are there; the
     default choice (and one warning) when they are not: records that cannot be verified must
     not steer the kubelet's units."""

@@ -1,8 +1,9 @@
 """Prometheus metrics of the node agent, read from the agent when Prometheus scrapes.
 
-Nothing is counted on the kubelet's request path: the collector reads the agent's current
-inventory (devices, health), the units it advertises and the state of its API writes, so a
-scrape always agrees with what the kubelet and the NodeDevices object were last told.
+Nothing is measured on the kubelet's request path: the collector reads the agent's current
+inventory (devices, health), the units it advertises, the state of its API writes and the
+counts GetPreferredAllocation's record chooser keeps, so a scrape always agrees with what
+the kubelet and the NodeDevices object were last told.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class AgentCollector(Collector):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         agent = self._agent
         inventory = agent.inventory
         node = inventory.node_name
@@ -83,6 +84,16 @@ class AgentCollector(Collector):
             api_ok.add_metric([node, "inventory"], 0 if agent.inventory_error else 1)
             api_ok.add_metric([node, "heartbeat"], 0 if agent.heartbeat_error else 1)
         yield from (gpu_info, healthy, memory, nic_healthy, units, skipped, api_ok)
+        if agent.chooser is not None:
+            answers = CounterMetricFamily(
+                "tessera_device_plugin_preferred_allocations",
+                "GetPreferredAllocation answers: with the units of the admitted pod's record, "
+                "or the default choice when that pod could not be told",
+                labels=["node", "answer"],
+            )
+            answers.add_metric([node, "record"], agent.chooser.chosen)
+            answers.add_metric([node, "default"], agent.chooser.fallbacks)
+            yield answers
 
 
 def agent_registry(agent: Agent) -> CollectorRegistry:

@@ -219,6 +219,13 @@ class RecordChooser:
 
     # --- answering ----------------------------------------------------------------------------
 
+    def _count(self, chosen: bool) -> None:
+        with self._lock:  # the kubelet may call for several resources at once
+            if chosen:
+                self.chosen += 1
+            else:
+                self.fallbacks += 1
+
     def demands(self, resource: str) -> tuple[list[Demand], list[str]]:
         views, notes = self.views(resource)
         if not views:
@@ -254,16 +261,16 @@ class RecordChooser:
         try:
             demands, notes = self.demands(resource)
         except PodLookupError as exc:
-            self.fallbacks += 1
+            self._count(chosen=False)
             log.info("%s: preferred allocation by default: %s", resource, exc)
             return None
         choice = choose(available, must_include, size, demands)
         if choice.ids is None:
-            self.fallbacks += 1
+            self._count(chosen=False)
             extra = f"; {notes[0]}" if notes else ""
             log.info("%s: preferred allocation by default: %s%s", resource, choice.reason, extra)
             return None
-        self.chosen += 1
+        self._count(chosen=True)
         if choice.demand is not None:
             with self._lock:
                 key = (choice.demand.pod.uid, resource)

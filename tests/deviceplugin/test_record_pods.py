@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.agent import Agent
+from deviceplugin.metrics import agent_registry
 from deviceplugin.record_pods import RecordChooser, _limits
 from deviceplugin.units import device_of
 from kube_edge.client import KubeClient
@@ -206,6 +207,16 @@ def test_a_forged_record_cannot_steer_units(node: Node, caplog: pytest.LogCaptur
         chosen = node.admit("unsigned", "main", rn.GPU, 40)
     assert node.uuid(7) not in _gpus(chosen)
     assert "preferred allocation by default" in caplog.text
+
+
+def test_the_answers_are_counted_in_the_agents_metrics(node: Node) -> None:
+    node.pod("frac", T0, [("main", {rn.GPU: 30}, [5])])
+    node.admit("frac", "main", rn.GPU, 30)
+    node.admit("nobody", "main", rn.GPU, 45)
+    registry = agent_registry(node.agent)
+    name = "tessera_device_plugin_preferred_allocations_total"
+    assert registry.get_sample_value(name, {"node": NODE, "answer": "record"}) == 1
+    assert registry.get_sample_value(name, {"node": NODE, "answer": "default"}) == 1
 
 
 def test_without_a_pod_that_fits_the_default_choice_is_taken(
