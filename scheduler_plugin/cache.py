@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from scheduler_plugin.compact import interned
 from scheduler_plugin.heartbeats import HeartbeatTracker
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
 from scheduler_plugin.views import (
@@ -218,7 +219,9 @@ class Cache:
         try:
             if not isinstance(spec, Mapping):
                 raise ValueError("spec is missing or not an object")
-            inventory = NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
+            inventory = interned(
+                NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
+            )
         except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
             self._inventory_failed(name, str(exc))
             return

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any
 
 from tessera.allocation import PodAllocation
@@ -44,21 +45,21 @@ log = logging.getLogger(__name__)
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Holds:
     """The pod holds this allocation."""
 
     allocation: PodAllocation
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Nothing:
     """The pod holds no tessera devices (and why, for the debug API)."""
 
     why: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Invalid:
     """The pod carries a record that must not count. It is bound and has not finished
     (judge only decodes such records), so its real device use is unknown: its node
@@ -119,10 +120,12 @@ def judge(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
         return Nothing("no allocation record")
     if is_finished(pod):
         return Nothing("finished")
-    node = pod_node(pod)
+    # interned: many pods share a node and a namespace, and the allocation keeps these
+    node = intern(pod_node(pod))
     if not node:
         return Nothing("record without a binding (interrupted bind)")
     uid, namespace, name = pod_identity(pod)
+    namespace = intern(namespace)
     try:
         alloc = decode(text, keyring, pod_uid=uid, node=node, namespace=namespace, name=name)
     except RecordError as exc:

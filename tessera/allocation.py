@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from tessera.model import RdmaVf
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuGrant:
     """Part or all of one GPU."""
 
@@ -23,7 +23,7 @@ VfGrant = RdmaVf
 """A VF is granted whole: its grant is the VF as the node's inventory describes it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RdmaGrant:
     """Part or all of one RDMA NIC; with SR-IOV, a share comes with one dedicated VF."""
 
@@ -36,7 +36,7 @@ class RdmaGrant:
     netdev: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerAllocation:
     name: str
     gpus: tuple[GpuGrant, ...] = ()
@@ -51,7 +51,7 @@ class ContainerAllocation:
         return not self.reuses
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodAllocation:
     """The devices given to every device-using container of one pod on one node."""
 

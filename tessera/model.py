@@ -56,7 +56,7 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gpu:
     """One physical GPU as discovered on a node."""
 
@@ -85,7 +85,7 @@ class Gpu:
         return 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RdmaVf:
     """An SR-IOV virtual function of an RDMA NIC."""
 
@@ -96,7 +96,7 @@ class RdmaVf:
     netdev: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RdmaNic:
     """An RDMA-capable NIC (physical function) and its virtual functions."""
 
@@ -115,7 +115,7 @@ class RdmaNic:
     health_reason: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeInventory:
     """Every tessera-managed device of one node."""
 

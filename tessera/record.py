@@ -254,7 +254,7 @@ def decode(
     if must_verify:
         _verify(doc, integrity, None if keyring is None else keyring.get())
 
-    alloc = _parse(doc)
+    alloc = _parse(doc, (pod_uid, namespace, name, node))
     if pod_uid is not None and alloc.pod_uid != pod_uid:
         raise RecordMismatchError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
     if node is not None and alloc.node != node:
@@ -395,7 +395,19 @@ class _Fields:
         return value
 
 
-def _parse(doc: dict[str, Any]) -> PodAllocation:
+Known = tuple[str | None, str | None, str | None, str | None]
+"""The (UID, namespace, name, node) a caller expects a record to name."""
+
+
+def _same(value: str, known: str | None) -> str:
+    """`known` when equal to `value`: the caller's string object is kept instead of a second
+    copy (a scheduler holding 50,000 pods keeps each UID and name once, and can share one
+    namespace and node name between many)."""
+    return known if known == value else value
+
+
+def _parse(doc: dict[str, Any], known: Known = (None, None, None, None)) -> PodAllocation:
+    """The allocation a record names; strings equal to `known` are the caller's objects."""
     f = _Fields(
         doc,
         "record",
@@ -412,10 +424,10 @@ def _parse(doc: dict[str, Any]) -> PodAllocation:
         if c.reuses and (c.reuses not in names or c.reuses == c.name):
             raise RecordError(f"record: container {c.name!r} reuses unknown container {c.reuses!r}")
     return PodAllocation(
-        pod_uid=f.text("podUID", nonempty=True),
-        namespace=f.text("namespace", nonempty=True),
-        name=f.text("pod", nonempty=True),
-        node=f.text("node", nonempty=True),
+        pod_uid=_same(f.text("podUID", nonempty=True), known[0]),
+        namespace=_same(f.text("namespace", nonempty=True), known[1]),
+        name=_same(f.text("pod", nonempty=True), known[2]),
+        node=_same(f.text("node", nonempty=True), known[3]),
         containers=containers,
         policy=f.text("policy", default=""),
         cpu_milli=f.number("cpuMilli", MAX_HOST_AMOUNT, default=0),

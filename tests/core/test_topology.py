@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, nic_gpu_tier
 from tessera_edge.topology_file import load_topology
 
@@ -16,9 +18,7 @@ def test_pair_tiers_from_tightest_to_loosest() -> None:
     assert gpu_pair_tier(b, d) is Tier.NUMA
     assert gpu_pair_tier(b, c) is Tier.PCIE_ROOT
     assert gpu_pair_tier(d, e) is Tier.NODE
-    assert (
-        gpu_pair_tier(f, f.__class__(**{**f.__dict__, "uuid": "x", "pcie_root": "r4"})) is Tier.NODE
-    )
+    assert gpu_pair_tier(f, replace(f, uuid="x", pcie_root="r4")) is Tier.NODE
 
 
 def test_nic_tiers() -> None:
