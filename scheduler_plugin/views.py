@@ -119,9 +119,9 @@ class NicUsage:
 
 @dataclass(frozen=True, slots=True)
 class Stats:
-    """Counts and per-GPU usage for /metrics (no pod list: cheap under the lock)."""
+    """Counts for /metrics (no pod or GPU list: cheap under the lock; per-GPU usage is
+    read in batches of nodes, `Cache.gpu_usage`)."""
 
-    gpus: tuple[GpuUsage, ...]
     unusable: int
     """Nodes that take no new tessera pods, for any reason."""
     invalid_records: int

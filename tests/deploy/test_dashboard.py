@@ -34,12 +34,15 @@ def _registries() -> dict[str, CollectorRegistry]:
 
 
 def _families() -> list[tuple[str, str, str]]:
-    """(component, family name, type) of every metric family the components register."""
+    """(component, family name, type) of every metric family the components register, and
+    the scheduler's per-GPU gauges (rendered outside its registry, in batches of nodes)."""
+    from scheduler_plugin.metrics import GPU_FAMILIES
+
     return [
         (component, family.name, family.type)
         for component, registry in _registries().items()
         for family in registry.collect()
-    ]
+    ] + [("scheduler", name, "gauge") for name, _, _ in GPU_FAMILIES]
 
 
 def exported_series() -> set[str]:
