@@ -503,7 +503,14 @@ class FakeApiServer:
                     continue
                 result[k] = copy.deepcopy(v)
             meta = copy.deepcopy(new_meta)
-            for fixed in ("uid", "name", "namespace", "creationTimestamp", "resourceVersion"):
+            for fixed in (
+                "uid",
+                "name",
+                "namespace",
+                "creationTimestamp",
+                "resourceVersion",
+                "generation",
+            ):
                 meta[fixed] = old["metadata"].get(fixed)
                 if meta[fixed] is None:
                     meta.pop(fixed)
@@ -516,6 +523,10 @@ class FakeApiServer:
                     raise ApiProblemError(422, "Invalid", "spec.nodeName: field is immutable")
         if result == old:
             return copy.deepcopy(old)  # no-op writes do not bump the resourceVersion
+        if _spec_part(result, resource) != _spec_part(old, resource):
+            # as the API server does: the generation counts changes of what the object
+            # asks for, not of its metadata or (with a status subresource) its status
+            result["metadata"]["generation"] = int(old["metadata"].get("generation") or 0) + 1
         self._bump(result)
         self._store[key] = result
         self._emit("MODIFIED", resource, result)
@@ -738,6 +749,13 @@ class _Server(ThreadingHTTPServer):
                 conn.shutdown(socket.SHUT_RDWR)
 
 
+def _spec_part(obj: Obj, resource: str) -> Obj:
+    """What counts for the generation: all but metadata (and status, for resources with a
+    status subresource)."""
+    skip = ("metadata", "status") if resource in _STATUS_SUBRESOURCE else ("metadata",)
+    return {k: v for k, v in obj.items() if k not in skip}
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
@@ -768,6 +786,11 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise ApiProblemError(400, "BadRequest", "request body is not JSON") from None
 
+    def _drain(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+
     def do_GET(self) -> None:
         self._dispatch("GET")
 
@@ -791,7 +814,13 @@ class _Handler(BaseHTTPRequestHandler):
         if before is not None:
             before(method, split.path)
         try:
-            body = self._body() if method in ("POST", "PUT", "PATCH") else None
+            # every body is read, used or not (a DELETE may carry DeleteOptions): one left
+            # unread would be taken for the next request on this connection
+            body = None
+            if method in ("POST", "PUT", "PATCH"):
+                body = self._body()
+            else:
+                self._drain()
             if fake.latency:
                 time.sleep(fake.latency)
             fault = fake._fault_for(method, split.path)

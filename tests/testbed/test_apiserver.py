@@ -84,6 +84,40 @@ def test_status_subresource(custom: client.CustomObjectsApi) -> None:
     assert (obj["spec"], obj["status"]) == ({"gpus": 5}, {"used": 1})
 
 
+def test_generation_counts_spec_changes_only(custom: client.CustomObjectsApi) -> None:
+    obj = _obj(custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("n", 1)))
+    assert obj["metadata"]["generation"] == 1
+    obj["status"] = {"used": 1}
+    obj = _obj(custom.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, "n", obj))
+    assert obj["metadata"]["generation"] == 1
+    obj["metadata"]["labels"] = {"a": "b"}
+    obj["metadata"]["generation"] = 40  # a client cannot set it
+    obj = _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj))
+    assert obj["metadata"]["generation"] == 1
+    obj["spec"] = {"gpus": 2}
+    obj = _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", obj))
+    assert obj["metadata"]["generation"] == 2
+
+
+def test_a_delete_body_is_read_and_the_connection_goes_on(server: FakeApiServer) -> None:
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    server.create("nodes", {"metadata": {"name": "n"}})
+    url = urlsplit(server.url)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port)
+    options = json.dumps(
+        {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    )
+    conn.request("DELETE", "/api/v1/nodes/n", body=options)
+    assert conn.getresponse().read() and server.find("nodes", "n") is None
+    conn.request("GET", "/api/v1/nodes")  # the same connection
+    reply = conn.getresponse()
+    assert reply.status == 200 and json.loads(reply.read())["items"] == []
+    conn.close()
+
+
 def test_patches(server: FakeApiServer) -> None:
     server.create("nodes", {"metadata": {"name": "n", "labels": {"a": "1", "b": "2"}}})
     out = server.patch("nodes", "n", {"metadata": {"labels": {"a": None, "c": "3"}}})
