@@ -78,6 +78,20 @@ FenceListener = Callable[[str, str, str, str | None], None]
 NodeListener = Callable[[str], None]
 
 
+def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
+    """A NodeDevices spec as the state takes it: the inventory (its repeated strings
+    interned), or why it cannot be used."""
+    try:
+        if not isinstance(spec, Mapping):
+            raise ValueError("spec is missing or not an object")
+        return interned(NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name))
+    except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
+        return str(exc)
+    except Exception as exc:
+        log.exception("bug: parsing nodedevices/%s raised", name[:253])
+        return f"cannot be read ({type(exc).__name__})"
+
+
 class Cache:
     """The scheduler's state behind one lock (see the module doc). Thread-safe."""
 
@@ -190,13 +204,10 @@ class Cache:
     def upsert_inventory(self, name: str, spec: Any) -> None:
         """A node's NodeDevices spec was seen. One that does not parse, or cannot be
         indexed, makes that node unusable (with the reason) and keeps what it had: nothing
-        else changes."""
+        else changes. (Parsed before the lock is taken: decisions do not wait on it.)"""
+        parsed = parse_inventory(name, spec)
         with self._lock:
-            try:
-                self._upsert_inventory(name, spec)
-            except Exception:
-                log.exception("bug: handling nodedevices %r failed", name[:253])
-                self._inventory_failed(name, INTERNAL_ERROR)
+            self._apply_inventory(name, parsed)
 
     def remove_inventory(self, name: str) -> None:
         """A node's NodeDevices was deleted: its devices leave the state."""
@@ -206,30 +217,36 @@ class Cache:
             self._sync_node(name)
 
     def replace_inventories(self, specs: Iterable[tuple[str, Any]]) -> None:
-        """A full list of NodeDevices as (name, spec): every node not in it is removed."""
+        """A full list of NodeDevices as (name, spec): every node not in it is removed.
+        Each spec is parsed as it comes (outside the lock; only the typed inventories are
+        kept until the list ends), then the state takes them under the lock in one go."""
+        parsed = [(name, parse_inventory(name, spec)) for name, spec in specs]
         with self._lock:
             seen = set()
-            for name, spec in specs:
+            for name, inventory in parsed:
                 seen.add(name)
-                self.upsert_inventory(name, spec)
+                self._apply_inventory(name, inventory)
             for name in (set(self._inventories) | set(self._inventory_errors)) - seen:
                 self.remove_inventory(name)
 
-    def _upsert_inventory(self, name: str, spec: Any) -> None:
+    def _apply_inventory(self, name: str, parsed: NodeInventory | str) -> None:
         try:
-            if not isinstance(spec, Mapping):
-                raise ValueError("spec is missing or not an object")
-            inventory = interned(
-                NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name)
-            )
-        except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
-            self._inventory_failed(name, str(exc))
-            return
-        except Exception as exc:
-            log.exception("bug: parsing nodedevices/%s raised", name)
-            self._inventory_failed(name, f"cannot be read ({type(exc).__name__})")
-            return
+            if isinstance(parsed, str):
+                self._inventory_failed(name, parsed)
+            else:
+                self._upsert_inventory(name, parsed)
+        except Exception:
+            log.exception("bug: handling nodedevices %r failed", name[:253])
+            self._inventory_failed(name, INTERNAL_ERROR)
+
+    def _upsert_inventory(self, name: str, inventory: NodeInventory) -> None:
         previous = self._inventories.get(name)
+        if (
+            previous == inventory
+            and name not in self._inventory_errors
+            and (name in self._state.nodes or not self._node_present(name))
+        ):
+            return  # the same devices (e.g. only the status changed): nothing to redo
         self._inventory_errors.pop(name, None)
         self._inventories[name] = inventory
         if not self._node_present(name):

@@ -20,7 +20,7 @@ back by `Reconciler.expire_assumed`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from sys import intern
 from typing import Any
 
@@ -66,14 +66,43 @@ def _bug(what: str, obj: Mapping[str, Any]) -> None:
     log.exception("bug: handling %s %r failed; skipped it", what, _name(obj)[:253])
 
 
+def _version(obj: Mapping[str, Any]) -> tuple[object, object] | None:
+    """(uid, generation) of an object, or None without a generation. The API server
+    raises a NodeDevices' generation only when its spec changes (status has its own
+    subresource), and a re-created object has another uid."""
+    meta = section(obj, "metadata")
+    generation = meta.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        return None
+    return (meta.get("uid"), generation)
+
+
 class InventoryHandler(Handler):
+    """NodeDevices -> the cache. An event whose spec generation was already handled (a
+    status write, most often the scheduler's own summary) is skipped before parsing."""
+
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
+        self._handled: dict[str, tuple[object, object]] = {}
+        """Node -> (uid, generation) of the NodeDevices last handed to the cache."""
+        self.skipped = 0
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        # pages are all fetched first: the cache replaces under its lock in one go
-        objects = [(name, obj.get("spec")) for obj in items if (name := _name(obj))]
-        self.cache.replace_inventories(objects)
+        handled: dict[str, tuple[object, object]] = {}
+
+        def specs() -> Iterator[tuple[str, Any]]:
+            for obj in items:
+                name = _name(obj)
+                if not name:
+                    continue
+                version = _version(obj)
+                if version is not None:
+                    handled[name] = version
+                yield name, obj.get("spec")
+
+        # the cache parses each spec as the pages come and keeps only the inventories
+        self.cache.replace_inventories(specs())
+        self._handled = handled
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
@@ -81,9 +110,18 @@ class InventoryHandler(Handler):
             return
         try:
             if kind == "DELETED":
+                self._handled.pop(name, None)
                 self.cache.remove_inventory(name)
+                return
+            version = _version(obj)
+            if version is not None and self._handled.get(name) == version:
+                self.skipped += 1
+                return
+            self.cache.upsert_inventory(name, obj.get("spec"))
+            if version is None:
+                self._handled.pop(name, None)
             else:
-                self.cache.upsert_inventory(name, obj.get("spec"))
+                self._handled[name] = version
         except Exception:
             _bug("nodedevices", obj)
 
