@@ -114,8 +114,22 @@ def node_pods(node: str, count: int, tag: str, keyring: Any) -> list[dict[str, A
     return pods
 
 
+def scrape(service: Any) -> int:
+    """GET /metrics as Prometheus does, read as it streams in; returns its size."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", service.server.port)
+    conn.request("GET", "/metrics")
+    reply = conn.getresponse()
+    size = 0
+    while chunk := reply.read(1 << 16):
+        size += len(chunk)
+    conn.close()
+    return size
+
+
 def _scrape_and_status(service: Any) -> None:
-    service.metrics.render()
+    scrape(service)
     writer = service.status_writer
     writer.mark_all()
     while writer.flush():

@@ -70,7 +70,7 @@ class NodeState:
         self.name = inventory.node_name
         gpus = inventory.gpus
         self.total_mem = [g.memory_mib for g in gpus]
-        self.tiers = TierMatrix(gpus)
+        self.tiers = TierMatrix.of(gpus)
         self.nic_vf_bus = [[vf.pci_bus_id for vf in n.vfs] for n in inventory.nics]
         self._recompute_free()
 

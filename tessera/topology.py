@@ -64,8 +64,40 @@ def nic_gpu_tier(nic: RdmaNic, gpu: Gpu) -> Tier:
     return pcie if pcie is not None else _numa_tier(nic.numa_node, gpu.numa_node)
 
 
+_SHARED_LIMIT = 64
+"""Distinct GPU topologies whose matrix is kept for sharing (a cluster has a handful)."""
+_shared: dict[tuple[object, ...], TierMatrix] = {}
+
+
+def _topology_key(gpus: Sequence[Gpu]) -> tuple[object, ...]:
+    """Everything a TierMatrix reads of `gpus`, with NVLink peers as slots, not UUIDs."""
+    slot = {g.uuid: i for i, g in enumerate(gpus)}
+    return tuple(
+        (
+            g.numa_node,
+            g.pcie_root,
+            g.pcie_switch,
+            tuple((slot.get(peer, -1), links) for peer, links in g.nvlinks),
+        )
+        for g in gpus
+    )
+
+
 class TierMatrix:
-    """Pairwise tiers and NVLink counts of one node's GPUs, computed once per inventory."""
+    """Pairwise tiers and NVLink counts of one node's GPUs, computed once per inventory.
+    Read-only once built: nodes of the same topology share one (`of`)."""
+
+    @classmethod
+    def of(cls, gpus: Sequence[Gpu]) -> TierMatrix:
+        """The matrix of `gpus`, shared with every node of the same topology: 5,000 nodes
+        of one kind hold one matrix, not 5,000 (2 KiB each)."""
+        key = _topology_key(gpus)
+        matrix = _shared.get(key)
+        if matrix is None:
+            if len(_shared) >= _SHARED_LIMIT:
+                _shared.clear()
+            matrix = _shared[key] = cls(gpus)
+        return matrix
 
     def __init__(self, gpus: Sequence[Gpu]) -> None:
         n = len(gpus)

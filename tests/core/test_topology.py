@@ -1,5 +1,6 @@
 from dataclasses import replace
 
+from tessera.model import Gpu
 from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, nic_gpu_tier
 from tessera_edge.topology_file import load_topology
 
@@ -49,3 +50,40 @@ def test_nvswitch_sets_prefer_one_socket() -> None:
 def test_scope_parse() -> None:
     assert Scope.parse(" NVLink ") is Scope.NVLINK
     assert int(Scope.PCIE) == int(Tier.PCIE_SWITCH)
+
+
+def _mesh(prefix: str, links: int, root_of: int = 2) -> list[Gpu]:
+    """Four GPUs named by `prefix`, 0-1 and 2-3 NVLinked with `links` links."""
+    uuid = [f"GPU-{prefix}-{i}" for i in range(4)]
+    peer = {0: 1, 1: 0, 2: 3, 3: 2}
+    return [
+        gpu(
+            i,
+            uuid=uuid[i],
+            numa_node=i // 2,
+            pcie_root=f"r{i // root_of}",
+            nvlinks=((uuid[peer[i]], links),),
+        )
+        for i in range(4)
+    ]
+
+
+def test_nodes_of_one_topology_share_a_matrix_equal_to_their_own() -> None:
+    a, b = _mesh("a", 4), _mesh("b", 4)  # other UUIDs, same topology
+    shared = TierMatrix.of(a)
+    assert TierMatrix.of(b) is shared
+    fresh = TierMatrix(b)
+    assert (shared.tier, shared.links, shared.numa, shared.root) == (
+        fresh.tier,
+        fresh.links,
+        fresh.numa,
+        fresh.root,
+    )
+    for other in (_mesh("c", 2), _mesh("d", 4, root_of=4)):
+        matrix = TierMatrix.of(other)
+        assert matrix is not shared
+        assert (matrix.tier, matrix.links, matrix.root) == (
+            TierMatrix(other).tier,
+            TierMatrix(other).links,
+            TierMatrix(other).root,
+        )
