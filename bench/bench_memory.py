@@ -140,8 +140,9 @@ def memory_child() -> None:
     """Prints: peak KiB after loading, then the RSS KiB after each churn cycle."""
     import gc
 
-    from bench.bench_scheduler import filter_prioritize_rounds, lease
+    from bench.bench_scheduler import filter_prioritize_rounds
     from tessera.record import Keyring
+    from tessera_testbed.inventory import heartbeat_lease as lease
 
     keyring = Keyring.generate("bench")
     service = serving_with_keyring(keyring)
