@@ -22,6 +22,7 @@ from typing import Any, Final
 from deviceplugin.server import DEFAULT_PLUGIN_DIR
 from tessera.errors import TesseraError
 from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.paths import check_directory
 from tessera_edge.host_paths import MPS_PIPE_DIR, NRI_SOCKET
 from tessera_edge.topology_file import load_topology
@@ -55,21 +56,42 @@ class Check:
     fix: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+_OPTIONS = FlagGroup(None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Options:
-    root: Path = Path("/")
-    backend: str = "nvml"
-    topology: str = ""
-    device_plugin_dir: str = DEFAULT_PLUGIN_DIR
-    nri_socket: str = NRI_SOCKET
-    rdma: str = "auto"
+    root: str = _OPTIONS.flag(
+        "where the node's / is visible (default: %(default)s)", default="/", metavar="DIR"
+    )
+    backend: str = _OPTIONS.flag(None, choices=("nvml", "fake"), default="nvml")
+    topology: str = _OPTIONS.flag(
+        "with --backend fake: the topology file or built-in name", default="", metavar="FILE|NAME"
+    )
+    device_plugin_dir: str = _OPTIONS.flag(None, default=DEFAULT_PLUGIN_DIR, metavar="DIR")
+    nri_socket: str = _OPTIONS.flag(None, default=NRI_SOCKET, metavar="PATH")
+    rdma: str = _OPTIONS.flag(
+        "auto: check RDMA when the node has RDMA devices (default)",
+        choices=("auto", "required", "off"),
+        default="auto",
+    )
     """auto: check RDMA when the node has RDMA NICs; required: fail without; off."""
-    fractional: bool = True
-    """Fractional GPU resources are advertised (so pods share GPUs and need isolation)."""
-    isolation: str = "auto"
-    mps_pipe_dir: str = MPS_PIPE_DIR
-    hami_core_library: str = DEFAULT_HAMI_CORE_LIBRARY
-    containerd_config: str = CONTAINERD_CONFIG
+    whole_gpus_only: bool = _OPTIONS.flag(
+        "no fractional resources are advertised: no isolation layer needed", action="store_true"
+    )
+    isolation: str = _OPTIONS.flag(
+        "the NRI hook's sharing layer; auto looks for either (default)",
+        choices=("auto", "hami-core", "mps", "none"),
+        default="auto",
+    )
+    mps_pipe_dir: str = _OPTIONS.flag(None, default=MPS_PIPE_DIR, metavar="DIR")
+    hami_core_library: str = _OPTIONS.flag(None, default=DEFAULT_HAMI_CORE_LIBRARY, metavar="PATH")
+    containerd_config: str = _OPTIONS.flag(
+        "containerd's configuration, read for its default runtime (default: %(default)s)",
+        default=CONTAINERD_CONFIG,
+        metavar="PATH",
+    )
+    output: str = _OPTIONS.flag(None, short="-o", choices=("table", "json"), default="table")
 
 
 class Node:
@@ -286,7 +308,7 @@ def check_rdma(node: Node, opts: Options) -> Check:
 
 def check_isolation(node: Node, opts: Options) -> Check:
     name = "isolation"
-    if not opts.fractional:
+    if opts.whole_gpus_only:
         return Check(name, OK, "not needed: only whole GPUs are advertised")
     hami = node.path(opts.hami_core_library).is_file()
     mps = node.path(opts.mps_pipe_dir).is_dir()
@@ -433,7 +455,7 @@ def check_toolkit(node: Node) -> Check:
 
 
 def run_checks(opts: Options, nvml: Callable[[], Any] | None = None) -> list[Check]:
-    node = Node(opts.root)
+    node = Node(Path(opts.root))
     return [
         *check_driver(node, opts),
         check_nvml(opts, nvml),
@@ -452,47 +474,7 @@ def run_checks(opts: Options, nvml: Callable[[], Any] | None = None) -> list[Che
 
 def parser() -> CliParser:
     p = CliParser(prog="tessera-node-check", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--root",
-        default="/",
-        metavar="DIR",
-        help="where the node's / is visible (default: %(default)s)",
-    )
-    p.add_argument("--backend", choices=("nvml", "fake"), default="nvml")
-    p.add_argument(
-        "--topology",
-        default="",
-        metavar="FILE|NAME",
-        help="with --backend fake: the topology file or built-in name",
-    )
-    p.add_argument("--device-plugin-dir", default=DEFAULT_PLUGIN_DIR, metavar="DIR")
-    p.add_argument("--nri-socket", default=NRI_SOCKET, metavar="PATH")
-    p.add_argument(
-        "--rdma",
-        choices=("auto", "required", "off"),
-        default="auto",
-        help="auto: check RDMA when the node has RDMA devices (default)",
-    )
-    p.add_argument(
-        "--whole-gpus-only",
-        action="store_true",
-        help="no fractional resources are advertised: no isolation layer needed",
-    )
-    p.add_argument(
-        "--isolation",
-        choices=("auto", "hami-core", "mps", "none"),
-        default="auto",
-        help="the NRI hook's sharing layer; auto looks for either (default)",
-    )
-    p.add_argument("--mps-pipe-dir", default=MPS_PIPE_DIR, metavar="DIR")
-    p.add_argument("--hami-core-library", default=DEFAULT_HAMI_CORE_LIBRARY, metavar="PATH")
-    p.add_argument(
-        "--containerd-config",
-        default=CONTAINERD_CONFIG,
-        metavar="PATH",
-        help="containerd's configuration, read for its default runtime (default: %(default)s)",
-    )
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_flags(p, Options)
     return p
 
 
@@ -515,13 +497,13 @@ def main(argv: Sequence[str] | None = None, nvml: Callable[[], Any] | None = Non
         args = p.parse_args(argv)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 2
+    opts = config_from(Options, args)
     try:
-        check_directory("--root", Path(args.root))
+        check_directory("--root", Path(opts.root))
     except ConfigError as exc:
         return p.fail(exc)
-    opts = config_from(Options, args, root=Path(args.root), fractional=not args.whole_gpus_only)
     checks = run_checks(opts, nvml)
-    if args.output == "json":
+    if opts.output == "json":
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
         print(render(checks))

@@ -28,6 +28,8 @@ class Flag:
     option: str | None
     """The flag's name when it is not the field's (`--no-heartbeat-check` sets
     `require_heartbeat`)."""
+    short: str | None
+    """A one-letter name as well (`-o`)."""
     default_factory: Callable[[], Any] | None
     """The default, computed when the parser is built (it reads the environment)."""
     kwargs: dict[str, Any]
@@ -35,40 +37,54 @@ class Flag:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FlagGroup:
-    """A titled section of --help."""
+    """A titled section of --help; without a title, the parser's own options."""
 
-    title: str
+    title: str | None
     description: str | None = None
 
     def flag(
         self,
-        help: str,
+        help: str | None,
         *,
         option: str | None = None,
+        short: str | None = None,
         default_factory: Callable[[], Any] | None = None,
         **kwargs: Any,
     ) -> Any:
         """A config field set by a flag of this group; `kwargs` go to `add_argument`."""
-        flag = Flag(self, option, default_factory, {"help": help, **kwargs})
+        flag = Flag(self, option, short, default_factory, {"help": help, **kwargs})
         return dataclasses.field(metadata={_FLAG: flag})
 
 
 def add_flags(
     parser: argparse.ArgumentParser, config: type[DataclassInstance]
 ) -> dict[str, argparse._ArgumentGroup]:
-    """Add the flag of every `FlagGroup.flag` field of `config`; the groups, by title."""
+    """Add the flag of every `FlagGroup.flag` field of `config`; the titled groups, by title."""
     groups: dict[str, argparse._ArgumentGroup] = {}
     for field in dataclasses.fields(config):
         flag: Flag | None = field.metadata.get(_FLAG)
         if flag is None:
             continue
-        group = groups.get(flag.group.title)
-        if group is None:
-            group = parser.add_argument_group(flag.group.title, flag.group.description)
-            groups[flag.group.title] = group
+        group = _section(parser, groups, flag.group)
         kwargs = dict(flag.kwargs)
         if flag.default_factory is not None:
             kwargs["default"] = flag.default_factory()
-        option = flag.option or "--" + field.name.replace("_", "-")
-        group.add_argument(option, dest=field.name, **kwargs)
+        names = [flag.option or "--" + field.name.replace("_", "-")]
+        if flag.short is not None:
+            names.insert(0, flag.short)
+        group.add_argument(*names, dest=field.name, **kwargs)
     return groups
+
+
+def _section(
+    parser: argparse.ArgumentParser,
+    groups: dict[str, argparse._ArgumentGroup],
+    group: FlagGroup,
+) -> argparse._ActionsContainer:
+    """Where a group's flags go: its section of --help, made on first use (an untitled
+    group's flags are the parser's own options)."""
+    if group.title is None:
+        return parser
+    if group.title not in groups:
+        groups[group.title] = parser.add_argument_group(group.title, group.description)
+    return groups[group.title]

@@ -11,6 +11,7 @@ from tessera_cli.values import seconds
 
 _FIRST = FlagGroup("first", "what the first group is for")
 _SECOND = FlagGroup("second")
+_OWN = FlagGroup(None)
 _BUILT: list[int] = []
 
 
@@ -24,6 +25,7 @@ class _Config:
     wait_time: float = _FIRST.flag("how long", type=seconds(), default=2.0)
     watch: bool = _SECOND.flag("do not watch", option="--no-watch", action="store_false")
     name: str = _FIRST.flag("a name", default_factory=_when_built)
+    output: str = _OWN.flag(None, short="-o", choices=("table", "json"), default="table")
     shared: str
     """Added by the caller, not by add_flags."""
 
@@ -40,17 +42,22 @@ def test_each_field_makes_its_flag_in_its_group() -> None:
     groups = {g.title: [a.dest for a in g._group_actions] for g in parser._action_groups}
     assert groups["first"] == ["wait_time", "name"]
     assert groups["second"] == ["watch", "shared"]
+    assert "output" in groups["options"]  # an untitled group's flags are the parser's own
     assert "what the first group is for" in parser.format_help()
     options = {a.dest: a.option_strings for a in parser._actions}
     assert options["wait_time"] == ["--wait-time"] and options["watch"] == ["--no-watch"]
+    assert options["output"] == ["-o", "--output"]
 
 
 def test_the_parsed_flags_and_twins_are_the_config() -> None:
     config = config_from(_Config, _parser({}).parse_args([]))
-    assert config == _Config(wait_time=2.0, watch=True, name=config.name, shared="s")
+    assert config == _Config(
+        wait_time=2.0, watch=True, name=config.name, output="table", shared="s"
+    )
     env = {"TESSERA_WAIT_TIME": "5", "TESSERA_NO_WATCH": "true"}
-    config = config_from(_Config, _parser(env).parse_args(["--name", "n", "--shared", "x"]))
-    assert config == _Config(wait_time=5.0, watch=False, name="n", shared="x")
+    argv = ["--name", "n", "--shared", "x", "-o", "json"]
+    config = config_from(_Config, _parser(env).parse_args(argv))
+    assert config == _Config(wait_time=5.0, watch=False, name="n", output="json", shared="x")
 
 
 def test_a_default_factory_runs_when_the_parser_is_built() -> None:
