@@ -193,7 +193,7 @@ class Decider:
         if not request.containers:
             eligible = np.zeros((rows.size, idx.slots), dtype=np.bool_)
             ok = host_ok.copy()
-            case = HostCase(request.cpu_milli, request.memory_mib, request.shape())
+            case = HostCase(request.cpu_milli, request.memory_mib, request.shape(), ok)
         else:
             c = request.containers[0]
             eligible = idx.healthy[sel] & self._model_mask(request, sel)
@@ -205,14 +205,19 @@ class Decider:
                 )
                 ok = (row_count(free_whole) >= c.gpu_count) & host_ok
                 case = WholeCase(
-                    c.gpu_count, free_whole, request.cpu_milli, request.memory_mib, request.shape()
+                    c.gpu_count,
+                    free_whole,
+                    request.cpu_milli,
+                    request.memory_mib,
+                    request.shape(),
+                    ok,
                 )
             else:
                 need = _share_need(idx, sel, c)
                 fits = eligible & (idx.free_core[sel] >= c.core) & (idx.free_mem[sel] >= need)
                 ok = row_any(fits) & host_ok
                 case = ShareCase(
-                    c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape()
+                    c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape(), ok
                 )
         vector = policy.vector_node_scores(idx, rows, case)
         scores = np.zeros(rows.size, dtype=np.float64)

@@ -61,6 +61,9 @@ class ShareCase:
     shape: object = None
     """The request's shape (`PodRequest.shape()`): equal shapes fit and score alike, so a
     policy may cache per shape and index row (see `ClusterIndex.stamp`). None: unknown."""
+    fit: BoolArray | None = None
+    """[rows] whether the request fits each row's host and GPUs, where the caller knows
+    (the Decider does); None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class WholeCase:
     cpu_milli: int = 0
     memory_mib: int = 0
     shape: object = None
+    fit: BoolArray | None = None
+    """[rows] whether the request fits each row's host and GPUs, where the caller knows
+    (the Decider does); None: unknown."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,9 @@ class HostCase:
     cpu_milli: int = 0
     memory_mib: int = 0
     shape: object = None
+    fit: BoolArray | None = None
+    """[rows] whether the request fits each row's host and GPUs, where the caller knows
+    (the Decider does); None: unknown."""
 
 
 VectorCase = ShareCase | WholeCase | HostCase

@@ -15,6 +15,7 @@ allocated GPU are recorded, and the cluster's fragmentation rate (the paper's me
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -127,7 +128,12 @@ class Replayer:
         if base is None:
             base = pod.request(uid, self.memory_mode, self.reference_mib)
             self._requests[key] = base
-        return replace(base, name=pod.name, uid=uid)
+        # a copy with the pod's own name and UID (dataclasses.replace would re-run
+        # __init__ for every arrival; the parsed fields are shared and immutable)
+        request = copy.copy(base)
+        object.__setattr__(request, "name", pod.name)
+        object.__setattr__(request, "uid", uid)
+        return request
 
     def run(
         self,

@@ -420,7 +420,7 @@ class FragmentationPolicy(Policy):
         # only rows where the request can fit need a score (the rest: NaN, unused)
         out = np.full(stale.size, np.nan)
         pos = _positions(index, rows, stale)
-        fit = _may_fit(index, stale, pos, case)
+        fit = case.fit[pos] if case.fit is not None else _may_fit(index, stale, pos, case)
         if not fit.any():
             return out
         sub, sub_pos = stale[fit], pos[fit]
