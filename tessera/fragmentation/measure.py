@@ -74,6 +74,7 @@ class FragmentMeasure:
         self._c = self._compile(workload)
         self._row_cache: _RowsCache | None = None
         self._weights_memo: dict[tuple[int | None, int | None], list[float]] = {}
+        self._makes: dict[object, tuple[list[list[tuple[int, int]]], list[int]]] = {}
 
     def _compile(self, workload: Workload) -> _Compiled:
         shapes: list[GpuShape] = []
@@ -124,20 +125,25 @@ class FragmentMeasure:
         if hit is not None and hit.inventory is inv:
             return hit
         gpus = inv.gpus
-        healthy = [s for s, g in enumerate(gpus) if g.healthy]
         unit = inv.memory_unit_mib
-        total = node.total_mem
-        per_shape = [
-            [
-                (s, shape.memory_need(total[s], unit))
-                for s in healthy
-                if _allowed(gpus[s].model, shape.models)
+        # nodes of one make (models, health, memory) share their slot lists
+        make = (unit, tuple((g.model, g.healthy, g.memory_mib) for g in gpus))
+        lists = self._makes.get(make)
+        if lists is None:
+            healthy = [s for s, g in enumerate(gpus) if g.healthy]
+            per_shape = [
+                [
+                    (s, shape.memory_need(gpus[s].memory_mib, unit))
+                    for s in healthy
+                    if _allowed(gpus[s].model, shape.models)
+                ]
+                for shape in self._c.shapes
             ]
-            for shape in self._c.shapes
-        ]
-        entry = _NodeSlots(inv, per_shape, healthy)
+            lists = self._makes[make] = (per_shape, healthy)
+        entry = _NodeSlots(inv, lists[0], lists[1])
         if len(self._nodes) > 65536:
             self._nodes.clear()
+            self._makes.clear()
         self._nodes[id(inv)] = entry
         return entry
 
