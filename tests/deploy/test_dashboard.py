@@ -89,6 +89,7 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "tessera_scheduler_request_duration_seconds_bucket",
         "tessera_scheduler_node_failures_total",
         "tessera_scheduler_fenced_nodes",
+        "tessera_nri_unisolated_gpu_shares_total",
     ):
         assert metric in text
 
