@@ -24,15 +24,18 @@ from tessera.errors import TesseraError
 from tessera_cli import CliParser, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.paths import check_directory
-from tessera_edge.host_paths import MPS_PIPE_DIR, NRI_SOCKET
+from tessera_edge.host_paths import (
+    DEFAULT_HAMI_CORE_LIBRARY,
+    MPS_PIPE_DIR,
+    NRI_SOCKET,
+    mps_pid_file,
+)
 from tessera_edge.topology_file import load_topology
 
 OK: Final = "ok"
 WARN: Final = "warn"
 FAIL: Final = "fail"
 
-DEFAULT_HAMI_CORE_LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
-"""Where HAMi's device plugin installs HAMi-core on the host."""
 CDI_DIRS: Final = ("/etc/cdi", "/var/run/cdi")
 TOOLKIT_BINARIES: Final = ("/usr/bin/nvidia-container-runtime", "/usr/bin/nvidia-ctk")
 NVIDIA_PLUGIN_SOCKET: Final = "nvidia-gpu.sock"
@@ -311,7 +314,7 @@ def check_isolation(node: Node, opts: Options) -> Check:
     if opts.whole_gpus_only:
         return Check(name, OK, "not needed: only whole GPUs are advertised")
     hami = node.path(opts.hami_core_library).is_file()
-    mps = node.path(opts.mps_pipe_dir).is_dir()
+    mps = node.exists(mps_pid_file(opts.mps_pipe_dir))  # the daemon runs, not just its dir
     found = [what for what, present in (("hami-core", hami), ("mps", mps)) if present]
     if opts.isolation == "hami-core" and not hami:
         return Check(
@@ -324,8 +327,9 @@ def check_isolation(node: Node, opts: Options) -> Check:
         return Check(
             name,
             FAIL,
-            f"MPS pipe directory {opts.mps_pipe_dir} is missing",
-            "start nvidia-cuda-mps-control -d on the node, or pass --mps-pipe-dir",
+            f"the MPS control daemon is not running: no {mps_pid_file(opts.mps_pipe_dir)}",
+            "start nvidia-cuda-mps-control -d on the node with CUDA_MPS_PIPE_DIRECTORY set "
+            "to the pipe directory, or pass --mps-pipe-dir",
         )
     if opts.isolation in ("hami-core", "mps"):
         return Check(name, OK, f"{opts.isolation} present")
@@ -337,7 +341,7 @@ def check_isolation(node: Node, opts: Options) -> Check:
         name,
         WARN,
         "NO GPU ISOLATION: fractional GPUs are advertised but neither HAMi-core "
-        f"({opts.hami_core_library}) nor an MPS pipe directory ({opts.mps_pipe_dir}) is "
+        f"({opts.hami_core_library}) nor a running MPS control daemon ({opts.mps_pipe_dir}) is "
         "present, so pods sharing a GPU are not limited in memory or compute",
         "install HAMi-core or run the MPS control daemon and give the NRI hook the same "
         "--isolation (docs/isolation.md)",

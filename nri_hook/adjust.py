@@ -24,7 +24,7 @@ from nri_hook.errors import RejectError, status_of
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.record import Keyring, decode
-from tessera_edge.host_paths import MPS_PIPE_DIR
+from tessera_edge.host_paths import MPS_PIPE_DIR, mps_pid_file
 from tessera_ttrpc import Code
 
 ISOLATION_NONE: Final = "none"
@@ -132,7 +132,8 @@ class HostView(Protocol):
         ...
 
     def exists(self, path: str) -> bool:
-        """Whether the host has a file or directory at `path` (a mount source)."""
+        """Whether the host has a file or directory at `path` (a mount source, or the file
+        that shows a daemon runs)."""
         ...
 
 
@@ -231,14 +232,14 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
             need(gpu_device_path(gpu.minor), what)
         env.append((VISIBLE_DEVICES_ENV, ",".join(g.uuid for g in entry.gpus)))
         iso_env, iso_mounts = isolation_env(entry.gpus, settings)
-        for mount in iso_mounts:
+        for path, what in _layer_evidence(settings):
             # Checked here so that a node without the layer refuses the container saying
-            # so, rather than with the runtime's bare "no such file or directory".
-            if not host.exists(mount.source):
+            # so, rather than with the runtime's bare "no such file or directory", or (an
+            # MPS client that finds no daemon runs without MPS) with its share unlimited.
+            if not host.exists(path):
                 raise RejectError(
                     CODE_FAILED_PRECONDITION,
-                    f"{where}.gpus: isolation layer {settings.isolation}: "
-                    f"{_layer_source(settings, mount.source)} is missing on this node",
+                    f"{where}.gpus: isolation layer {settings.isolation}: {what}",
                 )
         env.extend(iso_env)
         mounts.extend(iso_mounts)
@@ -271,10 +272,17 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
     )
 
 
-def _layer_source(settings: Settings, path: str) -> str:
+def _layer_evidence(settings: Settings) -> list[tuple[str, str]]:
+    """(host path, what its absence means) for each file the layer needs on the node."""
     if settings.isolation == ISOLATION_MPS:
-        return f"the MPS control daemon's pipe directory {path} (--mps-pipe-dir)"
-    return f"the HAMi-core library {path} (--hami-core-library)"
+        pid = mps_pid_file(settings.mps_pipe_dir)
+        return [
+            (pid, f"the MPS control daemon is not running on this node (no {pid}; --mps-pipe-dir)")
+        ]
+    if settings.isolation == ISOLATION_HAMI_CORE and settings.hami_core_library:
+        lib = settings.hami_core_library
+        return [(lib, f"the HAMi-core library {lib} (--hami-core-library) is missing on this node")]
+    return []
 
 
 def isolation_env(

@@ -347,10 +347,10 @@ def test_shipped_hook_limits_gpu_shares_and_can_see_the_layer_it_mounts() -> Non
     """Both installs configure an isolation layer by default (the hook refuses to start
     without one), and the hook sees the layer's files where it checks them: under its
     device root, at the host path it mounts into containers."""
-    from deviceplugin.preflight import DEFAULT_HAMI_CORE_LIBRARY
     from nri_hook.cli import check_isolation
     from nri_hook.config import NriHookConfig
     from tessera_cli import config_from
+    from tessera_edge.host_paths import DEFAULT_HAMI_CORE_LIBRARY
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())["nriHook"]
     assert values["isolation"] == "hami-core" and values["allowUnisolatedSharing"] is False

@@ -215,8 +215,11 @@ def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(
     code, checks = check(capsys, "--root", str(good_node), "--whole-gpus-only", nvml=FakeNvml())
     assert checks["isolation"]["status"] == "ok"
     code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
-    assert code == 1 and "MPS pipe directory" in checks["isolation"]["reason"]
-    (good_node / "tmp/nvidia-mps").mkdir(parents=True)
+    assert code == 1 and "MPS control daemon is not running" in checks["isolation"]["reason"]
+    (good_node / "tmp/nvidia-mps").mkdir(parents=True)  # a directory the daemon left behind
+    code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
+    assert code == 1 and checks["isolation"]["status"] == "fail"
+    touch(good_node, "/tmp/nvidia-mps/nvidia-cuda-mps-control.pid", "4242\n")
     code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
     assert code == 0 and checks["isolation"]["status"] == "ok"
 

@@ -45,7 +45,11 @@ class FakeHost:
         paths: Mapping[str, tuple[int, int]],
         minors: Mapping[str, int] | None = None,
         files: frozenset[str] = frozenset(
-            {"/run/mps", "/tmp/nvidia-mps", "/usr/local/vgpu/libvgpu.so"}
+            {
+                "/run/mps/nvidia-cuda-mps-control.pid",
+                "/tmp/nvidia-mps/nvidia-cuda-mps-control.pid",
+                "/usr/local/vgpu/libvgpu.so",
+            }
         ),
     ) -> None:
         self.nodes = {
@@ -296,9 +300,13 @@ def test_a_node_without_the_isolation_layer_refuses_the_container_saying_so() ->
         plan_container(alloc, "main", Settings(isolation="mps"), bare)
     assert no_mps.value.code == CODE_FAILED_PRECONDITION
     assert no_mps.value.message == (
-        "record.containers[0].gpus: isolation layer mps: the MPS control daemon's pipe "
-        "directory /tmp/nvidia-mps (--mps-pipe-dir) is missing on this node"
+        "record.containers[0].gpus: isolation layer mps: the MPS control daemon is not "
+        "running on this node (no /tmp/nvidia-mps/nvidia-cuda-mps-control.pid; --mps-pipe-dir)"
     )
+    # the pipe directory alone (it outlives the daemon) is not enough
+    stopped = FakeHost({"/dev/nvidia0": (195, 0)}, files=frozenset({"/tmp/nvidia-mps"}))
+    with pytest.raises(RejectError):
+        plan_container(alloc, "main", Settings(isolation="mps"), stopped)
     lib = Settings(isolation="hami-core", hami_core_library="/opt/vgpu/libvgpu.so")
     with pytest.raises(RejectError) as no_hami:
         plan_container(alloc, "main", lib, FULL_HOST)

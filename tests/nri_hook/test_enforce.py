@@ -191,6 +191,7 @@ def test_named_containers_get_their_devices_others_are_untouched(
 
 def test_isolation_layer_settings_reach_the_container(hook: Hook, device_root: Path) -> None:
     (device_root / "run" / "mps").mkdir(parents=True)  # the MPS control daemon's pipes
+    (device_root / "run" / "mps" / "nvidia-cuda-mps-control.pid").write_text("4242\n")
 
     async def body() -> None:
         h = await hook(
