@@ -35,10 +35,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from sys import intern
 from types import MappingProxyType
 from typing import Any
 
-from scheduler_plugin.compact import interned
 from scheduler_plugin.heartbeats import HeartbeatTracker
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
 from scheduler_plugin.views import (
@@ -79,12 +79,15 @@ NodeListener = Callable[[str], None]
 
 
 def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
-    """A NodeDevices spec as the state takes it: the inventory (its repeated strings
-    interned), or why it cannot be used."""
+    """A NodeDevices spec as the state takes it: the inventory, or why it cannot be used.
+    Its strings are interned: 5,000 nodes repeat one GPU model, PCIe roots and bus IDs,
+    and every allocation record of a GPU names its UUID again (records are decoded with
+    the same `share`); interned strings go when their last holder goes."""
     try:
         if not isinstance(spec, Mapping):
             raise ValueError("spec is missing or not an object")
-        return interned(NodeInventory.from_dict(spec, source=f"nodedevices/{name}", node_name=name))
+        source = f"nodedevices/{name}"
+        return NodeInventory.from_dict(spec, source=source, node_name=name, share=intern)
     except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
         return str(exc)
     except Exception as exc:
@@ -162,8 +165,9 @@ class Cache:
         self._conflicting: dict[str, tuple[str, PodAllocation]] = {}
         """UID -> (pod key, allocation) of valid records that conflict with another pod's:
         retried whenever a pod on that node releases its devices."""
-        self._pods: dict[str, PodSeen] = {}
-        """Every pod by UID (all pods, tessera or not), for preempt's priorities."""
+        self._pods: dict[str, int] = {}
+        """Every pod's priority by UID (all pods, tessera or not), for preempt: the rest of
+        what the watch shows of a pod is not kept (there may be 100,000 pods)."""
         self._inflight: set[str] = set()
         """UIDs whose bind is between `assume` and `bind`/`forget`."""
         self._bound_at: dict[str, float] = {}
@@ -389,7 +393,7 @@ class Cache:
         just read (not a possibly stale event), so it may drop an assumed allocation."""
         with self._lock:
             uid, key = pod.uid, pod.key
-            self._pods[uid] = pod
+            self._pods[uid] = pod.priority
             current = self._state.allocation(uid)
             if uid in self._inflight:
                 # The bind settles this pod; only note that the watch has seen it bound.
@@ -686,9 +690,7 @@ class Cache:
             return PreemptionView(
                 inventory=state.inventory,
                 held=MappingProxyType({a.pod_uid: a for a in self._state.pods_on(node)}),
-                priorities=MappingProxyType(
-                    {uid: (pods[uid].priority if uid in pods else 0) for uid in victims}
-                ),
+                priorities=MappingProxyType({uid: pods.get(uid, 0) for uid in victims}),
                 policy=self.policy_for(request),
             )
 

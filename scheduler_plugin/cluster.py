@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from operator import itemgetter
 from sys import intern
 from typing import Any
 
@@ -28,7 +29,6 @@ from kube_edge.client import KubeClient, lease_path, pod_path
 from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer
 from scheduler_plugin.cache import INTERNAL_ERROR, Cache
-from scheduler_plugin.compact import interned_allocation
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import (
     Holds,
@@ -41,10 +41,10 @@ from scheduler_plugin.recovery import (
     record_text,
 )
 from scheduler_plugin.views import PodSeen
+from tessera.allocation import PodAllocation
 from tessera.pod_fields import section
 from tessera.record import KeySource
 from tessera.resources import (
-    ALLOCATION_ANNOTATION,
     INVENTORY_GROUP,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
@@ -158,43 +158,25 @@ class LeaseHandler(Handler):
             _bug("lease", obj)
 
 
-Slim = tuple[str, str, str, str, Any, Any, Any, Any]
-"""What the rebuild rule reads of a pod, flat: (creationTimestamp, uid, namespace, name,
-record, nodeName, priority, phase); the first four are its apply order. A full list keeps
-only this of each pod with a record until it is sorted (50,000 pods as dicts cost ten
-times more)."""
-
-
-def _slim(pod: Mapping[str, Any]) -> Slim:
-    spec = section(pod, "spec")
-    return (
-        *apply_order(pod),
-        record_text(pod),
-        spec.get("nodeName"),
-        spec.get("priority"),
-        section(pod, "status").get("phase"),
-    )
-
-
-def _unslim(slim: Slim) -> dict[str, Any]:
-    """The pod dict the rebuild rule reads, back from `_slim`."""
-    created, uid, namespace, name, record, node, priority, phase = slim
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid,
-            "creationTimestamp": created,
-            "annotations": {ALLOCATION_ANNOTATION: record},
-        },
-        "spec": {"nodeName": node, "priority": priority},
-        "status": {"phase": phase},
-    }
-
-
 def _priority(pod: Mapping[str, Any]) -> int:
     value = section(pod, "spec").get("priority")
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _seen(uid: str, pod: Mapping[str, Any]) -> PodSeen:
+    """What the cache keeps of a pod (namespace and node interned: many pods share them)."""
+    _, namespace, name = pod_identity(pod)
+    node = intern(pod_node(pod))
+    return PodSeen(uid, intern(namespace), name, node, _priority(pod), is_finished(pod))
+
+
+def _as_pod(seen: PodSeen) -> dict[str, Any]:
+    """A pod dict with what `seen` knows (identity, node, finished), for `_crashed`."""
+    return {
+        "metadata": {"uid": seen.uid, "namespace": seen.namespace, "name": seen.name},
+        "spec": {"nodeName": seen.node},
+        "status": {"phase": "Succeeded" if seen.finished else "Running"},
+    }
 
 
 class Reconciler(Handler):
@@ -211,28 +193,32 @@ class Reconciler(Handler):
         self.cache = cache
         self.keyring = keyring
         self.assume_ttl = assume_ttl
-        self._verdicts: dict[str, tuple[int, Verdict]] = {}
+        self._verdicts: dict[str, tuple[int, Verdict | PodAllocation]] = {}
+        """UID -> (hash of what judging read, the verdict): a Holds verdict is kept as its
+        bare allocation (one object less per pod)."""
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
         seen: set[str] = set()
-        with_records: list[Slim] = []
+        # Pods with a record are judged as their page comes (the record's text goes with
+        # the page) and accounted oldest first once the list is complete, as a rebuild
+        # does (recovery.apply_order): 50,000 pods keep only their order and verdict.
+        with_records: list[tuple[tuple[str, str, str, str], PodSeen, Verdict]] = []
         for pod in items:
             try:
-                seen.add(pod_identity(pod)[0])
+                uid = pod_identity(pod)[0]
+                seen.add(uid)
                 if record_text(pod) is None:
                     self.apply(pod)
-                else:
-                    with_records.append(_slim(pod))
+                elif uid:
+                    with_records.append((apply_order(pod), _seen(uid, pod), self._judge(uid, pod)))
             except Exception:
                 self._crashed(pod)
-        # records are accounted oldest first, as a rebuild does (recovery.apply_order)
-        with_records.sort(key=lambda slim: slim[:4])
-        for slim in with_records:
-            pod = _unslim(slim)
+        with_records.sort(key=itemgetter(0))
+        for _, pod_seen, verdict in with_records:
             try:
-                self.apply(pod)
+                self.cache.pod_observed(pod_seen, verdict)
             except Exception:
-                self._crashed(pod)
+                self._crashed(_as_pod(pod_seen))
         del with_records
         for uid in [u for u in self._verdicts if u not in seen]:
             del self._verdicts[uid]
@@ -266,7 +252,7 @@ class Reconciler(Handler):
         """judge(), remembered per pod while what it reads is unchanged: running pods get
         many status updates, and each would otherwise verify the record's signature again.
         Only a hash of what it read is kept (str hashes are keyed per process, so nobody can
-        make two records collide), and the allocation's repeated strings are interned."""
+        make two records collide)."""
         text = record_text(pod)
         if text is None:
             self._verdicts.pop(uid, None)
@@ -275,10 +261,12 @@ class Reconciler(Handler):
         seen = hash((text, pod_node(pod), is_finished(pod), namespace, name))
         hit = self._verdicts.get(uid)
         if hit is not None and hit[0] == seen:
-            return hit[1]
+            kept = hit[1]
+            return Holds(kept) if isinstance(kept, PodAllocation) else kept
         verdict = judge(pod, self.keyring)
         if isinstance(verdict, Holds):
-            verdict = Holds(interned_allocation(verdict.allocation))
+            self._verdicts[uid] = (seen, verdict.allocation)
+            return verdict
         self._verdicts[uid] = (seen, verdict)
         return verdict
 
@@ -290,14 +278,11 @@ class Reconciler(Handler):
     def apply(self, pod: Mapping[str, Any], *, authoritative: bool = False) -> None:
         """Account one pod as the rebuild rule says. `authoritative`: the object was just
         read (not a possibly stale event), so it may drop an assumed allocation."""
-        uid, namespace, name = pod_identity(pod)
+        uid = pod_identity(pod)[0]
         if not uid:
             return
         verdict = self._judge(uid, pod)
-        seen = PodSeen(
-            uid, intern(namespace), name, intern(pod_node(pod)), _priority(pod), is_finished(pod)
-        )
-        self.cache.pod_observed(seen, verdict, authoritative=authoritative)
+        self.cache.pod_observed(_seen(uid, pod), verdict, authoritative=authoritative)
 
     def expire_assumed(self, client: KubeClient, now: float | None = None) -> None:
         """Read back each assumed pod the watch has not confirmed within `assume_ttl` of

@@ -127,7 +127,9 @@ def judge(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
     uid, namespace, name = pod_identity(pod)
     namespace = intern(namespace)
     try:
-        alloc = decode(text, keyring, pod_uid=uid, node=node, namespace=namespace, name=name)
+        alloc = decode(
+            text, keyring, pod_uid=uid, node=node, namespace=namespace, name=name, share=intern
+        )
     except RecordError as exc:
         return Invalid(str(exc), node)
     except Exception as exc:  # a bug in the codec must not stop the rebuild

@@ -27,7 +27,8 @@ class ClusterState:
         """Allocations whose node has no inventory yet, by pod UID."""
         self.assumed: set[str] = set()
         """UIDs of allocations made by a bind that the pod watch has not confirmed yet."""
-        self._pods_by_node: dict[str, set[str]] = {}
+        self._pods_by_node: dict[str, dict[str, None]] = {}
+        """Node -> the UIDs of its applied pods (as dict keys: half the size of a set)."""
         self._listeners: list[NodeListener] = []
 
     # --- change notification (indexes keep themselves up to date) ---------------------------
@@ -62,7 +63,7 @@ class ClusterState:
                     self.pending[uid] = alloc  # still does not fit; keep it visible as pending
                     continue
                 self.pods[uid] = alloc
-                self._pods_by_node.setdefault(name, set()).add(uid)
+                self._pods_by_node.setdefault(name, {})[uid] = None
         else:
             node.update_inventory(inventory, cpu_milli, memory_mib)
         self._changed(name)
@@ -71,7 +72,7 @@ class ClusterState:
         """Forget a node; its pods' allocations go back to pending until they are removed."""
         if self.nodes.pop(name, None) is None:
             return
-        for uid in self._pods_by_node.pop(name, set()):
+        for uid in self._pods_by_node.pop(name, {}):
             self.pending[uid] = self.pods.pop(uid)
         self._changed(name)
 
@@ -96,7 +97,7 @@ class ClusterState:
         else:
             node.apply(alloc)
             self.pods[uid] = alloc
-            self._pods_by_node.setdefault(alloc.node, set()).add(uid)
+            self._pods_by_node.setdefault(alloc.node, {})[uid] = None
         if assumed:
             self.assumed.add(uid)
         if node is not None:
@@ -118,7 +119,7 @@ class ClusterState:
         node = self.nodes.get(alloc.node)
         if node is not None:
             node.release(alloc)
-        self._pods_by_node.get(alloc.node, set()).discard(uid)
+        self._pods_by_node.get(alloc.node, {}).pop(uid, None)
         self._changed(alloc.node)
         return alloc
 

@@ -8,7 +8,7 @@ and the simulator, so one parser validates all of them (see docs/inventory.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -168,10 +168,16 @@ class NodeInventory:
 
     @classmethod
     def from_dict(
-        cls, doc: Mapping[str, Any], source: str = "inventory", node_name: str | None = None
+        cls,
+        doc: Mapping[str, Any],
+        source: str = "inventory",
+        node_name: str | None = None,
+        share: Callable[[str], str] | None = None,
     ) -> NodeInventory:
-        """Parse and validate the shared schema; errors name `source` and the field path."""
-        return _parse_inventory(doc, source, node_name)
+        """Parse and validate the shared schema; errors name `source` and the field path.
+        `share` maps every string kept to the one copy the caller keeps (e.g. sys.intern:
+        thousands of nodes repeat one GPU model, PCIe roots and bus IDs)."""
+        return _parse_inventory(doc, source, node_name, share or _as_is)
 
 
 # --- serialization ---------------------------------------------------------------------------
@@ -227,8 +233,9 @@ def _short(value: Any) -> str:
 class _Reader:
     """Typed field access that turns every problem into an InventoryError with a path."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, share: Callable[[str], str]) -> None:
         self.source = source
+        self.share = share
 
     def fail(self, path: str, problem: str) -> InventoryError:
         return InventoryError(self.source, path, problem)
@@ -264,7 +271,7 @@ class _Reader:
             raise self.fail(
                 f"{path}.{key}", f"{len(value)} characters, more than the limit of {limit}"
             )
-        return value
+        return self.share(value)
 
     def integer(
         self,
@@ -298,15 +305,21 @@ class _Reader:
         if not raw and not required:
             return ""
         try:
-            return normalize_bus_id(raw)
+            return self.share(normalize_bus_id(raw))
         except ValueError as exc:
             raise self.fail(f"{path}.{key}", str(exc)) from None
 
 
-def _parse_inventory(doc: Mapping[str, Any], source: str, node_name: str | None) -> NodeInventory:
-    r = _Reader(source)
+def _as_is(text: str) -> str:
+    return text
+
+
+def _parse_inventory(
+    doc: Mapping[str, Any], source: str, node_name: str | None, share: Callable[[str], str]
+) -> NodeInventory:
+    r = _Reader(source, share)
     doc = r.mapping(doc, "$")
-    name = node_name if node_name is not None else r.string(doc, "nodeName", "$", default="")
+    name = share(node_name) if node_name is not None else r.string(doc, "nodeName", "$", default="")
     unit = r.integer(
         doc,
         "memoryUnitMiB",

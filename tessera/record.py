@@ -15,7 +15,7 @@ import binascii
 import hashlib
 import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol
 
 from cryptography.exceptions import InvalidSignature
@@ -227,12 +227,16 @@ def decode(
     node: str | None = None,
     namespace: str | None = None,
     name: str | None = None,
+    share: Callable[[str], str] | None = None,
 ) -> PodAllocation:
     """Parse and validate a record. Raises RecordError (IntegrityError for the proof).
 
     With a keyring the proof must be present and verify (unless `require_integrity` is
     False). `pod_uid`, `node`, `namespace` and `name`, when given, must match what the
     record names: a record copied from another pod or node is refused (RecordMismatchError).
+    `share` maps each string that many records repeat (device IDs, container names,
+    namespace, node, policy) to the one copy the caller keeps (e.g. sys.intern); the pod's
+    UID and name are the caller's own objects when they match.
     """
     if not isinstance(text, str | bytes):
         raise RecordError(f"record: expected text, got {type(text).__name__}")
@@ -254,7 +258,7 @@ def decode(
     if must_verify:
         _verify(doc, integrity, None if keyring is None else keyring.get())
 
-    alloc = _parse(doc, (pod_uid, namespace, name, node))
+    alloc = _parse(doc, (pod_uid, namespace, name, node), share or _as_is)
     if pod_uid is not None and alloc.pod_uid != pod_uid:
         raise RecordMismatchError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
     if node is not None and alloc.node != node:
@@ -406,8 +410,13 @@ def _same(value: str, known: str | None) -> str:
     return known if known == value else value
 
 
-def _parse(doc: dict[str, Any], known: Known = (None, None, None, None)) -> PodAllocation:
-    """The allocation a record names; strings equal to `known` are the caller's objects."""
+def _as_is(text: str) -> str:
+    return text
+
+
+def _parse(doc: dict[str, Any], known: Known, share: Callable[[str], str]) -> PodAllocation:
+    """The allocation a record names; strings equal to `known` are the caller's objects,
+    the others go through `share`."""
     f = _Fields(
         doc,
         "record",
@@ -415,7 +424,8 @@ def _parse(doc: dict[str, Any], known: Known = (None, None, None, None)) -> PodA
         {"policy", "cpuMilli", "memoryMiB"},
     )
     containers = tuple(
-        _parse_container(c, f"record.containers[{i}]") for i, c in enumerate(f.items("containers"))
+        _parse_container(c, f"record.containers[{i}]", share)
+        for i, c in enumerate(f.items("containers"))
     )
     names = [c.name for c in containers]
     if len(set(names)) != len(names):
@@ -425,24 +435,24 @@ def _parse(doc: dict[str, Any], known: Known = (None, None, None, None)) -> PodA
             raise RecordError(f"record: container {c.name!r} reuses unknown container {c.reuses!r}")
     return PodAllocation(
         pod_uid=_same(f.text("podUID", nonempty=True), known[0]),
-        namespace=_same(f.text("namespace", nonempty=True), known[1]),
+        namespace=_same(share(f.text("namespace", nonempty=True)), known[1]),
         name=_same(f.text("pod", nonempty=True), known[2]),
-        node=_same(f.text("node", nonempty=True), known[3]),
+        node=_same(share(f.text("node", nonempty=True)), known[3]),
         containers=containers,
-        policy=f.text("policy", default=""),
+        policy=share(f.text("policy", default="")),
         cpu_milli=f.number("cpuMilli", MAX_HOST_AMOUNT, default=0),
         memory_mib=f.number("memoryMiB", MAX_HOST_AMOUNT, default=0),
     )
 
 
-def _parse_container(doc: Any, path: str) -> ContainerAllocation:
+def _parse_container(doc: Any, path: str, share: Callable[[str], str]) -> ContainerAllocation:
     f = _Fields(doc, path, {"name"}, {"gpus", "rdma", "init", "reuses"})
     gpus = []
     for i, g in enumerate(f.items("gpus")):
         gf = _Fields(g, f"{path}.gpus[{i}]", {"uuid", "index", "minor", "core", "memoryMiB"}, set())
         gpus.append(
             GpuGrant(
-                uuid=gf.text("uuid", nonempty=True),
+                uuid=share(gf.text("uuid", nonempty=True)),
                 index=gf.number("index", MAX_DEVICE_NUMBER),
                 minor=gf.number("minor", MAX_DEVICE_NUMBER),
                 core=gf.number("core", UNITS_PER_DEVICE),
@@ -451,35 +461,35 @@ def _parse_container(doc: Any, path: str) -> ContainerAllocation:
         )
     if len({g.uuid for g in gpus}) != len(gpus):
         raise RecordError(f"{path}.gpus: the same GPU is listed twice")
-    rdma = [_parse_rdma(r, f"{path}.rdma[{i}]") for i, r in enumerate(f.items("rdma"))]
+    rdma = [_parse_rdma(r, f"{path}.rdma[{i}]", share) for i, r in enumerate(f.items("rdma"))]
     init = doc.get("init", False)
     if not isinstance(init, bool):
         raise RecordError(f"{path}.init: expected true or false")
     return ContainerAllocation(
-        name=f.text("name", nonempty=True),
+        name=share(f.text("name", nonempty=True)),
         gpus=tuple(gpus),
         rdma=tuple(rdma),
         init=init,
-        reuses=f.text("reuses", default=""),
+        reuses=share(f.text("reuses", default="")),
     )
 
 
-def _parse_rdma(doc: Any, path: str) -> RdmaGrant:
+def _parse_rdma(doc: Any, path: str, share: Callable[[str], str]) -> RdmaGrant:
     f = _Fields(doc, path, {"pciBusId", "ibdev", "uverbsMinor", "share"}, {"netdev", "vfs"})
     vfs = []
     for i, v in enumerate(f.items("vfs")):
         vf = _Fields(v, f"{path}.vfs[{i}]", {"pciBusId", "ibdev", "uverbsMinor"}, {"netdev"})
         vfs.append(
             VfGrant(
-                vf.bus("pciBusId"),
-                vf.text("ibdev", nonempty=True),
+                share(vf.bus("pciBusId")),
+                share(vf.text("ibdev", nonempty=True)),
                 vf.number("uverbsMinor", MAX_DEVICE_NUMBER),
                 vf.text("netdev", default=""),
             )
         )
     return RdmaGrant(
-        pci_bus_id=f.bus("pciBusId"),
-        ibdev=f.text("ibdev", nonempty=True),
+        pci_bus_id=share(f.bus("pciBusId")),
+        ibdev=share(f.text("ibdev", nonempty=True)),
         uverbs_minor=f.number("uverbsMinor", MAX_DEVICE_NUMBER),
         share=f.number("share", UNITS_PER_DEVICE, lo=1),
         vfs=tuple(vfs),

@@ -68,8 +68,8 @@ def check_index(state: ClusterState, index: ClusterIndex) -> None:
     for name, n in state.nodes.items():
         row = index.row_of[name]
         g = len(n.inventory.gpus)
-        assert index.free_core[row, :g].tolist() == n.free_core
-        assert index.free_mem[row, :g].tolist() == n.free_mem
+        assert tuple(index.free_core[row, :g].tolist()) == n.free_core
+        assert tuple(index.free_mem[row, :g].tolist()) == n.free_mem
         assert (index.free_core[row, g:] == -1).all()
         assert index.version[row] == n.version
         assert index.used_core[row] == rn.UNITS_PER_DEVICE * g - sum(n.free_core)
@@ -169,7 +169,7 @@ def test_allocations_for_unknown_nodes_wait_until_the_node_arrives() -> None:
     state.add(alloc)
     assert "a" in state.pending and "a" not in state.pods
     state.set_node(node("late", [gpu(0)]))
-    assert "a" in state.pods and state.nodes["late"].free_core == [60]
+    assert "a" in state.pods and state.nodes["late"].free_core == (60,)
     state.remove_node("late")
     assert "a" in state.pending
     assert state.remove("a") == alloc and not state.pending
@@ -179,10 +179,10 @@ def test_removing_is_idempotent_and_inventory_updates_keep_usage() -> None:
     state = small_cluster()
     state.add(manual_alloc("a", "n1", "GPU-00000000", 40))
     state.set_node(state.nodes["n1"].inventory.with_gpu_health("GPU-00000000", False))
-    assert state.nodes["n1"].free_core == [60]
+    assert state.nodes["n1"].free_core == (60,)
     assert state.remove("a") is not None
     assert state.remove("a") is None
-    assert state.nodes["n1"].free_core == [100]
+    assert state.nodes["n1"].free_core == (100,)
 
 
 def test_usage_of_a_vanished_gpu_survives_rediscovery() -> None:
@@ -191,7 +191,7 @@ def test_usage_of_a_vanished_gpu_survives_rediscovery() -> None:
     state.add(manual_alloc("a", "n", "GPU-00000001", 50))
     state.set_node(node("n", [gpu(0)]))  # GPU 1 fell off the bus
     state.set_node(node("n", [gpu(0), gpu(1)]))  # and came back
-    assert state.nodes["n"].free_core == [100, 50]
+    assert state.nodes["n"].free_core == (100, 50)
 
 
 def test_index_tracks_host_capacity_and_node_removal() -> None:

@@ -116,3 +116,19 @@ def test_health_changes_make_new_inventories() -> None:
 )
 def test_model_matching(wanted: str, expected: bool) -> None:
     assert model_matches("NVIDIA H100 80GB HBM3", wanted) is expected
+
+
+def test_from_dict_shares_every_string_it_keeps() -> None:
+    pool: dict[str, str] = {}
+
+    def share(text: str) -> str:
+        return pool.setdefault(text, text)
+
+    doc = load_topology("h100-sxm-8x").to_dict()
+    a = NodeInventory.from_dict(doc, node_name="n1", share=share)
+    b = NodeInventory.from_dict(doc, node_name="n2", share=share)
+    assert a == NodeInventory.from_dict(doc, node_name="n1")
+    assert a.gpus[0].model is b.gpus[0].model and a.gpus[3].uuid is b.gpus[3].uuid
+    assert a.gpus[0].pci_bus_id is b.gpus[0].pci_bus_id
+    assert a.nics[0].ibdev is b.nics[0].ibdev
+    assert "n1" in pool and a.gpus[0].model in pool

@@ -58,7 +58,7 @@ def test_share_lands_on_one_gpu_with_memory_from_the_ratio() -> None:
     alloc = commit(s, place(s, {rn.GPU: "25"}))
     (g,) = alloc.containers[0].gpus
     assert (g.core, g.memory_mib) == (25, 81920 // 4)
-    assert s.free_core == [75, 100]
+    assert s.free_core == (75, 100)
 
 
 def test_binpack_fills_the_fullest_gpu_and_spread_the_emptiest() -> None:
@@ -155,7 +155,7 @@ def test_unhealthy_gpus_are_skipped_and_all_unhealthy_is_resolvable() -> None:
     result = refused(s, {rn.GPU: "10"})
     assert not result.unresolvable and "unhealthy" in result.reason
     # the allocation on the now-unhealthy GPU stays accounted
-    assert s.free_core == [100, 90]
+    assert s.free_core == (100, 90)
 
 
 def test_node_without_gpus() -> None:
@@ -169,7 +169,7 @@ def test_multi_container_pods_are_placed_together_or_not_at_all() -> None:
     p = pod(containers={"a": {rn.GPU: "60"}, "b": {rn.GPU: "60"}, "c": {rn.GPU: "60"}})
     result = place_pod(s, parse_pod(p), BINPACK)
     assert isinstance(result, NoFit) and result.reason.startswith('container "')
-    assert s.free_core == [100, 100]
+    assert s.free_core == (100, 100)
     p = pod(containers={"a": {rn.GPU: "60"}, "b": {rn.GPU: "60"}})
     alloc = commit(s, place_pod(s, parse_pod(p), BINPACK))
     assert {c.gpus[0].index for c in alloc.containers} == {0, 1}
@@ -183,7 +183,7 @@ def test_init_container_reuses_app_devices_when_it_fits() -> None:
     init, app = alloc.container("warmup"), alloc.container("app")
     assert init is not None and app is not None
     assert init.reuses == "app" and init.gpus == app.gpus[:1]
-    assert s.free_core == [50, 100]  # not counted twice
+    assert s.free_core == (50, 100)  # not counted twice
 
 
 def test_init_container_bigger_than_app_gets_its_own() -> None:

@@ -280,3 +280,22 @@ def test_any_allocation_round_trips(
     text = record.encode(alloc, KEY)
     assert record.decode(text, KEY) == alloc
     assert record.encode(record.decode(text, KEY), KEY) == text
+
+
+def test_decode_shares_repeated_strings_and_keeps_the_callers_identity() -> None:
+    pool: dict[str, str] = {}
+
+    def share(text: str) -> str:
+        return pool.setdefault(text, text)
+
+    text = record.encode(ALLOC, KEY)
+    uid, name = (ALLOC.pod_uid + ".")[:-1], (ALLOC.name + ".")[:-1]  # equal, not the same
+    first = record.decode(text, KEY, pod_uid=uid, name=name, share=share)
+    second = record.decode(text, KEY, share=share)
+    assert first == second == ALLOC == record.decode(text, KEY)
+    assert first.pod_uid is uid and first.name is name
+    gpu, rdma = first.containers[0].gpus[0], first.containers[0].rdma[0]
+    again = second.containers[0]
+    assert gpu.uuid is again.gpus[0].uuid and rdma.vfs[0].ibdev is again.rdma[0].vfs[0].ibdev
+    assert first.node is second.node and first.namespace is second.namespace
+    assert set(pool) >= {"GPU-aaaa", "main", "ml", "gpu-node-7", "0000:0c:00.1", "mlx5_4"}
