@@ -2,7 +2,8 @@
 
 One parser (`CliParser`): each long flag has a `TESSERA_*` environment twin, checked by the
 same value check as the flag; usage errors are one line on stderr and exit status 2. The
-value checks for ports, addresses, durations, names and paths are in `tessera_cli.values`.
+value checks for ports, addresses, durations, names and paths are in `tessera_cli.values`;
+a program's flags are declared on the fields of its frozen config (`tessera_cli.flags`).
 """
 
 from tessera_cli.exit_codes import EXIT_CODES, exit_code
