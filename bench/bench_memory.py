@@ -2,7 +2,9 @@
 
 A fresh process builds a Service (no API server: its handlers get what the informers
 would hand them, as API objects) with 5,000 nodes of 8 GPUs and 50,000 Running pods, each
-holding a 20-50% share of one GPU under a signed allocation record. It then does what the
+holding a share of one GPU under a signed allocation record; the pods come decoded from
+JSON lines that this process writes to the child's stdin (made and signed here, as an API
+server would hold them: the scheduler only decodes and verifies). It then does what the
 running scheduler does at that size: filter and prioritize calls over HTTP, every node's
 status summary rendered for writing, one /metrics scrape. The figure is the peak resident
 memory of that process (VmHWM), the interpreter and libraries included.
@@ -22,8 +24,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from bench.common import BenchContext, Result
 
@@ -139,23 +142,64 @@ def _scrape_and_status(service: Any) -> None:
         pass
 
 
+def bench_keyring() -> Any:
+    """One fixed signing key, so that the parent signs what the child verifies."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from tessera.record import Keyring
+
+    return Keyring(signing=("bench", Ed25519PrivateKey.from_private_bytes(bytes(range(32)))))
+
+
+def node_names() -> list[str]:
+    return [f"node-{n:05d}" for n in range(NODES)]
+
+
+def churned(cycle: int, names: list[str]) -> list[str]:
+    first = (cycle * CHURN_NODES) % NODES
+    return names[first : first + CHURN_NODES]
+
+
+def write_pods(out: IO[bytes]) -> None:
+    """Every pod the child loads, as JSON lines in the order it reads them: the first list,
+    then each cycle's new pods. Made (and signed) in the parent: the scheduler decodes
+    pods, it never builds or signs them."""
+    keyring = bench_keyring()
+    names = node_names()
+    per_node = PODS // NODES
+    try:
+        for name in names:
+            for obj in node_pods(name, per_node, "a", keyring):
+                out.write(json.dumps(obj).encode() + b"\n")
+        for cycle in range(2 * CYCLES):
+            for name in churned(cycle, names):
+                for obj in node_pods(name, per_node, f"c{cycle}", keyring):
+                    out.write(json.dumps(obj).encode() + b"\n")
+    except BrokenPipeError:
+        pass  # the child failed; its exit status says so
+    finally:
+        out.close()
+
+
 def memory_child() -> None:
-    """Prints: peak KiB after loading, then the RSS KiB after each churn cycle."""
+    """Reads the pods from stdin (`write_pods`); prints the peak KiB after loading, the RSS
+    KiB after each churn cycle, and the peak KiB at the end."""
     import gc
+    from itertools import islice
 
     from bench.bench_scheduler import filter_prioritize_rounds
-    from tessera.record import Keyring
     from tessera_testbed.inventory import heartbeat_lease as lease
 
-    keyring = Keyring.generate("bench")
+    pods_in = (json.loads(line) for line in sys.stdin.buffer)
+    keyring = bench_keyring()
     service = serving_with_keyring(keyring)
     handlers = {i.name: i.handler for i in service.informers}
     per_node = PODS // NODES
-    names = [f"node-{n:05d}" for n in range(NODES)]
+    names = node_names()
     handlers["nodes"].replace(iter([{"metadata": {"name": n}} for n in names]))
     handlers["nodedevices"].replace(iter(node_object(n, 1) for n in names))
     handlers["leases"].replace(iter(lease(n) for n in names))
-    handlers["pods"].replace(p for n in names for p in node_pods(n, per_node, "a", keyring))
+    handlers["pods"].replace(islice(pods_in, PODS))
     service.settle_memory()
     cache = service.cache
     assert cache.stats().confirmed == PODS, cache.stats()
@@ -166,10 +210,8 @@ def memory_child() -> None:
 
     tags: dict[str, str] = {}
     for cycle in range(2 * CYCLES):
-        first = (cycle * CHURN_NODES) % NODES
-        churned = names[first : first + CHURN_NODES]
         tag = f"c{cycle}"
-        for name in churned:
+        for name in churned(cycle, names):
             for i in range(per_node):
                 pod = f"{name}-{tags.get(name, 'a')}-{i}"
                 meta = {"uid": f"uid-{pod}", "namespace": "default", "name": pod}
@@ -178,15 +220,15 @@ def memory_child() -> None:
             handlers["nodes"].event("DELETED", {"metadata": {"name": name}})
             handlers["leases"].event("DELETED", lease(name))
         _scrape_and_status(service)
-        for name in churned:
+        for name in churned(cycle, names):
             handlers["nodes"].event("ADDED", {"metadata": {"name": name}})
             handlers["nodedevices"].event("ADDED", node_object(name, cycle + 2))
             handlers["leases"].event("ADDED", lease(name))
-            for obj in node_pods(name, per_node, tag, keyring):
+            for obj in islice(pods_in, per_node):
                 handlers["pods"].event("ADDED", obj)
             tags[name] = tag
         _scrape_and_status(service)
-        for name in churned:  # the echoes of our own status writes
+        for name in churned(cycle, names):  # the echoes of our own status writes
             echo = node_object(name, cycle + 2)
             echo["status"] = {"allocation": cache.node_summary(name)}
             handlers["nodedevices"].event("MODIFIED", echo)
@@ -218,14 +260,20 @@ def serving_with_keyring(keyring: Any) -> Any:
 
 def run(ctx: BenchContext) -> list[Result]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-m", "bench.bench_memory", "--child"],
-        capture_output=True,
-        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         env=env,
-        check=True,
     )
-    lines = [int(x) / 1024 for x in out.stdout.split()]
+    assert child.stdin is not None and child.stdout is not None
+    writer = threading.Thread(target=write_pods, args=(child.stdin,), daemon=True)
+    writer.start()
+    text = child.stdout.read().decode()
+    if child.wait() != 0:
+        raise RuntimeError(f"bench_memory child failed ({child.returncode})")
+    writer.join()
+    lines = [int(x) / 1024 for x in text.split()]
     peak, after, churn_peak = lines[0], lines[1:-1], lines[-1]
     # The first CYCLES cycles churn every node once: each replaces objects laid out by the
     # initial load, and the allocator's arenas settle at a somewhat higher level. What
