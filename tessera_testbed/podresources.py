@@ -1,7 +1,9 @@
 """The kubelet's pod-resources API (v1 PodResourcesLister.List) on a unix socket, for tests.
 
 The real kubelet serves it on `<root dir>/pod-resources/kubelet.sock` and answers List with
-every pod it runs and the device IDs each container holds per resource. Here the test plays
+every pod it runs and the device IDs each container holds, one `ContainerDevices` entry per
+device ID (per NUMA node when the plugin reports topology), as the kubelet's container
+manager builds them: a reader must gather a resource's IDs over entries. Here the test plays
 the kubelet's bookkeeping: `assign` records the IDs a container got (after the simulated
 kubelet's Allocate), `forget` drops a pod. `calls` counts List calls.
 """
@@ -49,7 +51,8 @@ class PodResourcesServer(prpb_grpc.PodResourcesListerServicer):
                 for container, devices in containers.items():
                     entry = pod.containers.add(name=container)
                     for resource, ids in devices.items():
-                        entry.devices.add(resource_name=resource, device_ids=ids)
+                        for device_id in ids:
+                            entry.devices.add(resource_name=resource, device_ids=[device_id])
         return response
 
     def start(self) -> PodResourcesServer:

@@ -194,7 +194,10 @@ def _pod_resources(n: Node) -> dict[tuple[str, str], dict[str, dict[str, list[st
     for pod in answer.pod_resources:
         containers = out.setdefault((pod.namespace, pod.name), {})
         for c in pod.containers:
-            containers[c.name] = {d.resource_name: list(d.device_ids) for d in c.devices}
+            # the kubelet answers one ContainerDevices per device ID: gather them per resource
+            held = containers.setdefault(c.name, {})
+            for d in c.devices:
+                held.setdefault(d.resource_name, []).extend(d.device_ids)
     return out
 
 
