@@ -73,6 +73,7 @@ class PluginEndpoint:
         self.stream_open = False
         self._cond = threading.Condition()
         self._reader: threading.Thread | None = None
+        self._closed = False
 
     def start_reading(self) -> None:
         self.stream_open = True
@@ -87,12 +88,18 @@ class PluginEndpoint:
                     self._cond.notify_all()
         except grpc.RpcError:
             pass
+        except ValueError:
+            # grpc raises ValueError for a call on a closed channel: the endpoint was replaced
+            # or stopped before this thread opened its stream, as a kubelet drops a plugin
+            if not self._closed:
+                raise
         finally:
             with self._cond:
                 self.stream_open = False
                 self._cond.notify_all()
 
     def close(self) -> None:
+        self._closed = True
         self.channel.close()
         if self._reader is not None:
             self._reader.join(5)
