@@ -10,6 +10,7 @@ testbed API server with a driver in kube-scheduler's place (bench/scale_testbed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -145,6 +146,20 @@ def kube_scheduler_version() -> str:
     return out.stdout.strip().rsplit(" ", 1)[-1]
 
 
+def choose_mode(requested: str, asked_real: bool, missing: str) -> str:
+    """ "real" or "testbed" for `--mode requested`. `auto` falls back to the testbed only when
+    no binary was named at all: a named folder or binary that lacks one is a mistake to
+    report, not a reason to measure (and maybe --write) the testbed in the real run's place.
+    `missing` is binaries.missing()'s line ('' when every binary is there)."""
+    if requested == "testbed":
+        return "testbed"
+    if not missing:
+        return "real"
+    if requested == "real" or asked_real:
+        raise ValueError(missing)
+    return "testbed"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nodes", type=int, default=500, help="API-only nodes (full run: 5000)")
@@ -154,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         "--mode",
         choices=("auto", "real", "testbed"),
         default="auto",
-        help="auto: real when $TESSERA_E2E_BIN has the binaries, else testbed",
+        help="auto: real when $TESSERA_E2E_BIN has the binaries; testbed when no binary is "
+        "named at all; an error when a named folder or binary lacks one",
     )
     p.add_argument("--write", action="store_true", help="write docs/benchmarks.md's Scale section")
     p.add_argument("--keep", action="store_true", help="keep the real run's work folder (logs)")
@@ -172,10 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from tests.e2e import binaries
 
-    missing = binaries.missing(*binaries.CONTROL_PLANE)
-    mode = args.mode if args.mode != "auto" else ("testbed" if missing else "real")
-    if mode == "real" and missing:
-        p.error(missing)
+    asked_real = any(os.environ.get(v) for v in (binaries.FOLDER_VAR, *binaries.VARS.values()))
+    try:
+        mode = choose_mode(args.mode, asked_real, binaries.missing(*binaries.CONTROL_PLANE))
+    except ValueError as exc:
+        p.error(str(exc))
     if mode == "real":
         args.kube_scheduler_version = kube_scheduler_version()
         lines = real(args)

@@ -59,3 +59,27 @@ def test_each_node_has_its_own_name_and_gpu_uuids() -> None:
     assert [s["nodeName"] for s in specs[:2]] == [sc.node_name(0), sc.node_name(1)]
     uuids = [g["uuid"] for s in specs for g in s["gpus"]]
     assert len(set(uuids)) == len(uuids) == 300 * 8
+
+
+@pytest.mark.parametrize(
+    ("requested", "asked_real", "missing", "mode"),
+    [
+        ("auto", False, "", "real"),
+        ("auto", True, "", "real"),
+        ("auto", False, "e2e needs kube-scheduler", "testbed"),
+        ("testbed", True, "", "testbed"),
+        ("real", False, "", "real"),
+    ],
+)
+def test_the_mode_follows_what_was_given(
+    requested: str, asked_real: bool, missing: str, mode: str
+) -> None:
+    assert scale.choose_mode(requested, asked_real, missing) == mode
+
+
+@pytest.mark.parametrize(("requested", "asked_real"), [("auto", True), ("real", False)])
+def test_a_named_binary_folder_that_lacks_one_is_an_error_not_a_testbed_run(
+    requested: str, asked_real: bool
+) -> None:
+    with pytest.raises(ValueError, match="kube-scheduler"):
+        scale.choose_mode(requested, asked_real, "e2e needs kube-scheduler")
