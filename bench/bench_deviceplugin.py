@@ -20,8 +20,10 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: no GOAWAY
 import psutil
 
 from bench.common import BenchContext, Result, mean, percentile
+from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.kubelet import KubeletSimulator, fake_agent_command
+from tests.keyfiles import write_public
 
 ROOT = Path(__file__).resolve().parent.parent
 TESSERA = (
@@ -125,7 +127,19 @@ def _rss_with_inventory() -> Result:
         plugin_dir = Path(tmp) / "dp"
         kubelet = KubeletSimulator(plugin_dir)
         kubelet.start()
-        proc = _start_agent(plugin_dir, ["--kubeconfig", kubeconfig, "--heartbeat-interval", "1"])
+        # the verification keys the DaemonSet mounts: the agent then loads what it needs to
+        # follow records in GetPreferredAllocation, as it does on a node
+        keys = write_public(Keyring.generate("bench"), Path(tmp) / "record-keys")
+        proc = _start_agent(
+            plugin_dir,
+            [
+                "--kubeconfig",
+                kubeconfig,
+                "--heartbeat-interval",
+                "1",
+                f"--integrity-key-file={keys}",
+            ],
+        )
         try:
             kubelet.wait_registered(TESSERA, timeout_s=30)
             deadline = time.monotonic() + 30
@@ -144,7 +158,8 @@ def _rss_with_inventory() -> Result:
         "MB",
         target=60.0,
         note="kubeconfig auth; the client's REST layer and config loader only "
-        "(kube_edge/lean.py); in-cluster auth loads less",
+        "(kube_edge/lean.py); in-cluster auth loads less; record verification keys given, as "
+        "the DaemonSet mounts them (the cryptography package's Ed25519 code is resident)",
     )
 
 
