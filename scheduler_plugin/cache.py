@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from sys import intern
 from types import MappingProxyType
 from typing import Any
@@ -61,6 +61,7 @@ from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
 from tessera.model import NodeInventory
 from tessera.node_placement import NoFit
+from tessera.node_state import NodeState
 from tessera.policy_registry import make_policies
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, UNITS_PER_DEVICE
@@ -76,6 +77,14 @@ INTERNAL_ERROR = "could not be processed (internal error)"
 FenceListener = Callable[[str, str, str, str | None], None]
 """(node, pod key, pod UID, problem, or None when that pod no longer fences the node)."""
 NodeListener = Callable[[str], None]
+
+
+def _gpu_usage(name: str, node: NodeState) -> Iterator[GpuUsage]:
+    """Each GPU of node `name` with its free compute and memory, in inventory order."""
+    for slot, g in enumerate(node.inventory.gpus):
+        yield GpuUsage(
+            name, g.index, g.uuid, g.model, g.memory_mib, node.free_core[slot], node.free_mem[slot]
+        )
 
 
 def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
@@ -773,36 +782,17 @@ class Cache:
         with self._lock:
             nodes = self._state.nodes
             return tuple(
-                GpuUsage(
-                    name,
-                    g.index,
-                    g.uuid,
-                    g.model,
-                    g.memory_mib,
-                    node.free_core[slot],
-                    node.free_mem[slot],
-                )
+                usage
                 for name in names
                 if (node := nodes.get(name)) is not None
-                for slot, g in enumerate(node.inventory.gpus)
+                for usage in _gpu_usage(name, node)
             )
 
     def _usage(self) -> tuple[tuple[GpuUsage, ...], tuple[NicUsage, ...]]:
-        gpus = []
+        gpus: list[GpuUsage] = []
         nics = []
         for name, node in sorted(self._state.nodes.items()):
-            for slot, g in enumerate(node.inventory.gpus):
-                gpus.append(
-                    GpuUsage(
-                        name,
-                        g.index,
-                        g.uuid,
-                        g.model,
-                        g.memory_mib,
-                        node.free_core[slot],
-                        node.free_mem[slot],
-                    )
-                )
+            gpus.extend(_gpu_usage(name, node))
             for slot, n in enumerate(node.inventory.nics):
                 nics.append(
                     NicUsage(
