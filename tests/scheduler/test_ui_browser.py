@@ -57,12 +57,20 @@ class Browser:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        port_file = profile / "DevToolsActivePort"
-        wait_for(port_file.exists, timeout=30, interval=0.05)
-        port = int(port_file.read_text().split()[0])
-        pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
-        target = next(p for p in pages if p["type"] == "page")
-        self.ws = websocket.create_connection(target["webSocketDebuggerUrl"], timeout=30)
+        try:
+            port_file = profile / "DevToolsActivePort"
+            wait_for(port_file.exists, timeout=30, interval=0.05)
+            port = int(port_file.read_text().split()[0])
+            pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
+            target = next(p for p in pages if p["type"] == "page")
+            # no Origin header: a DevTools client is not a web page, and Chromium 111 and
+            # later refuse a debugging WebSocket whose Origin it was not told to allow
+            self.ws = websocket.create_connection(
+                target["webSocketDebuggerUrl"], timeout=30, suppress_origin=True
+            )
+        except BaseException:
+            self._stop()  # before the profile folder is removed under it
+            raise
         self.next_id = 0
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
@@ -84,6 +92,9 @@ class Browser:
 
     def close(self) -> None:
         self.ws.close()
+        self._stop()
+
+    def _stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(10)
 
