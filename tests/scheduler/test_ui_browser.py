@@ -6,10 +6,12 @@ screenshot carries each pod's colour. Skipped when no Chromium is installed."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -56,6 +58,7 @@ class Browser:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: _stop ends its helpers too
         )
         try:
             port_file = profile / "DevToolsActivePort"
@@ -95,8 +98,27 @@ class Browser:
         self._stop()
 
     def _stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        # the browser's helper processes (renderer, crash handler) outlive its main process
+        # for a moment and go on writing the profile: end the whole group, then wait until
+        # it is gone, so that the profile folder can be removed
+        group = self.proc.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        wait_for(lambda: not _group_alive(group), timeout=10, interval=0.05)
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of `group` still runs (zombies awaiting their reaper do not count)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # the fields after the command name: state, ppid, pgrp, ...
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
 
 
 def _get(url: str) -> str:
