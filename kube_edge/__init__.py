@@ -5,3 +5,8 @@ configuration, kube_edge.client sends requests, kube_edge.informer lists and wat
 kube_edge.leader elects on a Lease) and sees one error type, kube_edge.errors.ApiError.
 It imports no component.
 """
+
+from kube_edge import lean as _lean
+
+# before kube_edge.client imports urllib3 (see kube_edge/lean.py)
+_lean.defer_urllib3_http2()

@@ -12,16 +12,27 @@ module and what it imports. Nothing is lost: the first access to a name a stand-
 (`kubernetes.client.CoreV1Api`, `kubernetes.watch`, a model class) runs the real `__init__`
 into the stand-in and returns the name, so other code in the process sees the whole package.
 When the package is already imported, it is used as it is.
+
+Two dependencies get the same treatment. The kubeconfig loader imports `oauthlib` and
+`requests_oauthlib` (with `requests`, about 5 MB) for one path only, OIDC token refresh:
+`config_module("kube_config")` installs them as stand-ins and lends the loader a deferred
+`OAuth2Session`, so they are imported when a refresh happens. And urllib3 imports its
+`http2` package for one small submodule (`probe`) while the package `__init__` imports
+`importlib.metadata` (zipfile, shutil, csv... about 1.5 MB) for `inject_into_urllib3`:
+`defer_urllib3_http2()` makes that package a stand-in whose submodules load on their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,6 +44,7 @@ _LAZY_PACKAGES = (
     "kubernetes.config",
     "kubernetes.utils",
 )
+_OAUTH_PACKAGES = ("oauthlib", "oauthlib.oauth2", "requests_oauthlib")
 _lock = threading.RLock()
 _STAND_IN_GETATTR: dict[str, Callable[[str], Any]] = {}
 
@@ -75,7 +87,14 @@ def _complete(module: ModuleType, init: Path, name: str) -> Any:
         raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}") from None
 
 
-def _stand_in(name: str, directory: Path) -> ModuleType:
+def _is_submodule(directory: Path, name: str) -> bool:
+    return (directory / f"{name}.py").is_file() or (directory / name / "__init__.py").is_file()
+
+
+def _stand_in(name: str, directory: Path, *, submodules: bool = False) -> ModuleType:
+    """An empty package `name` over `directory` that completes on first access. With
+    `submodules`, a name that is a submodule of the package is imported on its own
+    (`from pkg import sub` asks the package for `sub` before importing it)."""
     module = ModuleType(name)
     spec = importlib.util.spec_from_file_location(
         name, directory / "__init__.py", submodule_search_locations=[str(directory)]
@@ -89,6 +108,9 @@ def _stand_in(name: str, directory: Path) -> ModuleType:
     def complete_on_access(attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
+        completed = module.__dict__.get("__lean_completed__")
+        if submodules and not completed and _is_submodule(directory, attr):
+            return importlib.import_module(f"{name}.{attr}")
         return _complete(module, init, attr)
 
     module.__dict__["__getattr__"] = complete_on_access  # PEP 562
@@ -96,14 +118,64 @@ def _stand_in(name: str, directory: Path) -> ModuleType:
     return module
 
 
-def _install() -> None:
-    spec = importlib.util.find_spec("kubernetes")  # finds, does not run, the package
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the kubernetes package is not installed")
-    root = Path(next(iter(spec.submodule_search_locations)))
-    for name in _LAZY_PACKAGES:
-        directory = root.joinpath(*name.split(".")[1:])
-        module = _stand_in(name, directory)
+class _DeferredInit:
+    """A meta path finder and loader: the packages it names are imported as stand-ins with
+    `submodules` (the import system still binds them to their parent package)."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        self.names = names
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in self.names:
+            return None
+        real = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if real is None or real.origin is None or not real.submodule_search_locations:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname,
+            real.origin,
+            loader=self,
+            submodule_search_locations=list(real.submodule_search_locations),
+        )
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        assert spec.origin is not None
+        return _stand_in(spec.name, Path(spec.origin).parent, submodules=True)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the stand-in runs the package `__init__` when a name is used."""
+
+    def load_module(self, fullname: str) -> ModuleType:
+        """The legacy loader call, which the import system no longer makes."""
+        raise ImportError(f"{fullname} is imported through create_module and exec_module")
+
+
+def defer_urllib3_http2() -> None:
+    """Make `urllib3.http2` a stand-in when urllib3 imports it (see the module doc); a
+    no-op once it is imported."""
+    with _lock:
+        if "urllib3.http2" in sys.modules:
+            return
+        if not any(isinstance(finder, _DeferredInit) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _DeferredInit(frozenset({"urllib3.http2"})))
+
+
+def _install(names: tuple[str, ...] = _LAZY_PACKAGES) -> None:
+    """Stand-ins for `names`, parents before children; a top-level name not installed
+    raises ModuleNotFoundError before anything is changed."""
+    roots: dict[str, Path] = {}
+    for name in names:
+        top = name.partition(".")[0]
+        if top not in roots:
+            spec = importlib.util.find_spec(top)  # finds, does not run, the package
+            if spec is None or not spec.submodule_search_locations:
+                raise ModuleNotFoundError(f"the {top} package is not installed")
+            roots[top] = Path(next(iter(spec.submodule_search_locations)))
+    for name in names:
+        top, *rest = name.split(".")
+        module = _stand_in(name, roots[top].joinpath(*rest))
         sys.modules[name] = module
         parent, _, child = name.rpartition(".")
         if parent:
@@ -141,6 +213,22 @@ def _api_client(*args: Any, **kwargs: Any) -> Any:
     return importlib.import_module("kubernetes.client.api_client").ApiClient(*args, **kwargs)
 
 
+def _oauth2_session(*args: Any, **kwargs: Any) -> Any:
+    """What the kubeconfig loader gets as OAuth2Session: the real one (and `requests`),
+    imported when an OIDC token is refreshed."""
+    return importlib.import_module("requests_oauthlib").OAuth2Session(*args, **kwargs)
+
+
+def _lend(module: ModuleType, name: str, value: Any) -> bool:
+    """Put `value` under `name` into a stand-in that lacks it; False when it has it (or is
+    the real package)."""
+    names = module.__dict__
+    if name in names or "__lean_completed__" in names or "__getattr__" not in names:
+        return False
+    names[name] = value
+    return True
+
+
 def config_module(module: str) -> ModuleType:
     """`kubernetes.config.<module>`, imported without the rest of the package."""
     name = f"kubernetes.config.{module}"
@@ -149,19 +237,23 @@ def config_module(module: str) -> ModuleType:
             return sys.modules[name]
         if "kubernetes" not in sys.modules:
             _install()
+        if module == "kube_config" and not any(m in sys.modules for m in _OAUTH_PACKAGES):
+            with contextlib.suppress(ModuleNotFoundError):  # then the import below says so
+                _install(_OAUTH_PACKAGES)
         # kubernetes.config's modules import Configuration and ApiClient by name from the
-        # client package: the real Configuration stays; the deferred ApiClient is offered
-        # only during this import, so everyone else still gets the real class
+        # client package, the kubeconfig one OAuth2Session too: the real Configuration stays;
+        # the deferred ApiClient and OAuth2Session are offered only during this import, so
+        # everyone else still gets the real classes
         client = sys.modules["kubernetes.client"]
-        names = client.__dict__
-        if "Configuration" not in names:
+        if "Configuration" not in client.__dict__:
             configuration = importlib.import_module("kubernetes.client.configuration")
-            names["Configuration"] = configuration.Configuration
-        lend = "ApiClient" not in names
-        if lend:
-            names["ApiClient"] = _api_client
+            client.__dict__["Configuration"] = configuration.Configuration
+        lent = [(client, "ApiClient")] if _lend(client, "ApiClient", _api_client) else []
+        oauth = sys.modules.get("requests_oauthlib")
+        if oauth is not None and _lend(oauth, "OAuth2Session", _oauth2_session):
+            lent.append((oauth, "OAuth2Session"))
         try:
             return importlib.import_module(name)
         finally:
-            if lend:
-                del names["ApiClient"]
+            for owner, lent_name in lent:
+                del owner.__dict__[lent_name]
