@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -24,15 +23,15 @@ from tessera.errors import InventoryError
 from tessera.model import NodeInventory
 from tessera.resources import ALL_RESOURCES
 from tessera_cli import CliParser, ConfigError, config_from
-from tessera_cli.flags import add_flags
-from tessera_cli.metrics import add_metrics_flags, serve_metrics
+from tessera_cli.metrics import serve_metrics
 from tessera_cli.paths import (
     check_directory,
     check_readable_file,
     check_socket_dir,
     check_socket_path,
 )
-from tessera_edge.logs import add_log_flags, setup_logging
+from tessera_edge.logs import setup_logging
+from tessera_edge.node_cli import node_parser
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
 if TYPE_CHECKING:
@@ -60,16 +59,9 @@ docs: docs/deviceplugin.md
 
 
 def build_parser() -> CliParser:
-    p = CliParser(
-        prog="tessera-device-plugin",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    return node_parser(
+        "tessera-device-plugin", DESCRIPTION, EPILOG, DevicePluginConfig, DEFAULT_METRICS_PORT
     )
-    output = add_flags(p, DevicePluginConfig)["logs and metrics"]
-    add_log_flags(output)
-    add_metrics_flags(output, DEFAULT_METRICS_PORT)
-    return p
 
 
 def _nic_source(config: DevicePluginConfig, backend: GpuBackend) -> NicSource | None:

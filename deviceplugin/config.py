@@ -18,6 +18,7 @@ from tessera.resources import (
 )
 from tessera_cli.flags import FlagGroup
 from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
+from tessera_edge.node_cli import LOGS_AND_METRICS
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
 """Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
@@ -26,7 +27,7 @@ _DISCOVERY = FlagGroup("discovery")
 _KUBELET = FlagGroup("kubelet")
 _HEALTH = FlagGroup("health")
 _INVENTORY = FlagGroup("inventory")
-_OUTPUT = FlagGroup("logs and metrics")
+_OUTPUT = LOGS_AND_METRICS
 
 
 def _xids(text: str) -> frozenset[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import logging
@@ -31,11 +30,11 @@ from nri_hook.plugin import (
 from tessera.record_keys import KeyFileError
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera_cli import CliParser, ConfigError, config_from
-from tessera_cli.flags import add_flags
-from tessera_cli.metrics import add_metrics_flags, serve_metrics
+from tessera_cli.metrics import serve_metrics
 from tessera_cli.paths import check_directory, check_socket_path
 from tessera_edge.keyfiles import KeyringSource
-from tessera_edge.logs import add_log_flags, setup_logging
+from tessera_edge.logs import setup_logging
+from tessera_edge.node_cli import node_parser
 
 log = logging.getLogger("nri_hook")
 
@@ -59,16 +58,7 @@ See docs/nri_hook.md for what is injected and how to deploy it."""
 
 
 def build_parser() -> CliParser:
-    p = CliParser(
-        prog="tessera-nri-hook",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    output = add_flags(p, NriHookConfig)["logs and metrics"]
-    add_log_flags(output)
-    add_metrics_flags(output, Metrics.DEFAULT_PORT)
-    return p
+    return node_parser("tessera-nri-hook", DESCRIPTION, EPILOG, NriHookConfig, Metrics.DEFAULT_PORT)
 
 
 def default_node_name() -> str:

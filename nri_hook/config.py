@@ -20,6 +20,7 @@ from nri_hook.plugin import (
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE
 from tessera_cli.flags import FlagGroup
 from tessera_cli.values import absolute_path, node_name, seconds
+from tessera_edge.node_cli import LOGS_AND_METRICS
 
 DEFAULT_PLUGIN_NAME = "tessera"
 DEFAULT_PLUGIN_INDEX = "50"
@@ -31,7 +32,7 @@ _CONNECTION = FlagGroup("connection to the runtime")
 _RECORDS = FlagGroup("allocation records")
 _DEVICES = FlagGroup("devices")
 _VF_NETDEVS = FlagGroup("RDMA VF network devices")
-_OUTPUT = FlagGroup("logs and metrics")
+_OUTPUT = LOGS_AND_METRICS
 
 
 def _vf_prefix(text: str) -> str:
