@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -100,8 +100,3 @@ def agent_registry(agent: Agent) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(AgentCollector(agent))
     return registry
-
-
-def serve(registry: CollectorRegistry, port: int, address: str = "") -> None:
-    """Serve /metrics on a daemon thread (prometheus_client's own server)."""
-    start_http_server(port, addr=address or "0.0.0.0", registry=registry)
