@@ -4,12 +4,6 @@ it needs loaded, and answers read within bounds."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -18,54 +12,16 @@ from kube_edge.client import MAX_RESPONSE_DEPTH
 from kube_edge.client import KubeClient as Api
 from kube_edge.errors import ApiError
 from tessera_testbed.apiserver import write_kubeconfig
-from tests.deviceplugin.conftest import ROOT
+from tests.kube_edge.helpers import StubServer, run_probe
 
 SMALL = 4 * 1024 * 1024  # the node agent's bound
-
-
-class _Server(ThreadingHTTPServer):
-    answers: dict[str, tuple[int, bytes]]
-    seen: list[tuple[str, str, dict[str, str], bytes]]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        self.server.seen.append(
-            (self.command, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-        )
-        status, payload = self.server.answers.get(self.path, (404, b'{"kind":"Status"}'))
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_POST = do_PUT = do_PATCH = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def server() -> Iterator[_Server]:
-    srv = _Server(("127.0.0.1", 0), _Handler)
-    srv.answers, srv.seen = {}, []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
 
 
 def _kubeconfig(tmp_path: Path, url: str) -> str:
     return write_kubeconfig(tmp_path / "kubeconfig", url, token="s3cret")
 
 
-def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path) -> None:
+def test_kubeconfig_token_and_json_body_are_sent(server: StubServer, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{server.server_address[1]}"
     api = Api.connect(_kubeconfig(tmp_path, url), timeout=5)
     server.answers["/api/v1/nodes/n"] = (200, b'{"metadata": {"name": "n"}}')
@@ -82,7 +38,7 @@ def test_kubeconfig_token_and_json_body_are_sent(server: _Server, tmp_path: Path
     assert missing.value.status == 404
 
 
-def test_answers_are_read_within_bounds(server: _Server) -> None:
+def test_answers_are_read_within_bounds(server: StubServer) -> None:
     api = Api.for_host(
         f"http://127.0.0.1:{server.server_address[1]}", timeout=5, max_response_bytes=SMALL
     )
@@ -132,15 +88,7 @@ def test_only_the_needed_parts_of_the_client_are_imported(tmp_path: Path) -> Non
     """Importing kubernetes.client ran the package's __init__: every API class and the
     pydantic models (about 20 MB of the agent's memory)."""
     kubeconfig = _kubeconfig(tmp_path, "http://127.0.0.1:1")
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, kubeconfig],
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = run_probe(_PROBE, kubeconfig)
     loaded = report["loaded"]
     heavy = [
         m
@@ -175,22 +123,14 @@ def test_in_cluster_auth_without_the_kubeconfig_loader(tmp_path: Path) -> None:
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
     token.write_text("sa-token")
     ca.write_text("not read until a TLS connection is made")
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
+    report = run_probe(
+        _IN_CLUSTER,
+        str(token),
+        str(ca),
         KUBERNETES_SERVICE_HOST="10.0.0.1",
         KUBERNETES_SERVICE_PORT="443",
         KUBECONFIG=str(tmp_path / "absent"),
     )
-    out = subprocess.run(
-        [sys.executable, "-c", _IN_CLUSTER, str(token), str(ca)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["host"] == "https://10.0.0.1:443"
     assert report["headers"]["authorization"] == "bearer sa-token"
     assert report["kubeconfig loader"] is False and report["requests"] is False

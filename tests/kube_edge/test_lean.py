@@ -6,77 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import ssl
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.deviceplugin.conftest import ROOT
+from tessera_testbed.apiserver import write_kubeconfig
 from tests.e2e.pki import Authority
-
-
-def _probe(script: str, *args: str, **env: str) -> Any:
-    out = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-class _Server(ThreadingHTTPServer):
-    answers: dict[str, bytes]
-    seen: list[tuple[str, str, bytes]]
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
-        self.server.seen.append((self.command, self.path, body))
-        payload = self.server.answers.get(self.path)
-        self.send_response(404 if payload is None else 200)
-        payload = payload or b"{}"
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_POST = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def _serve(tls: ssl.SSLContext | None = None) -> Iterator[_Server]:
-    srv = _Server(("127.0.0.1", 0), _Handler)
-    if tls is not None:
-        srv.socket = tls.wrap_socket(srv.socket, server_side=True)
-    srv.answers, srv.seen = {}, []
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-
-
-@pytest.fixture
-def server() -> Iterator[_Server]:
-    yield from _serve()
-
+from tests.kube_edge.helpers import StubServer, run_probe, serve_stub
 
 _HTTPS = """
 import json, sys
@@ -102,11 +39,11 @@ def test_https_without_urllib3_http2_init(tmp_path: Path) -> None:
     pair = ca.issue("apiserver", "localhost", server=True)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(pair.cert, pair.key)
-    for srv in _serve(tls):
-        srv.answers["/api/v1/nodes/n"] = b'{"metadata": {"name": "n"}}'
+    with serve_stub(tls) as srv:
+        srv.answers["/api/v1/nodes/n"] = (200, b'{"metadata": {"name": "n"}}')
         url = f"https://127.0.0.1:{srv.server_address[1]}"
-        report = _probe(_HTTPS, url, str(ca.path))
-        assert [(m, p) for m, p, _ in srv.seen] == [("GET", "/api/v1/nodes/n")]
+        report = run_probe(_HTTPS, url, str(ca.path))
+        assert [(m, p) for m, p, _, _ in srv.seen] == [("GET", "/api/v1/nodes/n")]
     assert report["answer"] == {"metadata": {"name": "n"}}
     loaded = report["loaded"]
     assert "urllib3.http2.probe" in loaded
@@ -151,18 +88,8 @@ def _oauth_stack(loaded: list[str]) -> list[str]:
 def test_kubeconfig_auth_without_the_oauth_stack(tmp_path: Path) -> None:
     """The kubeconfig loader imports oauthlib and requests_oauthlib (and requests) for OIDC
     token refresh only: about 5 MB of the node agent's memory."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
-                "users": [{"name": "u", "user": {"token": "s3cret"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
-    report = _probe(_KUBECONFIG, str(kubeconfig))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:1", token="s3cret")
+    report = run_probe(_KUBECONFIG, kubeconfig)
     assert report["headers"]["authorization"] == "Bearer s3cret"
     assert "kubernetes.config.kube_config" in report["loaded"]
     assert _oauth_stack(report["loaded"]) == []
@@ -185,22 +112,22 @@ print(json.dumps({"headers": api.headers(), "loaded": sorted(sys.modules)}))
 
 
 def test_an_expired_oidc_token_is_refreshed_through_the_real_oauth_session(
-    server: _Server, tmp_path: Path
+    server: StubServer, tmp_path: Path
 ) -> None:
     issuer = f"http://127.0.0.1:{server.server_address[1]}"
     fresh = _jwt({"sub": "agent", "exp": int(time.time()) + 3600})
-    server.answers["/.well-known/openid-configuration"] = json.dumps(
-        {"issuer": issuer, "token_endpoint": f"{issuer}/token"}
-    ).encode()
-    server.answers["/token"] = json.dumps(
-        {
-            "access_token": "a",
-            "token_type": "Bearer",
-            "id_token": fresh,
-            "refresh_token": "r2",
-            "expires_in": 3600,
-        }
-    ).encode()
+    server.answers["/.well-known/openid-configuration"] = (
+        200,
+        json.dumps({"issuer": issuer, "token_endpoint": f"{issuer}/token"}).encode(),
+    )
+    token = {
+        "access_token": "a",
+        "token_type": "Bearer",
+        "id_token": fresh,
+        "refresh_token": "r2",
+        "expires_in": 3600,
+    }
+    server.answers["/token"] = (200, json.dumps(token).encode())
     oidc = {
         "client-id": "tessera",
         "client-secret": "shh",
@@ -221,8 +148,8 @@ def test_an_expired_oidc_token_is_refreshed_through_the_real_oauth_session(
         )
     )
     # oauthlib refuses plain HTTP token endpoints unless told otherwise
-    report = _probe(_OIDC, str(kubeconfig), OAUTHLIB_INSECURE_TRANSPORT="1")
+    report = run_probe(_OIDC, str(kubeconfig), OAUTHLIB_INSECURE_TRANSPORT="1")
     assert report["headers"]["authorization"] == f"Bearer {fresh}"
-    token_calls = [body for method, path, body in server.seen if path == "/token"]
+    token_calls = [body for _, path, _, body in server.seen if path == "/token"]
     assert len(token_calls) == 1 and b"refresh_token=r1" in token_calls[0]
     assert "requests_oauthlib.oauth2_session" in report["loaded"]
