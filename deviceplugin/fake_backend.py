@@ -13,22 +13,20 @@ import re
 import threading
 from collections.abc import MutableMapping
 from dataclasses import replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.backend import GpuDiscovery, TopologyError, XidEvent
 from tessera.errors import InventoryError
 from tessera.model import Gpu, NodeInventory, RdmaNic
-from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_document
+from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, builtin_topology_text, load_document
 
 _ENTRY = re.compile(r"^(gpus|rdma)\[(\d+)\]")
 
 
 def _read_topology(name_or_path: str) -> tuple[str, str]:
     if name_or_path in BUILTIN_TOPOLOGIES:
-        ref = resources.files("tessera_edge") / "topologies" / f"{name_or_path}.yaml"
-        return ref.read_text(), f"builtin:{name_or_path}"
+        return builtin_topology_text(name_or_path), f"builtin:{name_or_path}"
     path = Path(name_or_path)
     try:
         return path.read_text(), str(path)

@@ -6,7 +6,6 @@ here goes through NodeInventory.from_dict, the core's one inventory parser.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,16 @@ from tessera.errors import InventoryError
 from tessera.model import NodeInventory
 
 BUILTIN_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
+# next to this module in the package (importlib.resources would find the same files, and
+# import tempfile, shutil, bz2, lzma and zipfile into every node agent to do it)
+_BUILTIN_FOLDER = Path(__file__).resolve().with_name("topologies")
+
+
+def builtin_topology_text(name: str) -> str:
+    """The YAML of the built-in topology `name` (one of BUILTIN_TOPOLOGIES)."""
+    if name not in BUILTIN_TOPOLOGIES:
+        raise ValueError(f"no built-in topology {name!r}")
+    return (_BUILTIN_FOLDER / f"{name}.yaml").read_text()
 
 
 def load_document(text: str, source: str) -> Any:
@@ -38,7 +47,7 @@ def parse_topology_text(text: str, source: str, node_name: str = "") -> NodeInve
 def load_topology(name_or_path: str, node_name: str = "") -> NodeInventory:
     """Load a built-in topology by name (see BUILTIN_TOPOLOGIES) or a file by path."""
     if name_or_path in BUILTIN_TOPOLOGIES:
-        text = (resources.files("tessera_edge") / "topologies" / f"{name_or_path}.yaml").read_text()
+        text = builtin_topology_text(name_or_path)
         return parse_topology_text(text, f"builtin:{name_or_path}", node_name)
     path = Path(name_or_path)
     try:
