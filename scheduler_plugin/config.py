@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 from scheduler_plugin import limits
+from scheduler_plugin.extender import FILTER_ANSWERS
 from scheduler_plugin.service import Options
 from tessera.policy_registry import POLICIES
 from tessera.resources import (
@@ -120,6 +121,15 @@ class SchedulerConfig:
         choices=sorted(POLICIES),
         default=DEFAULT_POLICY,
     )
+    filter_answer: str = _DECISIONS.flag(
+        "what filter answers when a pod fits: best, the policy's best node only (kube-scheduler "
+        "then binds it without scoring: one extender call per pod, the policy's exact choice); "
+        "all, every node that fits, weighed by prioritize and kube-scheduler's score plugins. "
+        "Pods that state soft preferences (preferred affinity, ScheduleAnyway spread) always "
+        "get all",
+        choices=FILTER_ANSWERS,
+        default="best",
+    )
     integrity_key_file: str = _DECISIONS.flag(
         "PEM private key file, or directory of PEM keys (the Secret tessera-record-signing), "
         "that sign allocation records with Ed25519; nodes verify with the public keys. "
@@ -193,6 +203,7 @@ class SchedulerConfig:
             status_interval=self.status_interval,
             write_status=self.write_status,
             manage_nvidia_gpu=self.manage_nvidia_gpu,
+            filter_answer=self.filter_answer,
             max_body=self.max_body_bytes,
             health_host=self.health_listen[0],
             health_port=self.health_listen[1],

@@ -5,7 +5,9 @@ kube-scheduler's exact shapes (its extender/v1 types; docs/scheduler.md):
 
 - filter: `{"NodeNames"|"Nodes": survivors, "FailedNodes": {...},
   "FailedAndUnresolvableNodes": {...}, "Error": ""}`; the survivors come back in the form
-  they arrived in (names when nodeCacheCapable, the NodeList items otherwise);
+  they arrived in (names when nodeCacheCapable, the NodeList items otherwise). With the
+  `best` answer the survivors are the policy's one best node (kube-scheduler then skips
+  scoring and prioritize) unless the pod states soft scheduling preferences;
 - prioritize: `[{"Host": name, "Score": 0..10}, ...]`, the policy's [0, 1] node score
   scaled and rounded to an integer;
 - preempt: `{"NodeNameToMetaVictims": {node: {"Pods": [{"UID": ...}], "NumPDBViolations":
@@ -51,6 +53,11 @@ _HEAD = '{"Host":"'
 _TAILS = [f'","Score":{k}}}' for k in range(MAX_PRIORITY + 1)]
 _PREEMPT_BUDGET = 512
 """Subset evaluations per node before preempt falls back to a greedy minimal set."""
+FILTER_ANSWERS = ("best", "all")
+"""What filter returns when the pod fits somewhere: `best`, the policy's best node only
+(kube-scheduler binds a lone survivor without scoring: one extender call per pod, and the
+node is the policy's choice as in the simulator); `all`, every node where it fits, for
+kube-scheduler to weigh with prioritize and its own score plugins."""
 
 
 class BadArgsError(InputError, ValueError):
@@ -115,11 +122,19 @@ class Extender:
     """filter / prioritize / preempt over a Cache. Thread-safe."""
 
     def __init__(
-        self, cache: Cache, metrics: Metrics | None = None, *, manage_nvidia_gpu: bool = False
+        self,
+        cache: Cache,
+        metrics: Metrics | None = None,
+        *,
+        manage_nvidia_gpu: bool = False,
+        answer: str = "all",
     ) -> None:
+        if answer not in FILTER_ANSWERS:
+            raise ValueError(f"answer must be one of {', '.join(FILTER_ANSWERS)}, got {answer!r}")
         self.cache = cache
         self.metrics = metrics
         self.manage_nvidia_gpu = manage_nvidia_gpu
+        self.answer_best = answer == "best"
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
         self._requests_lock = threading.Lock()
 
@@ -212,6 +227,9 @@ class Extender:
         for name in problems.keys() & failed.keys() if problems else ():
             reasons[reason_category(failed[name])] += 1
         self._count_failures(reasons)
+        if passed and self.answer_best and not states_preferences(pod):
+            # kube-scheduler reads the other nodes' reasons only when none survives
+            return self._filter_reply(nodes, [best_node(scores, passed)], {}, {})
         return self._filter_reply(nodes, passed, failed, unresolvable)
 
     def _count_failures(self, reasons: Counter[str]) -> None:
@@ -381,6 +399,48 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
             raise BadArgsError(f"victims of {node}: NumPDBViolations must be an integer")
         result[str(node)] = (uids, pdb)
     return result
+
+
+def best_node(scores: Mapping[str, float], names: Sequence[str]) -> str:
+    """The node of `names` (each in `scores`) with the policy's best score; among equal
+    scores the first listed, as prioritize's 10 and a first-listed tie-break would pick."""
+    top = max(round(scores[name], 9) for name in names)
+    return next(name for name in names if round(scores[name], 9) == top)
+
+
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def states_preferences(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod asks kube-scheduler to weigh nodes: preferred node or pod
+    (anti-)affinity, or a topology spread constraint it may break (ScheduleAnyway). A spec
+    that is not shaped as the API server stores it counts as asking (kube-scheduler then
+    judges it)."""
+    spec = pod.get("spec")
+    if spec is None:
+        return False
+    if not isinstance(spec, Mapping):
+        return True
+    affinity = spec.get("affinity")
+    if affinity is not None:
+        if not isinstance(affinity, Mapping):
+            return True
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind)
+            if terms is None:
+                continue
+            if not isinstance(terms, Mapping):
+                return True
+            if terms.get(_PREFERRED):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    if spread is None:
+        return False
+    if not isinstance(spread, list):
+        return True
+    return any(
+        not isinstance(c, Mapping) or c.get("whenUnsatisfiable") != "DoNotSchedule" for c in spread
+    )
 
 
 def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[int]:

@@ -60,6 +60,8 @@ class Options:
     status_interval: float = 2.0
     write_status: bool = True
     manage_nvidia_gpu: bool = False
+    filter_answer: str = "best"
+    """What filter answers when a pod fits (extender.FILTER_ANSWERS)."""
     max_body: int = limits.MAX_BODY_BYTES
     assume_ttl: float = 30.0
     health_host: str = "0.0.0.0"
@@ -100,7 +102,10 @@ class Service:
         )
         self.metrics.attach(self.cache)
         self.extender = Extender(
-            self.cache, self.metrics, manage_nvidia_gpu=options.manage_nvidia_gpu
+            self.cache,
+            self.metrics,
+            manage_nvidia_gpu=options.manage_nvidia_gpu,
+            answer=options.filter_answer,
         )
         self.binder = Binder(self.cache, self.extender, client, keyring, self.metrics)
         self.reconciler = Reconciler(self.cache, keyring, assume_ttl=options.assume_ttl)

@@ -201,7 +201,7 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with serving(fake) as (service, h):
+    with serving(fake, filter_answer="all") as (service, h):
         for i in range(3):  # 6 of the H100s taken, 2 left
             assert schedule(h, fake, pod(f"w{i}", {rn.GPU: 200}), ["h100"]) == "h100"
         assert schedule(h, fake, pod("s", share(80, 90)), ["t4"]) == "t4"

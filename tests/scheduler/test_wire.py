@@ -57,7 +57,7 @@ def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict[str, Any]:
 def test_filter_and_prioritize_with_node_cache(fake: FakeApiServer) -> None:
     _cluster(fake)
     body = vector("filter-001.json")
-    with serving(fake) as (_service, http):
+    with serving(fake, filter_answer="all") as (_service, http):
         status, data = http.post_raw("/filter", body)
         assert status == 200, data
         result, unknown = go.decode(go.ExtenderFilterResult, data)
@@ -72,6 +72,32 @@ def test_filter_and_prioritize_with_node_cache(fake: FakeApiServer) -> None:
         assert unknown == []
         assert [s["Host"] for s in scores] == json.loads(body)["NodeNames"]
         assert all(0 <= s["Score"] <= 10 for s in scores)
+
+
+@pytest.mark.parametrize("node_cache", [True, False])
+def test_the_best_answer_is_one_survivor_in_the_form_it_came(
+    fake: FakeApiServer, node_cache: bool
+) -> None:
+    # the shipped answer: kube-scheduler binds a lone survivor without scoring
+    _cluster(fake)
+    body = vector("filter-001.json" if node_cache else "nodecache-false/filter-002.json")
+    if not node_cache:
+        _create_captured_pod(fake, body)
+    with serving(fake) as (_service, http):
+        status, data = http.post_raw("/filter", body)
+    assert status == 200, data
+    result, unknown = go.decode(go.ExtenderFilterResult, data)
+    assert unknown == []
+    sent = json.loads(body)
+    names = (
+        sent["NodeNames"] if node_cache else [n["metadata"]["name"] for n in sent["Nodes"]["items"]]
+    )
+    (survivor,) = go.filter_survivors(result, node_cache_capable=node_cache)
+    assert survivor in names
+    assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
+    if not node_cache:
+        (item,) = result["Nodes"]["items"]
+        assert item == next(n for n in sent["Nodes"]["items"] if n["metadata"]["name"] == survivor)
 
 
 def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake: FakeApiServer) -> None:
@@ -105,7 +131,7 @@ def test_without_node_cache_the_full_nodes_come_back(fake: FakeApiServer) -> Non
     _cluster(fake)
     body = vector("nodecache-false/filter-002.json")
     created = _create_captured_pod(fake, body)
-    with serving(fake) as (_service, http):
+    with serving(fake, filter_answer="all") as (_service, http):
         status, data = http.post_raw("/filter", body)
         assert status == 200
         result, unknown = go.decode(go.ExtenderFilterResult, data)
@@ -140,7 +166,7 @@ def test_failed_and_unresolvable_nodes_decode_with_reasons(fake: FakeApiServer) 
         vector("nodecache-false/filter-001.json"),
         vector("nodecache-false/filter-003.json"),
     ):
-        with serving(fake) as (_service, http):
+        with serving(fake, filter_answer="all") as (_service, http):
             _status, data = http.post_raw("/filter", body)
             result, unknown = go.decode(go.ExtenderFilterResult, data)
             assert unknown == []
@@ -158,7 +184,7 @@ def test_keys_are_matched_case_insensitively_like_go(fake: FakeApiServer) -> Non
     _cluster(fake)
     doc = json.loads(vector("filter-001.json"))
     lowered = {"pod": doc["Pod"], "nodes": None, "nodenames": doc["NodeNames"]}
-    with serving(fake) as (_service, http):
+    with serving(fake, filter_answer="all") as (_service, http):
         _status, data = http.post_raw("/filter", json.dumps(lowered).encode())
         result, _ = go.decode(go.ExtenderFilterResult, data)
         assert go.filter_survivors(result, True) == doc["NodeNames"]
