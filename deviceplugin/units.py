@@ -80,7 +80,7 @@ class UnitConfig:
         return tuple(names)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # thousands per node: no __dict__ each
 class Unit:
     id: str
     device: str
@@ -107,9 +107,11 @@ class ResourceUnits:
     def healthy_count(self) -> int:
         return sum(1 for u in self.units if u.healthy)
 
-    def key(self) -> tuple[tuple[str, bool, int], ...]:
-        """Everything a ListAndWatch message carries; equal keys mean equal snapshots."""
-        return tuple((u.id, u.healthy, u.numa_node) for u in self.units)
+    def key(self) -> tuple[Unit, ...]:
+        """Everything a ListAndWatch message carries (each unit's ID, health and NUMA node;
+        its device is part of the ID); equal keys mean equal snapshots. The units
+        themselves, not a copy: the agent keeps them anyway."""
+        return self.units
 
 
 # --- names -----------------------------------------------------------------------------------

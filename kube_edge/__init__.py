@@ -9,4 +9,4 @@ It imports no component.
 from kube_edge import lean as _lean
 
 # before kube_edge.client imports urllib3 (see kube_edge/lean.py)
-_lean.defer_urllib3_http2()
+_lean.defer_init("urllib3.http2")

@@ -13,13 +13,15 @@ module and what it imports. Nothing is lost: the first access to a name a stand-
 into the stand-in and returns the name, so other code in the process sees the whole package.
 When the package is already imported, it is used as it is.
 
-Two dependencies get the same treatment. The kubeconfig loader imports `oauthlib` and
+Other packages get the same treatment. The kubeconfig loader imports `oauthlib` and
 `requests_oauthlib` (with `requests`, about 5 MB) for one path only, OIDC token refresh:
 `config_module("kube_config")` installs them as stand-ins and lends the loader a deferred
-`OAuth2Session`, so they are imported when a refresh happens. And urllib3 imports its
-`http2` package for one small submodule (`probe`) while the package `__init__` imports
-`importlib.metadata` (zipfile, shutil, csv... about 1.5 MB) for `inject_into_urllib3`:
-`defer_urllib3_http2()` makes that package a stand-in whose submodules load on their own.
+`OAuth2Session`, so they are imported when a refresh happens. And `defer_init(name, ...)`
+makes packages that are imported but not used, or used for a submodule only, stand-ins
+when they are first imported; a stand-in made this way imports a submodule asked for by
+name on its own. kube_edge defers `urllib3.http2` (urllib3 needs its `probe` submodule;
+the package `__init__` imports `importlib.metadata`, zipfile, shutil, csv..., about
+1.5 MB, for `inject_into_urllib3`); the node agent defers a few more (deviceplugin).
 """
 
 from __future__ import annotations
@@ -152,14 +154,16 @@ class _DeferredInit:
         raise ImportError(f"{fullname} is imported through create_module and exec_module")
 
 
-def defer_urllib3_http2() -> None:
-    """Make `urllib3.http2` a stand-in when urllib3 imports it (see the module doc); a
-    no-op once it is imported."""
+def defer_init(*names: str) -> None:
+    """Import the packages `names` as stand-ins from now on (see the module doc); a package
+    already imported stays as it is."""
     with _lock:
-        if "urllib3.http2" in sys.modules:
-            return
-        if not any(isinstance(finder, _DeferredInit) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _DeferredInit(frozenset({"urllib3.http2"})))
+        wanted = frozenset(name for name in names if name not in sys.modules)
+        for finder in sys.meta_path:
+            if isinstance(finder, _DeferredInit):
+                finder.names |= wanted
+                return
+        sys.meta_path.insert(0, _DeferredInit(wanted))
 
 
 def _install(names: tuple[str, ...] = _LAZY_PACKAGES) -> None:

@@ -20,7 +20,6 @@ from typing import Any, Final, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.boundedjson import JsonLimitError, loads
@@ -126,7 +125,7 @@ class KeySource(Protocol):
 
 
 def _raw(key: Ed25519PublicKey) -> bytes:
-    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return key.public_bytes_raw()
 
 
 def _mac(key: bytes, body: bytes) -> str:

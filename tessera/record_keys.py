@@ -1,7 +1,9 @@
 """Ed25519 record keys as bytes: PEM in and out, fingerprints, the key ID rule.
 
 Pure: the key files themselves (a file, or a mounted Secret directory; rotation) are read by
-tessera_edge.keyfiles, which hands the bytes of each file here.
+tessera_edge.keyfiles, which hands the bytes of each file here. The PEM loaders come from
+cryptography's `serialization.base`: the package's `__init__` also imports the SSH key
+formats, which the node agent defers (deviceplugin/__init__.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from typing import Final
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization.base import (
+    load_pem_private_key,
+    load_pem_public_key,
+)
 
 from tessera.errors import InputError
 
@@ -34,7 +40,7 @@ def valid_key_id(key_id: str) -> bool:
 
 def fingerprint(key: Ed25519PublicKey) -> str:
     """SHA256:<base64 of SHA-256 over the raw public key>, as ssh-keygen shows keys."""
-    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = key.public_bytes_raw()
     return "SHA256:" + base64.b64encode(hashlib.sha256(raw).digest()).decode().rstrip("=")
 
 
@@ -49,9 +55,9 @@ def parse_pem(source: str, data: bytes) -> Ed25519PrivateKey | Ed25519PublicKey:
         )
     try:
         if b"PRIVATE KEY-----" in text.split(b"\n", 1)[0]:
-            key: object = serialization.load_pem_private_key(text, password=None)
+            key: object = load_pem_private_key(text, password=None)
         else:
-            key = serialization.load_pem_public_key(text)
+            key = load_pem_public_key(text)
     except TypeError:
         raise KeyFileError(
             f"{source}: the private key is encrypted; store it unencrypted"

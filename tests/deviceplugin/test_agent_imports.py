@@ -40,6 +40,10 @@ NOT_LOADED = frozenset(
         # importlib.resources for the built-in topologies (tessera_edge/topology_file.py)
         "importlib.resources",
         "zipfile",
+        # imported by dependencies, unused by the agent (deviceplugin/__init__.py)
+        "asyncio.base_events",
+        "grpc.aio._channel",
+        "cryptography.hazmat.primitives.serialization.ssh",
     }
 )
 

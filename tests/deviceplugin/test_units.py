@@ -1,14 +1,16 @@
 from __future__ import annotations
 
+import gc
 import math
 import random
+import tracemalloc
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.server import build_snapshot
+from deviceplugin.server import ResourceState, build_snapshot
 from deviceplugin.units import (
     MAX_UNITS_PER_RESOURCE,
     LimitError,
@@ -318,3 +320,27 @@ def test_preferred_allocation_over_thousands_of_devices() -> None:
     available = [f"GPU-{n}" for n in range(30_000)]
     chosen = preferred_allocation(available, [], 15_000)
     assert chosen == available[:15_000]  # equal sizes: the first listed first
+
+
+def test_the_units_of_a_node_and_their_snapshots_stay_small() -> None:
+    """An 8x H100 node advertises ~3,400 unit IDs, held for the agent's lifetime: a unit has
+    no per-instance dict, and a resource's snapshot keeps the units themselves to compare the
+    next one against (not a copy of their fields)."""
+    inventory = load_topology("h100-sxm-8x")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        units = build_units(inventory, UnitConfig())
+        built = tracemalloc.get_traced_memory()[0]
+        states = {resource: ResourceState(resource) for resource in units}
+        before = tracemalloc.get_traced_memory()[0]
+        for resource, advertised in units.items():
+            assert states[resource].update(advertised)
+        installed = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    count = sum(len(u.units) for u in units.values())
+    assert count > 3000
+    # measured with CPython 3.11: 162 and 48 bytes a unit (203 and 120 before)
+    assert built / count < 180
+    assert installed / count < 80

@@ -153,3 +153,39 @@ def test_an_expired_oidc_token_is_refreshed_through_the_real_oauth_session(
     token_calls = [body for _, path, _, body in server.seen if path == "/token"]
     assert len(token_calls) == 1 and b"refresh_token=r1" in token_calls[0]
     assert "requests_oauthlib.oauth2_session" in report["loaded"]
+
+
+_DEFERRED = """
+import json, sys
+import deviceplugin
+import asyncio, grpc
+from cryptography.hazmat.primitives import serialization
+before = sorted(sys.modules)
+
+async def round_trip():
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await asyncio.wait_for(channel.channel_ready(), 20)
+    await server.stop(None)
+    return port > 0
+
+print(json.dumps({
+    "before": before,
+    "aio": asyncio.run(round_trip()),
+    "ssh": serialization.load_ssh_public_key.__name__,
+    "pem": serialization.Encoding.__name__,
+}))
+"""
+
+
+def test_packages_the_agent_defers_are_whole_when_used() -> None:
+    """deviceplugin defers asyncio, grpc.aio and cryptography's serialization package: a
+    process that uses them gets them, an asyncio gRPC server included."""
+    report = run_probe(_DEFERRED)
+    assert "asyncio.base_events" not in report["before"]
+    assert "grpc.aio._channel" not in report["before"]
+    assert "cryptography.hazmat.primitives.serialization.ssh" not in report["before"]
+    assert report["aio"] is True
+    assert report["ssh"] == "load_ssh_public_key" and report["pem"] == "Encoding"
