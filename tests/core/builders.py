@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera.cluster_state import ClusterState
 from tessera.model import Gpu, NodeInventory, RdmaNic, RdmaVf
+from tessera_edge.topology_file import load_topology
+
+MIXED_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
+"""Three built-in nodes unlike in GPU model, count, memory and NICs."""
 
 
 def pod(
@@ -79,3 +84,11 @@ def gpu_entry(**fields: object) -> dict[str, object]:
         "pciBusId": "0000:3b:00.0",
         **fields,
     }
+
+
+def mixed_cluster(nodes: int, prefix: str = "n") -> ClusterState:
+    """`nodes` nodes named `prefix`0, `prefix`1, ..., of the `MIXED_TOPOLOGIES` in turn."""
+    state = ClusterState()
+    for i in range(nodes):
+        state.set_node(load_topology(MIXED_TOPOLOGIES[i % len(MIXED_TOPOLOGIES)], f"{prefix}{i}"))
+    return state

@@ -10,11 +10,9 @@ from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.policy_registry import POLICIES
 from tessera.request import parse_pod
-from tessera_edge.topology_file import load_topology
 
-from .builders import gpu, node, pod
+from .builders import gpu, mixed_cluster, node, pod
 
-TOPOLOGIES = ["h100-sxm-8x", "a100-pcie-8x", "t4-4x"]
 REQUESTS = [
     {rn.GPU: "5"},
     {rn.GPU: "30"},
@@ -31,9 +29,7 @@ ANNOTATIONS = [{}, {rn.GPU_MODEL_ANNOTATION: "A100"}, {rn.GPU_MODEL_ANNOTATION: 
 
 
 def make_decider(nodes: int = 9) -> Decider:
-    state = ClusterState()
-    for i in range(nodes):
-        state.set_node(load_topology(TOPOLOGIES[i % 3], f"n{i}"))
+    state = mixed_cluster(nodes)
     policies = {name: cls() for name, cls in POLICIES.items()}
     return Decider(state, policies, "binpack")
 

@@ -13,11 +13,9 @@ from tessera.errors import StateError
 from tessera.node_placement import Placement, place_pod
 from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
-from tessera_edge.topology_file import load_topology
 
-from .builders import gpu, node, pod
+from .builders import gpu, mixed_cluster, node, pod
 
-TOPOLOGIES = ["h100-sxm-8x", "a100-pcie-8x", "t4-4x"]
 LIMITS = st.sampled_from(
     [
         {rn.GPU: "10"},
@@ -38,13 +36,6 @@ OPS = st.lists(
     min_size=1,
     max_size=60,
 )
-
-
-def cluster() -> ClusterState:
-    state = ClusterState()
-    for i, topo in enumerate(TOPOLOGIES * 2):
-        state.set_node(load_topology(topo, f"node-{i}"))
-    return state
 
 
 def check_capacity(state: ClusterState) -> None:
@@ -80,7 +71,7 @@ def check_index(state: ClusterState, index: ClusterIndex) -> None:
 def test_random_operations_keep_every_invariant(
     ops: list[tuple[str, dict[str, str], int, bool]],
 ) -> None:
-    state = cluster()
+    state = mixed_cluster(6, "node-")
     index = ClusterIndex(state, rows=2)  # starts small so rows are reallocated on the way
     empty = state.snapshot()
     names = sorted(state.nodes)
