@@ -32,17 +32,7 @@ from dataclasses import dataclass
 
 from deviceplugin.units import device_of, unit_number
 from tessera.allocation import ContainerAllocation, PodAllocation
-from tessera.resources import (
-    GPU,
-    GPU_CORE,
-    GPU_MEMORY,
-    GPU_MEMORY_RATIO,
-    NVIDIA_GPU,
-    RDMA,
-    UNITS_PER_DEVICE,
-)
-
-GPU_RESOURCES = frozenset({GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVIDIA_GPU})
+from tessera.resources import GPU_MEMORY, GPU_RESOURCES, NVIDIA_GPU, RDMA, UNITS_PER_DEVICE
 
 Plan = tuple[tuple[str, int], ...]
 """(device key, units) in record order: what one container needs of one resource."""

@@ -27,12 +27,10 @@ from tessera.model import NodeInventory
 from tessera.resources import (
     DEFAULT_MEMORY_UNIT_MIB,
     DOMAIN,
-    GPU,
-    GPU_CORE,
     GPU_MEMORY,
-    GPU_MEMORY_RATIO,
     NVIDIA_GPU,
     RDMA,
+    TESSERA_GPU_RESOURCES,
     UNITS_PER_DEVICE,
 )
 
@@ -72,7 +70,7 @@ class UnitConfig:
     """Advertise `tessera.dev/rdma` (only when the node has RDMA NICs)."""
 
     def resources(self, inventory: NodeInventory) -> tuple[str, ...]:
-        names = [GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU]
+        names = list(TESSERA_GPU_RESOURCES)
         if self.rdma and inventory.nics:
             names.append(RDMA)
         if self.nvidia_gpu:

@@ -24,7 +24,11 @@ RDMA: Final = f"{DOMAIN}/rdma"
 NVIDIA_GPU: Final = "nvidia.com/gpu"
 """Whole GPUs, optional, for clusters that do not run NVIDIA's own device plugin."""
 
-TESSERA_RESOURCES: Final = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU, RDMA)
+TESSERA_GPU_RESOURCES: Final = (GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU)
+"""tessera's GPU resources, in the order the node agent advertises them."""
+TESSERA_RESOURCES: Final = (*TESSERA_GPU_RESOURCES, RDMA)
+GPU_RESOURCES: Final = frozenset({*TESSERA_GPU_RESOURCES, NVIDIA_GPU})
+"""Every resource granted on GPUs (all but RDMA)."""
 ALL_RESOURCES: Final = (*TESSERA_RESOURCES, NVIDIA_GPU)
 
 UNITS_PER_DEVICE: Final = 100
