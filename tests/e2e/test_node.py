@@ -182,9 +182,6 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 }
 
 
-GPU_RESOURCES = (rn.GPU, rn.GPU_CORE, rn.GPU_MEMORY_RATIO, rn.GPU_MEMORY, rn.NVIDIA_GPU)
-
-
 def _pod_resources(n: Node) -> dict[tuple[str, str], dict[str, dict[str, list[str]]]]:
     """The kubelet's pod-resources List: (namespace, pod) -> container -> resource -> IDs."""
     with grpc.insecure_channel(f"unix://{n.pod_resources_socket}") as channel:
@@ -224,7 +221,7 @@ def test_pod_resources_name_each_containers_record_gpus(node: Node) -> None:
             listed = _pod_resources(node)[(P.NS, name)][entry.name]
             assert set(listed) == set(limits), (name, listed)
             for resource, ids in listed.items():
-                assert resource in GPU_RESOURCES
+                assert resource in rn.GPU_RESOURCES
                 # dcgm-exporter's reading: the ID up to its first '::' is the GPU's UUID
                 assert {i.split("::")[0] for i in ids} == set(pinned), (name, resource, ids)
                 assert len(ids) == int(limits[resource])
