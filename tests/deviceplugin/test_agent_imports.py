@@ -44,6 +44,7 @@ NOT_LOADED = frozenset(
         "asyncio.base_events",
         "grpc.aio._channel",
         "cryptography.hazmat.primitives.serialization.ssh",
+        "html.entities",
     }
 )
 

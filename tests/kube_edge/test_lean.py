@@ -158,7 +158,7 @@ def test_an_expired_oidc_token_is_refreshed_through_the_real_oauth_session(
 _DEFERRED = """
 import json, sys
 import deviceplugin
-import asyncio, grpc
+import asyncio, grpc, http.server
 from cryptography.hazmat.primitives import serialization
 before = sorted(sys.modules)
 
@@ -176,16 +176,19 @@ print(json.dumps({
     "aio": asyncio.run(round_trip()),
     "ssh": serialization.load_ssh_public_key.__name__,
     "pem": serialization.Encoding.__name__,
+    "html": [http.server.html.escape("<a>"), http.server.html.unescape("&lt;")],
 }))
 """
 
 
 def test_packages_the_agent_defers_are_whole_when_used() -> None:
-    """deviceplugin defers asyncio, grpc.aio and cryptography's serialization package: a
-    process that uses them gets them, an asyncio gRPC server included."""
+    """deviceplugin defers asyncio, grpc.aio, cryptography's serialization package and html:
+    a process that uses them gets them, an asyncio gRPC server included."""
     report = run_probe(_DEFERRED)
     assert "asyncio.base_events" not in report["before"]
     assert "grpc.aio._channel" not in report["before"]
     assert "cryptography.hazmat.primitives.serialization.ssh" not in report["before"]
+    assert "html.entities" not in report["before"]
     assert report["aio"] is True
     assert report["ssh"] == "load_ssh_public_key" and report["pem"] == "Encoding"
+    assert report["html"] == ["&lt;a&gt;", "<"]
