@@ -39,6 +39,7 @@ import fnmatch
 import json
 import re
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -250,8 +251,10 @@ def write_kubeconfig(path: str | Path, server: str, token: str = "fake-token") -
 class FakeApiServer:
     """See the module doc. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, history: int = 100_000) -> None:
+    def __init__(self, history: int = 100_000, tls: ssl.SSLContext | None = None) -> None:
         self._lock = threading.Condition()
+        self.tls = tls
+        """Serve HTTPS with this server context (its certificate chain loaded)."""
         self._store: dict[tuple[str, str, str], Obj] = {}
         self._rv = 0
         self._log: list[tuple[int, str, str, str | None, Obj]] = []
@@ -303,6 +306,11 @@ class FakeApiServer:
 
     def start(self) -> FakeApiServer:
         server = _Server(("127.0.0.1", self.port), _Handler)
+        if self.tls is not None:
+            # the handshake happens in the connection's own thread, on its first read
+            server.socket = self.tls.wrap_socket(
+                server.socket, server_side=True, do_handshake_on_connect=False
+            )
         server.fake = self
         self.port = server.server_address[1]
         self._server = server
@@ -334,7 +342,8 @@ class FakeApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def kubeconfig(self, path: str) -> str:
         """Write a kubeconfig pointing at this server (no authentication) and return it."""

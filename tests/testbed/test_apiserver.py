@@ -3,14 +3,19 @@ helpers (find, writes, parse_path, the `before` hook) do what they say."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from kube_edge import config as kube_config
+from kube_edge.client import KubeClient
+from kube_edge.errors import ApiError
 from tessera_testbed.apiserver import (
     ApiPath,
     ApiProblemError,
@@ -18,6 +23,7 @@ from tessera_testbed.apiserver import (
     merge_patch,
     parse_path,
 )
+from tests.e2e.pki import Authority
 
 GROUP, VERSION, PLURAL = "tessera.dev", "v1alpha1", "nodedevices"
 BASE = f"/apis/{GROUP}/{VERSION}"
@@ -271,3 +277,23 @@ def test_the_before_hook_plays_a_concurrent_writer(
     assert _obj(custom.replace_cluster_custom_object(GROUP, VERSION, PLURAL, "n", fresh))[
         "spec"
     ] == {"gpus": 2}
+
+
+def test_https_with_a_server_context(tmp_path: Path) -> None:
+    """What the node agent benchmark uses to run the agent with in-cluster auth."""
+    ca = Authority(tmp_path, "cluster")
+    pair = ca.issue("apiserver", "kubernetes", server=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pair.cert, pair.key)
+    with FakeApiServer(tls=tls) as fake:
+        fake.create("nodes", {"metadata": {"name": "n1"}})
+        assert fake.url.startswith("https://127.0.0.1:")
+        api = KubeClient(kube_config.for_host(fake.url, ca_file=str(ca.path)), timeout=10)
+        try:
+            assert api.get("/api/v1/nodes/n1")["metadata"]["name"] == "n1"
+        finally:
+            api.close()
+        plain = KubeClient(kube_config.for_host(fake.url), timeout=10)  # no CA: refused
+        with pytest.raises(ApiError):
+            plain.get("/api/v1/nodes/n1")
+        plain.close()
