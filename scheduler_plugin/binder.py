@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import BadArgsError, Extender, allocation_summary, get_field
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
+from tessera.allocation import PodAllocation
 from tessera.errors import RequestError, TesseraError
 from tessera.record import KeySource, encode
 from tessera.request import PodRequest
@@ -86,6 +87,9 @@ class Binder:
     client: KubeClient
     keyring: KeySource
     metrics: Metrics | None = None
+    signed: Callable[[str, str, str, str, str, PodAllocation], None] | None = None
+    """Told (uid, namespace, name, node, record text, allocation) before each Binding that
+    carries a record (the Reconciler, so that the watch need not verify it again)."""
 
     def bind(self, raw: Any) -> dict[str, Any]:
         """The ExtenderBindingResult for one ExtenderBindingArgs body."""
@@ -142,6 +146,8 @@ class Binder:
         alloc = outcome.allocation
         try:
             text = encode(alloc, self.keyring)
+            if self.signed is not None:  # before the write: its watch event may come first
+                self.signed(args.uid, args.namespace, args.name, args.node, text, alloc)
             self._create_binding(args, {ALLOCATION_ANNOTATION: text})
         except BindRefusedError:
             self.cache.forget(args.uid, alloc)

@@ -270,6 +270,14 @@ class Reconciler(Handler):
         self._verdicts[uid] = (seen, verdict)
         return verdict
 
+    def signed(
+        self, uid: str, namespace: str, name: str, node: str, text: str, alloc: PodAllocation
+    ) -> None:
+        """What judging will read when this scheduler's own Binding lands: the record it
+        just signed for that pod on that node. The watch event then finds the verdict
+        remembered, as a status update would, instead of verifying our own signature."""
+        self._verdicts[uid] = (hash((text, node, False, namespace, name)), alloc)
+
     def deleted(self, pod: Mapping[str, Any]) -> None:
         uid, namespace, name = pod_identity(pod)
         self._verdicts.pop(uid, None)

@@ -403,9 +403,10 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
 
 def best_node(scores: Mapping[str, float], names: Sequence[str]) -> str:
     """The node of `names` (each in `scores`) with the policy's best score; among equal
-    scores the first listed, as prioritize's 10 and a first-listed tie-break would pick."""
-    top = max(round(scores[name], 9) for name in names)
-    return next(name for name in names if round(scores[name], 9) == top)
+    scores the first listed, as prioritize's 10 and a first-listed tie-break would pick
+    (rounded as `rank_priorities` rounds: float noise makes no second level)."""
+    values = np.fromiter(map(scores.__getitem__, names), float, len(names))
+    return names[int(np.argmax(np.round(values, 9)))]
 
 
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"

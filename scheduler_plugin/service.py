@@ -107,8 +107,10 @@ class Service:
             manage_nvidia_gpu=options.manage_nvidia_gpu,
             answer=options.filter_answer,
         )
-        self.binder = Binder(self.cache, self.extender, client, keyring, self.metrics)
         self.reconciler = Reconciler(self.cache, keyring, assume_ttl=options.assume_ttl)
+        self.binder = Binder(
+            self.cache, self.extender, client, keyring, self.metrics, self.reconciler.signed
+        )
         self.informers: list[Informer] = informers(
             client,
             self.cache,

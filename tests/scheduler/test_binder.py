@@ -199,3 +199,36 @@ def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
         service.stop()
     assert errors == [""] * 200
     assert not [r for r in caplog.records if "pool is full" in r.getMessage()]
+
+
+def test_the_watch_takes_our_own_bind_without_verifying_it_again(
+    fake: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record a bind signs is remembered as the verdict for exactly that text: the
+    watch event of our own Binding is not verified again, and any other text still is."""
+    from scheduler_plugin import cluster
+
+    judged: list[str] = []
+    real_judge = cluster.judge
+
+    def counting_judge(obj: dict[str, Any], keyring: Any) -> Any:
+        if rn.ALLOCATION_ANNOTATION in (obj["metadata"].get("annotations") or {}):
+            judged.append(obj["metadata"]["name"])  # a record to decode and verify
+        return real_judge(obj, keyring)
+
+    monkeypatch.setattr(cluster, "judge", counting_judge)
+    populate(fake, ["n"], gpus=2)
+    with serving(fake) as (service, http):
+        created = fake.create("pods", pod("p", share(40, 40)))
+        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        uid = created["metadata"]["uid"]
+        wait_for(lambda: not service.cache.assumed())
+        assert service.cache.allocation(uid) is not None
+        assert "p" not in judged
+        # the same pod with another record (here: another pod's) is judged, and refused
+        other = fake.create("pods", pod("q", share(10, 10)))
+        assert http.post("/bind", bind_body(other, "n"))[1]["Error"] == ""
+        text_q, _ = record_of(fake, "q")
+        fake.patch("pods", "p", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: text_q}}})
+        wait_for(lambda: "p" in judged)
+        wait_for(lambda: "n" in service.cache.snapshot().record_fenced_nodes)
