@@ -259,11 +259,15 @@ class KubeClient:
         for page in self.pages(path, page_size):
             yield from page_items(page, self.max_depth, path)
 
-    def pages(self, path: str, page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    def pages(
+        self, path: str, page_size: int = PAGE_SIZE, field_selector: str = ""
+    ) -> Iterator[dict[str, Any]]:
         """The pages of one list (one snapshot: every page is at the first's version)."""
         token = ""
         for _ in range(MAX_PAGES):
             query: dict[str, Any] = {"limit": page_size}
+            if field_selector:
+                query["fieldSelector"] = field_selector
             if token:
                 query["continue"] = token
             page = self.list(path, **query)

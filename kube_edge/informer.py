@@ -72,6 +72,9 @@ class Informer:
     on_relist: Callable[[str], None] | None = None
     watch_timeout: int = WATCH_TIMEOUT
     page_size: int = 500
+    field_selector: str = ""
+    """Only the objects it selects, in the list and the watch (the server sends an object
+    that starts matching as ADDED and one that stops as DELETED)."""
 
     def __post_init__(self) -> None:
         self.synced = threading.Event()
@@ -130,7 +133,7 @@ class Informer:
 
     def _items(self) -> Iterator[dict[str, Any]]:
         first = True
-        for page in self.client.pages(self.path, self.page_size):
+        for page in self.client.pages(self.path, self.page_size, self.field_selector):
             if first:
                 # a paged list is one snapshot, at the first page's resourceVersion
                 self.resource_version = str(_metadata(page).get("resourceVersion") or "")
@@ -153,6 +156,8 @@ class Informer:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": self.watch_timeout,
         }
+        if self.field_selector:
+            query["fieldSelector"] = self.field_selector
         lines = self.client.stream(self.path, query, read_timeout=self.watch_timeout + READ_SLACK)
         for line in lines:
             if self._stop.is_set():

@@ -308,6 +308,10 @@ class Reconciler(Handler):
             self.apply(pod, authoritative=True)
 
 
+BOUND_PODS = "spec.nodeName!="
+"""The pods the scheduler's state is rebuilt from: those bound to a node."""
+
+
 def informers(
     client: KubeClient,
     cache: Cache,
@@ -339,6 +343,15 @@ def informers(
             name="leases",
             on_relist=relisted,
         ),
-        Informer(client, "/api/v1/pods", reconciler, name="pods", on_relist=relisted),
+        # bound pods only: a pending pod holds nothing (its record, if any, counts once it
+        # is bound), and unschedulable pods' status updates would each cost a decode here
+        Informer(
+            client,
+            "/api/v1/pods",
+            reconciler,
+            name="pods",
+            on_relist=relisted,
+            field_selector=BOUND_PODS,
+        ),
     ]
     return result

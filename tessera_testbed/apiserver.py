@@ -10,7 +10,9 @@ the API that tessera uses, with the semantics that matter for correctness:
   terms, e.g. `spec.nodeName=node-a`), create, update (PUT with resourceVersion: a stale one
   gets 409 Conflict), patch (merge, strategic merge treated as merge, JSON patch), delete;
 - one global resourceVersion counter; watch as a chunked stream of JSON lines
-  (`{"type": ..., "object": ...}`), from a given resourceVersion, with optional bookmarks;
+  (`{"type": ..., "object": ...}`), from a given resourceVersion, with optional bookmarks
+  and the list's field selectors (an object that starts matching arrives as ADDED, one that
+  stops as DELETED, as the real server sends them);
   a resourceVersion older than the kept history gets an ERROR event with a 410 status,
   as the real server does;
 - binding: sets spec.nodeName once (a second binding is 409), checks metadata.uid when
@@ -205,8 +207,22 @@ class Fault:
 class _Watcher:
     resource: str
     namespace: str | None
+    terms: list[tuple[list[str], bool, str]] = field(default_factory=list)
     events: list[Obj] = field(default_factory=list)
     closed: bool = False
+
+    def offer(self, kind: str, obj: Obj, old: Obj | None) -> None:
+        """Queue the event as this watch sees it. With a field selector, as the real
+        server does: a change that makes an object match arrives as ADDED, one that makes
+        it stop matching as DELETED (with the new object), one outside it not at all."""
+        if self.terms:
+            now = _selected(obj, self.terms)
+            before = now if old is None or kind != "MODIFIED" else _selected(old, self.terms)
+            if not now and not before:
+                return
+            if kind == "MODIFIED" and now != before:
+                kind = "ADDED" if now else "DELETED"
+        self.events.append({"type": kind, "object": copy.deepcopy(obj)})
 
 
 _FIELD_TERM = re.compile(r"^([A-Za-z.]+)(!=|==|=)(.*)$")
@@ -257,7 +273,9 @@ class FakeApiServer:
         """Serve HTTPS with this server context (its certificate chain loaded)."""
         self._store: dict[tuple[str, str, str], Obj] = {}
         self._rv = 0
-        self._log: list[tuple[int, str, str, str | None, Obj]] = []
+        self._log: list[tuple[int, str, str, str | None, Obj, Obj | None]] = []
+        """(resourceVersion, type, resource, namespace, object, the object before a
+        MODIFIED change)"""
         """(rv, type, resource, namespace, object) for watch replay."""
         self._history = history
         self._compacted = 0
@@ -408,16 +426,16 @@ class FakeApiServer:
     def _key(self, resource: str, namespace: str | None, name: str) -> tuple[str, str, str]:
         return (resource, namespace or "", name)
 
-    def _emit(self, kind: str, resource: str, obj: Obj) -> None:
+    def _emit(self, kind: str, resource: str, obj: Obj, old: Obj | None = None) -> None:
         ns = obj["metadata"].get("namespace")
-        self._log.append((self._rv, kind, resource, ns, copy.deepcopy(obj)))
+        self._log.append((self._rv, kind, resource, ns, copy.deepcopy(obj), old))
         if len(self._log) > self._history:
             drop = len(self._log) - self._history
             self._compacted = self._log[drop - 1][0]
             del self._log[:drop]
         for w in self._watchers:
             if w.resource == resource and (w.namespace is None or w.namespace == ns):
-                w.events.append({"type": kind, "object": copy.deepcopy(obj)})
+                w.offer(kind, obj, old)
         self._lock.notify_all()
 
     def _bump(self, obj: Obj) -> None:
@@ -538,7 +556,7 @@ class FakeApiServer:
             result["metadata"]["generation"] = int(old["metadata"].get("generation") or 0) + 1
         self._bump(result)
         self._store[key] = result
-        self._emit("MODIFIED", resource, result)
+        self._emit("MODIFIED", resource, result, old)
         return copy.deepcopy(result)
 
     def update(self, resource: str, obj: Obj, sub: str | None = None) -> Obj:
@@ -622,8 +640,9 @@ class FakeApiServer:
             conditions.append({"type": "PodScheduled", "status": "True"})
             key = self._key("pods", namespace, name)
             self._bump(pod)
+            old = self._store[key]
             self._store[key] = pod
-            self._emit("MODIFIED", "pods", pod)
+            self._emit("MODIFIED", "pods", pod, old)
             return status_body(201, "", "") | {"status": "Success", "code": 201}
 
     # --- list and watch -----------------------------------------------------------------------
@@ -664,6 +683,7 @@ class FakeApiServer:
         timeout: float,
         bookmarks: bool,
         alive: Callable[[], bool],
+        field_selector: str = "",
     ) -> Iterable[Obj]:
         """Events after `since`, then live ones until `timeout` or the watch is dropped."""
         deadline = time.monotonic() + timeout
@@ -678,10 +698,10 @@ class FakeApiServer:
                     ),
                 }
                 return
-            watcher = _Watcher(resource, namespace)
-            for rv, kind, res, ns, obj in self._log:
+            watcher = _Watcher(resource, namespace, _field_terms(field_selector))
+            for rv, kind, res, ns, obj, old in self._log:
                 if rv > since and res == resource and (namespace is None or ns == namespace):
-                    watcher.events.append({"type": kind, "object": copy.deepcopy(obj)})
+                    watcher.offer(kind, obj, old)
             self._watchers.append(watcher)
         last_bookmark = time.monotonic()
         try:
@@ -938,7 +958,8 @@ class _Handler(BaseHTTPRequestHandler):
             def alive() -> bool:  # a stopped (restarted) server ends its watches
                 return fake._server is server
 
-            for event in fake.watch(resource, ns, since, timeout, bookmarks, alive):
+            selector = query.get("fieldSelector", "")
+            for event in fake.watch(resource, ns, since, timeout, bookmarks, alive, selector):
                 if not alive():
                     break
                 data = json.dumps(event).encode() + b"\n"

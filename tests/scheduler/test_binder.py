@@ -206,17 +206,16 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
 ) -> None:
     """The record a bind signs is remembered as the verdict for exactly that text: the
     watch event of our own Binding is not verified again, and any other text still is."""
-    from scheduler_plugin import cluster
+    from scheduler_plugin.recovery import judge as real_judge
 
     judged: list[str] = []
-    real_judge = cluster.judge
 
     def counting_judge(obj: dict[str, Any], keyring: Any) -> Any:
         if rn.ALLOCATION_ANNOTATION in (obj["metadata"].get("annotations") or {}):
             judged.append(obj["metadata"]["name"])  # a record to decode and verify
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr(cluster, "judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
     populate(fake, ["n"], gpus=2)
     with serving(fake) as (service, http):
         created = fake.create("pods", pod("p", share(40, 40)))

@@ -6,6 +6,8 @@ import http.client
 import json
 from typing import Any
 
+import pytest
+
 from scheduler_plugin.metrics import sample
 from scheduler_plugin.service import Service
 from tessera import resources as rn
@@ -208,14 +210,18 @@ def test_metrics_count_decisions_failures_and_gpu_use(fake: FakeApiServer) -> No
 def test_lists_are_paged(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=4)
     for i in range(7):
-        fake.create("pods", pod(f"plain-{i}", {"cpu": "1"}))
+        plain = pod(f"plain-{i}", {"cpu": "1"})
+        plain["spec"]["nodeName"] = "n"
+        fake.create("pods", plain)
+    for i in range(5):  # pending pods are not listed: they hold nothing
+        fake.create("pods", pod(f"pending-{i}", {"cpu": "1"}))
     with serving(fake) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         assert schedule(h, fake, pod("b", {rn.GPU: 100}), ["n"]) == "n"
         pods_informer = next(i for i in service.informers if i.name == "pods")
         pods_informer.page_size = 3
         before = fake.list_calls
-        pods_informer.list_once()  # a relist in pages of 3: 9 pods -> 3 requests
+        pods_informer.list_once()  # a relist in pages of 3: 9 bound pods -> 3 requests
         assert fake.list_calls - before == 3
         assert used_core(service, "n") == 100 and used_core(service, "n", 1) == 100
         assert service.cache.stats().pods_known == 9
@@ -273,3 +279,34 @@ def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_res
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
         wait_for(lambda: used_core(service, "n") == 40)
         assert "default/a" not in service.cache.invalid_records()
+
+
+def test_the_pod_watch_sees_bound_pods_only(
+    fake: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pending pods hold nothing: neither the list nor the watch hands them over (an
+    unschedulable pod's status updates cost nothing), and a pod arrives when it is bound."""
+    from scheduler_plugin.recovery import judge as real_judge
+
+    judged: list[str] = []
+
+    def counting_judge(obj: dict[str, Any], keyring: Any) -> Any:
+        judged.append(obj["metadata"]["name"])
+        return real_judge(obj, keyring)
+
+    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
+    populate(fake, ["n"], gpus=1)
+    fake.create("pods", pod("listed-pending", share(10, 10)))
+    with serving(fake) as (service, _h):
+        fake.create("pods", pod("watched-pending", share(10, 10)))
+        fake.patch(
+            "pods", "watched-pending", {"status": {"conditions": [{"type": "x"}]}}, sub="status"
+        )
+        fake.create(
+            "pods", pod("marker", share(10, 10)) | {"spec": {"nodeName": "n", "containers": []}}
+        )
+        wait_for(lambda: "marker" in judged)
+        assert "listed-pending" not in judged and "watched-pending" not in judged
+        fake.bind("default", "watched-pending", {"target": {"name": "n"}})
+        wait_for(lambda: "watched-pending" in judged)
+        assert service.cache.stats().pods_known == 2

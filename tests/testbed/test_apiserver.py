@@ -3,6 +3,7 @@ helpers (find, writes, parse_path, the `before` hook) do what they say."""
 
 from __future__ import annotations
 
+import json
 import ssl
 import threading
 from collections.abc import Iterator
@@ -172,6 +173,57 @@ def test_watch_with_the_kubernetes_client(custom: client.CustomObjectsApi) -> No
     custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, _devices("c", 3))  # live
     assert done.wait(10)
     assert seen == [("ADDED", "b"), ("DELETED", "a"), ("ADDED", "c")]
+
+
+def test_a_watch_with_a_field_selector_sees_objects_enter_and_leave_it(
+    server: FakeApiServer,
+) -> None:
+    """As the real server sends them: an object that starts matching arrives as ADDED, one
+    that stops as DELETED, changes outside the selector not at all; the history replayed
+    from a resourceVersion is filtered the same way."""
+    since = server.resource_version
+
+    def pod(name: str, node: str = "") -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": [{"name": "c"}]}
+        if node:
+            spec["nodeName"] = node
+        return {"metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+    server.create("pods", pod("pending"))
+    server.create("pods", pod("placed", "n"))
+    server.patch("pods", "pending", {"metadata": {"labels": {"a": "b"}}})  # still unbound
+    server.bind("default", "pending", {"target": {"name": "n"}})
+    server.patch("pods", "pending", {"status": {"phase": "Running"}}, sub="status")
+    server.patch("pods", "placed", {"status": {"phase": "Running"}}, sub="status")
+    server.delete("pods", "placed", "default")
+
+    def events(selector: str) -> list[tuple[str, str]]:
+        client_ = KubeClient(kube_config.for_host(server.url))
+        query = {"watch": "true", "resourceVersion": str(since), "timeoutSeconds": 1}
+        if selector:
+            query["fieldSelector"] = selector
+        seen = []
+        for line in client_.stream("/api/v1/pods", query, read_timeout=10):
+            event = json.loads(line)
+            seen.append((event["type"], event["object"]["metadata"]["name"]))
+        return seen
+
+    assert events("spec.nodeName!=") == [
+        ("ADDED", "placed"),
+        ("ADDED", "pending"),  # the binding: it starts matching
+        ("MODIFIED", "pending"),
+        ("MODIFIED", "placed"),
+        ("DELETED", "placed"),
+    ]
+    assert events("status.phase!=Running") == [
+        ("ADDED", "pending"),
+        ("ADDED", "placed"),
+        ("MODIFIED", "pending"),
+        ("MODIFIED", "pending"),
+        ("DELETED", "pending"),  # Running: it stops matching
+        ("DELETED", "placed"),
+    ]
+    assert len(events("")) == 7
 
 
 def test_injected_failures_and_the_write_log(
