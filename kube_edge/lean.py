@@ -47,6 +47,9 @@ _LAZY_PACKAGES = (
     "kubernetes.utils",
 )
 _OAUTH_PACKAGES = ("oauthlib", "oauthlib.oauth2", "requests_oauthlib")
+_COMPLETING_DUNDERS = frozenset({"__all__", "__version__"})
+"""Names a package's __init__ defines that are asked for by name (`from pkg import *` asks
+for __all__). Other dunders are the import system's and tools' probes, answered as missing."""
 _lock = threading.RLock()
 _STAND_IN_GETATTR: dict[str, Callable[[str], Any]] = {}
 
@@ -108,7 +111,7 @@ def _stand_in(name: str, directory: Path, *, submodules: bool = False) -> Module
     init = directory / "__init__.py"
 
     def complete_on_access(attr: str) -> Any:
-        if attr.startswith("__"):
+        if attr.startswith("__") and attr not in _COMPLETING_DUNDERS:
             raise AttributeError(attr)
         completed = module.__dict__.get("__lean_completed__")
         if submodules and not completed and _is_submodule(directory, attr):

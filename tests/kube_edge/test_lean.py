@@ -192,3 +192,22 @@ def test_packages_the_agent_defers_are_whole_when_used() -> None:
     assert report["aio"] is True
     assert report["ssh"] == "load_ssh_public_key" and report["pem"] == "Encoding"
     assert report["html"] == ["&lt;a&gt;", "<"]
+
+
+_NAMED_DUNDERS = """
+import json, sys
+import deviceplugin
+from html import *
+from kube_edge import lean
+lean.load()
+import kubernetes
+print(json.dumps({"escape": escape("<"), "version": kubernetes.__version__}))
+"""
+
+
+def test_a_star_import_and_a_version_complete_a_stand_in() -> None:
+    """`from pkg import *` reads __all__, and __version__ is a name the package defines: both
+    are the real package's, not an empty stand-in's."""
+    report = run_probe(_NAMED_DUNDERS)
+    assert report["escape"] == "&lt;"
+    assert report["version"][0].isdigit()
