@@ -105,9 +105,11 @@ class SchedulerConfig:
         action="store_false",
     )
     status_interval: float = _CLUSTER.flag(
-        "seconds between batched writes of allocation summaries to NodeDevices status",
+        "seconds between batched writes of allocation summaries to NodeDevices status (each "
+        "write costs the API server a whole NodeDevices object: a node taking pods "
+        "continuously is written once per interval)",
         type=seconds(),
-        default=2.0,
+        default=10.0,
     )
     write_status: bool = _CLUSTER.flag(
         "do not write allocation summaries into NodeDevices status",

@@ -57,7 +57,7 @@ class Options:
     heartbeat_grace: float = DEFAULT_HEARTBEAT_GRACE
     require_heartbeat: bool = True
     watch_nodes: bool = True
-    status_interval: float = 2.0
+    status_interval: float = 10.0
     write_status: bool = True
     manage_nvidia_gpu: bool = False
     filter_answer: str = "best"
