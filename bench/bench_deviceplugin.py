@@ -139,8 +139,12 @@ _IN_POD = (
 
 
 def _can_run_in_a_pod() -> bool:
-    """Root with unshare and mount: the agent then runs with in-cluster auth, as deployed."""
-    return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("unshare", "mount"))
+    """Root with unshare and mount, allowed to mount in a new mount namespace (a container
+    may not be): the agent then runs with in-cluster auth, as deployed."""
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("unshare", "mount")):
+        return False
+    probe = ["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "x", "/run"]
+    return subprocess.run(probe, capture_output=True, check=False, timeout=30).returncode == 0
 
 
 def _serving_tls(folder: Path) -> tuple[ssl.SSLContext, Path]:
@@ -211,7 +215,10 @@ def _rss_results() -> list[Result]:
         "Ed25519 code is resident)"
     )
     if not _can_run_in_a_pod():
-        note = f"kubeconfig auth, plain HTTP (in-cluster auth needs root and unshare); {common}"
+        note = (
+            "kubeconfig auth, plain HTTP (in-cluster auth needs root and a mount namespace); "
+            + common
+        )
         return [Result(name, _rss_with_inventory(False), "MB", target=60.0, note=note)]
     note = (
         "in-cluster auth, as the DaemonSet runs it: the pod's service account (token, CA) "
