@@ -174,6 +174,29 @@ def verb_histograms(metrics_text: str) -> dict[str, Histogram]:
     return out
 
 
+def api_server_metrics(metrics_text: str) -> tuple[dict[str, float], Histogram]:
+    """kube-apiserver's request counts by "VERB resource/subresource", and its latency
+    histogram of Binding POSTs (apiserver_request_duration_seconds), from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[str, float] = {}
+    binding = Histogram()
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            lab = sample.labels
+            if sample.name == "apiserver_request_total":
+                key = f"{lab.get('verb')} {lab.get('resource')}/{lab.get('subresource', '')}"
+                counts[key] = counts.get(key, 0.0) + sample.value
+            elif sample.name == "apiserver_request_duration_seconds_bucket" and (
+                lab.get("verb"),
+                lab.get("resource"),
+                lab.get("subresource"),
+            ) == ("POST", "pods", "binding"):
+                le = float(lab["le"])
+                binding.buckets[le] = binding.buckets.get(le, 0.0) + sample.value
+    return counts, binding
+
+
 def histogram_delta(after: str, before: str) -> dict[str, Histogram]:
     old = verb_histograms(before)
     return {v: h.minus(old.get(v, Histogram())) for v, h in verb_histograms(after).items()}

@@ -54,6 +54,8 @@ class Round:
     cpu: dict[str, float]
     verbs: dict[str, sc.Histogram] = field(default_factory=dict)
     valid_records: int = 0
+    binding: sc.Histogram = field(default_factory=sc.Histogram)
+    """The API server's own latency of the round's Binding POSTs (whoever sent them)."""
 
 
 @dataclass
@@ -187,8 +189,12 @@ class RealScale:
 
     def api_requests(self) -> dict[str, float]:
         """kube-apiserver's request counters by verb and resource (its /metrics)."""
+        return self.api_metrics()[0]
+
+    def api_metrics(self) -> tuple[dict[str, float], sc.Histogram]:
+        """kube-apiserver's request counters by verb and resource, and its latency
+        histogram of Binding POSTs (its /metrics)."""
         import urllib3
-        from prometheus_client.parser import text_string_to_metric_families
 
         from tests.e2e.controlplane import ADMIN_TOKEN
 
@@ -199,17 +205,7 @@ class RealScale:
             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
             timeout=30,
         )
-        counts: dict[str, float] = {}
-        for family in text_string_to_metric_families(answer.data.decode()):
-            if family.name != "apiserver_request":
-                continue
-            for sample in family.samples:
-                if sample.name != "apiserver_request_total":
-                    continue
-                lab = sample.labels
-                key = f"{lab.get('verb')} {lab.get('resource')}/{lab.get('subresource', '')}"
-                counts[key] = counts.get(key, 0.0) + sample.value
-        return counts
+        return sc.api_server_metrics(answer.data.decode())
 
     def _wait_tessera_ready(self) -> None:
         from tests.e2e.controlplane import wait_for
@@ -266,7 +262,7 @@ class RealScale:
             watcher = _BoundWatch(admin, run, listed["metadata"]["resourceVersion"], bound, count)
             pids = self._pids()
             before = self.metrics()
-            requests = self.api_requests()
+            requests, binding = self.api_metrics()
             cpu0 = {k: sc.cpu_seconds(p) for k, p in pids.items()}
             start = time.perf_counter()
         finally:
@@ -280,7 +276,8 @@ class RealScale:
             self.cp.check_alive()
             raise RuntimeError(f"round {run}: {len(watcher.bound)} of {count} pods bound")
         result = Round(seconds, cpu, sc.histogram_delta(self.metrics(), before))
-        after = self.api_requests()
+        after, binding_after = self.api_metrics()
+        result.binding = binding_after.minus(binding)
         calls = {k: v - requests.get(k, 0.0) for k, v in after.items()}
         busiest = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
         self.log(f"{run} API calls: " + ", ".join(f"{k} {v:.0f}" for k, v in busiest if v))

@@ -83,3 +83,30 @@ def test_a_named_binary_folder_that_lacks_one_is_an_error_not_a_testbed_run(
 ) -> None:
     with pytest.raises(ValueError, match="kube-scheduler"):
         scale.choose_mode(requested, asked_real, "e2e needs kube-scheduler")
+
+
+def test_the_api_servers_counts_and_binding_latency_are_read_from_its_metrics() -> None:
+    binding = 'resource="pods",subresource="binding",verb="POST"'
+    text = "\n".join(
+        [
+            "# TYPE apiserver_request_total counter",
+            f'apiserver_request_total{{code="201",{binding}}} 7',
+            f'apiserver_request_total{{code="409",{binding}}} 1',
+            'apiserver_request_total{code="200",resource="pods",subresource="",verb="GET"} 3',
+            "# TYPE apiserver_request_duration_seconds histogram",
+            f'apiserver_request_duration_seconds_bucket{{{binding},le="0.025"}} 2',
+            f'apiserver_request_duration_seconds_bucket{{{binding},le="0.05"}} 8',
+            f'apiserver_request_duration_seconds_bucket{{{binding},le="+Inf"}} 8',
+            'apiserver_request_duration_seconds_bucket{resource="pods",subresource="",'
+            'verb="POST",le="0.025"} 5',
+            'apiserver_request_duration_seconds_bucket{resource="pods",subresource="",'
+            'verb="POST",le="+Inf"} 5',
+            f"apiserver_request_duration_seconds_sum{{{binding}}} 0.2",
+            f"apiserver_request_duration_seconds_count{{{binding}}} 8",
+            "",
+        ]
+    )
+    counts, latency = sc.api_server_metrics(text)
+    assert counts == {"POST pods/binding": 8.0, "GET pods/": 3.0}
+    assert latency.count == 8
+    assert 0.025 < latency.quantile(0.5) < 0.05
