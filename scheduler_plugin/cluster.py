@@ -170,6 +170,31 @@ def _seen(uid: str, pod: Mapping[str, Any]) -> PodSeen:
     return PodSeen(uid, intern(namespace), name, node, _priority(pod), is_finished(pod))
 
 
+_Waiting = tuple[str, str, str, str, str, int, bool, Verdict | PodAllocation]
+"""A listed pod waiting to be accounted: (creationTimestamp, uid, namespace, name, node,
+priority, finished, verdict or the allocation a Holds verdict holds)."""
+_APPLY_ORDER = itemgetter(0, 1, 2, 3)
+"""recovery.apply_order of a waiting pod."""
+
+
+def _waiting(
+    pod: Mapping[str, Any], uid: str, verdict: Verdict, stamps: dict[str, str]
+) -> _Waiting:
+    created = apply_order(pod)[0]
+    seen = _seen(uid, pod)
+    kept = verdict.allocation if isinstance(verdict, Holds) else verdict
+    return (
+        stamps.setdefault(created, created),
+        uid,
+        seen.namespace,
+        seen.name,
+        seen.node,
+        seen.priority,
+        seen.finished,
+        kept,
+    )
+
+
 def _as_pod(seen: PodSeen) -> dict[str, Any]:
     """A pod dict with what `seen` knows (identity, node, finished), for `_crashed`."""
     return {
@@ -201,8 +226,12 @@ class Reconciler(Handler):
         seen: set[str] = set()
         # Pods with a record are judged as their page comes (the record's text goes with
         # the page) and accounted oldest first once the list is complete, as a rebuild
-        # does (recovery.apply_order): 50,000 pods keep only their order and verdict.
-        with_records: list[tuple[tuple[str, str, str, str], PodSeen, Verdict]] = []
+        # does (recovery.apply_order). Until then 50,000 pods wait as one flat tuple each
+        # (apply order, what PodSeen keeps, the verdict with Holds unwrapped), creation
+        # stamps shared (pods made in one second share theirs): the list and the state
+        # it builds are alive together, and this is the load's peak.
+        waiting: list[_Waiting] = []
+        stamps: dict[str, str] = {}
         for pod in items:
             try:
                 uid = pod_identity(pod)[0]
@@ -210,16 +239,20 @@ class Reconciler(Handler):
                 if record_text(pod) is None:
                     self.apply(pod)
                 elif uid:
-                    with_records.append((apply_order(pod), _seen(uid, pod), self._judge(uid, pod)))
+                    waiting.append(_waiting(pod, uid, self._judge(uid, pod), stamps))
             except Exception:
                 self._crashed(pod)
-        with_records.sort(key=itemgetter(0))
-        for _, pod_seen, verdict in with_records:
+        del stamps
+        waiting.sort(key=_APPLY_ORDER)
+        for entry in waiting:
+            pod_seen = PodSeen(*entry[1:7])
+            kept = entry[7]
+            verdict = Holds(kept) if isinstance(kept, PodAllocation) else kept
             try:
                 self.cache.pod_observed(pod_seen, verdict)
             except Exception:
                 self._crashed(_as_pod(pod_seen))
-        del with_records
+        del waiting
         for uid in [u for u in self._verdicts if u not in seen]:
             del self._verdicts[uid]
         self.cache.pods_relisted(seen)

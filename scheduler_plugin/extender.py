@@ -457,7 +457,10 @@ def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[i
     result = np.zeros(len(names), dtype=np.int64)
     if fits.any():
         levels = np.round(values[fits], 9)  # float noise must not make two levels of one
-        distinct = np.unique(levels)  # ascending
+        # the distinct levels, ascending: np.unique would import numpy.ma (1 MB) to ask
+        # whether the array is masked
+        ordered = np.sort(levels)
+        distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
         rank = len(distinct) - 1 - np.searchsorted(distinct, levels)
         result[fits] = np.maximum(MAX_PRIORITY - rank, 1)
     priorities: list[int] = result.tolist()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -169,6 +171,20 @@ def test_priorities_keep_the_policys_order_of_the_best_nodes() -> None:
     many = {f"n{i}": i / 100 for i in range(30)}
     floor = rank_priorities(many, list(many))
     assert floor[-1] == 10 and floor[-10] == 1 and floor[0] == 1  # at least 1 when it fits
+
+
+def test_priorities_do_not_import_numpy_ma() -> None:
+    """np.unique asks numpy.ma whether its array is masked, importing it (about 1 MB of a
+    scheduler's resident memory) on the first prioritize call."""
+    code = (
+        "import sys\n"
+        "from scheduler_plugin.extender import rank_priorities\n"
+        "assert rank_priorities({'a': 0.5, 'b': 0.7, 'c': 0.5}, ['a', 'b', 'c', 'd'])"
+        " == [9, 10, 9, 0]\n"
+        "print('numpy.ma' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_a_pods_placement_hint_picks_its_policy() -> None:
