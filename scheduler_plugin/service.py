@@ -30,6 +30,7 @@ from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
 from scheduler_plugin.cluster import Reconciler, informers
 from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
+from scheduler_plugin.heap import limit_arenas
 from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
@@ -90,6 +91,7 @@ class Service:
         *,
         tls: ssl.SSLContext | None = None,
     ) -> None:
+        limit_arenas()  # before any thread of ours allocates (scheduler_plugin/heap.py)
         self.options = options
         self.client = client
         self.keyring = keyring
