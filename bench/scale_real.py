@@ -24,6 +24,7 @@ from typing import Any
 from bench import scale_common as sc
 from kube_edge.client import KubeClient, decode_event, lease_path, pod_path
 from kube_edge.errors import ApiError
+from scheduler_plugin.service import Options
 from tessera import resources as rn
 from tessera.errors import TesseraError
 from tessera.record import decode
@@ -151,11 +152,13 @@ class RealScale:
         self.log(f"tessera-scheduler ready in {time.monotonic() - started:.0f}s")
         self._settle_status_writes()
 
-    def _settle_status_writes(self, every: float = 3.0, limit: float = 300.0) -> None:
+    def _settle_status_writes(self, limit: float = 300.0) -> None:
         """Wait until tessera-scheduler's allocation summaries are written (a new leader
         writes every node's, and a round's deletions dirty hundreds of nodes; a few hundred
         are written per interval): each round measures its own work, not the tail of the
-        last one's."""
+        last one's. Settled means a whole status interval (the shipped default) passed
+        without a write: a shorter look could fall between two batches."""
+        every = Options().status_interval + 2.0
         started = time.monotonic()
         key = "PATCH nodedevices/status"
         last = self.api_requests().get(key, 0.0)
