@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 import uvicorn
+from uvicorn.config import Config as UvicornConfig
+from uvicorn.server import Server as UvicornServer
 
 from scheduler_plugin import limits, ui
 from scheduler_plugin.binder import BindRefusedError
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 # uvicorn warns once per malformed request: any client could flood the log with them
 logging.getLogger("uvicorn.error").setLevel(logging.ERROR)
+# uvicorn is a stand-in here (scheduler_plugin/__init__.py); uvicorn.lifespan.off imports
+# `Config` from the package: naming it keeps the package __init__ (and click) unrun
+uvicorn.__dict__.setdefault("Config", UvicornConfig)
 
 VERBS = ("filter", "prioritize", "bind", "preempt")
 DEFAULT_MAX_BODY = limits.MAX_BODY_BYTES
@@ -448,7 +453,7 @@ class Server:
             raise
         self.app = app
         self.tls = tls
-        config = uvicorn.Config(
+        config = UvicornConfig(
             app,
             http=BoundedProtocol,
             loop="uvloop",
@@ -465,7 +470,7 @@ class Server:
             backlog=128,
             ssl_context_factory=(lambda _cfg, _default: tls) if tls is not None else None,
         )
-        self._server = uvicorn.Server(config)
+        self._server = UvicornServer(config)
         self._thread: threading.Thread | None = None
 
     @property
