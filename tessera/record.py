@@ -409,6 +409,24 @@ def _same(value: str, known: str | None) -> str:
     return known if known == value else value
 
 
+SHARED_MIB_VALUES: Final = 4096
+"""Distinct GPU memory grants whose int objects are shared (see `_shared_mib`)."""
+_MIB: dict[int, int] = {}
+
+
+def _shared_mib(value: int) -> int:
+    """One int object per GPU memory grant value: Python caches only ints up to 256, and
+    50,000 grants of a few distinct sizes (a share of one GPU model's memory) would each
+    keep their own (32 bytes). At most SHARED_MIB_VALUES distinct values are kept, so
+    hostile records cannot grow it; past that a value is its own object, as before."""
+    kept = _MIB.get(value)
+    if kept is not None:
+        return kept
+    if len(_MIB) < SHARED_MIB_VALUES:
+        _MIB[value] = value
+    return value
+
+
 def _as_is(text: str) -> str:
     return text
 
@@ -455,7 +473,7 @@ def _parse_container(doc: Any, path: str, share: Callable[[str], str]) -> Contai
                 index=gf.number("index", MAX_DEVICE_NUMBER),
                 minor=gf.number("minor", MAX_DEVICE_NUMBER),
                 core=gf.number("core", UNITS_PER_DEVICE),
-                memory_mib=gf.number("memoryMiB", MAX_GPU_MEMORY_MIB),
+                memory_mib=_shared_mib(gf.number("memoryMiB", MAX_GPU_MEMORY_MIB)),
             )
         )
     if len({g.uuid for g in gpus}) != len(gpus):

@@ -299,3 +299,22 @@ def test_decode_shares_repeated_strings_and_keeps_the_callers_identity() -> None
     assert gpu.uuid is again.gpus[0].uuid and rdma.vfs[0].ibdev is again.rdma[0].vfs[0].ibdev
     assert first.node is second.node and first.namespace is second.namespace
     assert set(pool) >= {"GPU-aaaa", "main", "ml", "gpu-node-7", "0000:0c:00.1", "mlx5_4"}
+
+
+def _grant_mib(mib: int) -> int:
+    """The memory_mib of a freshly decoded record granting `mib` (its own JSON text)."""
+    alloc = PodAllocation(
+        "u", "ns", "p", "n", (ContainerAllocation("c", (GpuGrant("GPU-0", 0, 0, 25, mib),)),)
+    )
+    return record.decode(record.encode(alloc)).containers[0].gpus[0].memory_mib
+
+
+def test_decoded_gpu_memory_grants_of_one_size_share_one_int(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(record, "_MIB", {})
+    assert _grant_mib(20480) is _grant_mib(20480) == 20480
+    # bounded: past the limit a value is its own object, and nothing more is kept
+    monkeypatch.setattr(record, "SHARED_MIB_VALUES", 1)
+    assert _grant_mib(10240) == 10240 and _grant_mib(10240) is not _grant_mib(10240)
+    assert list(record._MIB) == [20480]
