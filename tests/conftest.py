@@ -9,10 +9,12 @@ from collections.abc import Iterator
 import pytest
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:
     """A command's main() configures the root logger; put it back for the tests that follow
-    (and close the handlers it added: a log file stays open otherwise)."""
+    (and close the handlers it added: a log file stays open otherwise). For every test: a
+    main() run in-process points the root logger at that test's captured stderr, which is
+    closed once the test ends, and a later test's threads then log into a closed file."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
