@@ -403,10 +403,15 @@ def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
 
 def best_node(scores: Mapping[str, float], names: Sequence[str]) -> str:
     """The node of `names` (each in `scores`) with the policy's best score; among equal
-    scores the first listed, as prioritize's 10 and a first-listed tie-break would pick
-    (rounded as `rank_priorities` rounds: float noise makes no second level)."""
+    scores the first listed, as prioritize's 10 and a first-listed tie-break would pick."""
     values = np.fromiter(map(scores.__getitem__, names), float, len(names))
-    return names[int(np.argmax(np.round(values, 9)))]
+    return names[int(np.argmax(_levels(values)))]
+
+
+def _levels(values: np.ndarray) -> np.ndarray:
+    """Scores as levels: rounded, so that float noise makes no second level of one score
+    (prioritize's ranks and filter's best node read the same levels)."""
+    return np.round(values, 9)
 
 
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -456,7 +461,7 @@ def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[i
     fits = ~np.isnan(values)
     result = np.zeros(len(names), dtype=np.int64)
     if fits.any():
-        levels = np.round(values[fits], 9)  # float noise must not make two levels of one
+        levels = _levels(values[fits])
         # the distinct levels, ascending: np.unique would import numpy.ma (1 MB) to ask
         # whether the array is masked
         ordered = np.sort(levels)
