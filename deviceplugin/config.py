@@ -17,7 +17,7 @@ from tessera.resources import (
     DEFAULT_MEMORY_UNIT_MIB,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import namespace, node_name, non_empty, seconds, whole
+from tessera_cli.values import namespace, node_name, non_empty, whole
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
@@ -61,10 +61,9 @@ class DevicePluginConfig:
         default="/sys",
         metavar="DIR",
     )
-    no_netlink: bool = _DISCOVERY.flag(
+    no_netlink: bool = _DISCOVERY.switch(
         "read NICs from sysfs only (netlink via pyroute2 adds interface names, link and VF "
-        "state, and about 20 MB of memory)",
-        action="store_true",
+        "state, and about 20 MB of memory)"
     )
     node_name: str = _DISCOVERY.flag(
         "this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
@@ -91,20 +90,16 @@ class DevicePluginConfig:
         default=DEFAULT_MEMORY_UNIT_MIB,
         metavar="MIB",
     )
-    nvidia_gpu: bool = _KUBELET.flag(
+    nvidia_gpu: bool = _KUBELET.switch(
         "also advertise whole GPUs as nvidia.com/gpu (only for clusters that do not run "
-        "NVIDIA's device plugin). Default: off.",
-        action="store_true",
+        "NVIDIA's device plugin). Default: off."
     )
-    no_rdma_resource: bool = _KUBELET.flag(
-        "do not advertise tessera.dev/rdma even when the node has RDMA NICs",
-        action="store_true",
+    no_rdma_resource: bool = _KUBELET.switch(
+        "do not advertise tessera.dev/rdma even when the node has RDMA NICs"
     )
-    socket_poll_interval: float = _KUBELET.flag(
+    socket_poll_interval: float = _KUBELET.duration(
         "how often the sockets are checked for a kubelet restart. Default: %(default)s.",
-        type=seconds(),
         default=0.1,
-        metavar="SECONDS",
     )
     pod_resources_socket: str = _KUBELET.flag(
         "the kubelet's pod-resources socket (<kubelet root dir>/pod-resources/kubelet.sock): "
@@ -131,27 +126,24 @@ class DevicePluginConfig:
         default=DEFAULT_IGNORED_XIDS,
         metavar="LIST",
     )
-    no_xid_health: bool = _HEALTH.flag(
-        "do not watch NVML XID events (periodic queries still run)", action="store_true"
+    no_xid_health: bool = _HEALTH.switch(
+        "do not watch NVML XID events (periodic queries still run)"
     )
-    health_query_interval: float = _HEALTH.flag(
+    health_query_interval: float = _HEALTH.duration(
         "how often each GPU is queried and each NIC's ports re-read; 0 turns the queries off "
         "(and with them recovery, which needs normal answers). Default: %(default)s.",
-        type=seconds(allow_zero=True),
         default=5.0,
-        metavar="SECONDS",
+        allow_zero=True,
     )
-    health_recovery_seconds: float = _HEALTH.flag(
+    health_recovery_seconds: float = _HEALTH.duration(
         "quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
         "again; 0 keeps it unhealthy until the agent restarts. Default: %(default)s.",
-        type=seconds(allow_zero=True),
         default=300.0,
-        metavar="SECONDS",
+        allow_zero=True,
     )
 
-    no_inventory: bool = _INVENTORY.flag(
-        "run without a cluster: no NodeDevices object, labels or Lease (demo, tests)",
-        action="store_true",
+    no_inventory: bool = _INVENTORY.switch(
+        "run without a cluster: no NodeDevices object, labels or Lease (demo, tests)"
     )
     kubeconfig: str | None = _INVENTORY.flag(
         "kubeconfig to reach the API server. Default: $KUBECONFIG, else the pod's service "
@@ -168,11 +160,9 @@ class DevicePluginConfig:
         default=DEFAULT_HEARTBEAT_NAMESPACE,
         metavar="NS",
     )
-    heartbeat_interval: float = _INVENTORY.flag(
+    heartbeat_interval: float = _INVENTORY.duration(
         "how often the Lease is renewed. Default: %(default)s.",
-        type=seconds(),
         default=DEFAULT_HEARTBEAT_INTERVAL_S,
-        metavar="SECONDS",
     )
     lease_duration: int = _INVENTORY.flag(
         "the Lease's leaseDurationSeconds; the scheduler treats an agent whose Lease is older "
@@ -181,24 +171,20 @@ class DevicePluginConfig:
         default=DEFAULT_LEASE_DURATION_S,
         metavar="SECONDS",
     )
-    gfd_labels: bool = _INVENTORY.flag(
+    gfd_labels: bool = _INVENTORY.switch(
         "also label the Node as NVIDIA GPU Feature Discovery does (nvidia.com/gpu.product, "
         ".memory, .count, .present, cuda.driver.*, cuda.runtime.*) so existing nodeSelectors "
-        "work; only where GFD does not run (it owns those labels). Default: off.",
-        action="store_true",
+        "work; only where GFD does not run (it owns those labels). Default: off."
     )
-    resync_interval: float = _INVENTORY.flag(
+    resync_interval: float = _INVENTORY.duration(
         "how often the NodeDevices object and labels are compared with the API server even "
         "when nothing changed. Default: %(default)s.",
-        type=seconds(),
         default=300.0,
-        metavar="SECONDS",
     )
 
-    print_inventory: bool = _OUTPUT.flag(
+    print_inventory: bool = _OUTPUT.switch(
         "discover, print the inventory (the NodeDevices spec) and the unit counts as JSON, "
-        "and exit; to compare with `nvidia-smi -q` on a node",
-        action="store_true",
+        "and exit; to compare with `nvidia-smi -q` on a node"
     )
     # the flags every node program shares (tessera_edge.logs, tessera_cli.metrics)
     log_format: str

@@ -79,8 +79,8 @@ class Options:
         default="auto",
     )
     """auto: check RDMA when the node has RDMA NICs; required: fail without; off."""
-    whole_gpus_only: bool = _OPTIONS.flag(
-        "no fractional resources are advertised: no isolation layer needed", action="store_true"
+    whole_gpus_only: bool = _OPTIONS.switch(
+        "no fractional resources are advertised: no isolation layer needed"
     )
     isolation: str = _OPTIONS.flag(
         "the NRI hook's sharing layer; auto looks for either (default)",

@@ -19,7 +19,7 @@ from nri_hook.plugin import (
 )
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import absolute_path, node_name, seconds
+from tessera_cli.values import absolute_path, node_name
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
 DEFAULT_PLUGIN_NAME = "tessera"
@@ -66,11 +66,10 @@ class NriHookConfig:
         default=DEFAULT_PLUGIN_INDEX,
         metavar="NN",
     )
-    registration_timeout: float = _CONNECTION.flag(
+    registration_timeout: float = _CONNECTION.duration(
         "how long to wait for the runtime to accept the registration (default: %(default)s)",
-        type=seconds(high=MAX_REGISTRATION_TIMEOUT),
         default=DEFAULT_REGISTRATION_TIMEOUT,
-        metavar="SECONDS",
+        high=MAX_REGISTRATION_TIMEOUT,
     )
 
     node_name: str | None = _RECORDS.flag(
@@ -88,10 +87,9 @@ class NriHookConfig:
         default=DEFAULT_INTEGRITY_KEY_FILE,
         metavar="PATH",
     )
-    no_integrity: bool = _RECORDS.flag(
+    no_integrity: bool = _RECORDS.switch(
         "accept records without checking their integrity proof. Anyone who can create a pod "
-        "can then claim any device: for test clusters only",
-        action="store_true",
+        "can then claim any device: for test clusters only"
     )
     on_invalid_record: OnInvalid = _RECORDS.flag(  # noqa: RUF009 -- a field, not a value
         "what to do with a malformed or forged record, or one naming a device this node "
@@ -118,11 +116,10 @@ class NriHookConfig:
         choices=ISOLATION_LAYERS,
         default=None,
     )
-    allow_unisolated_sharing: bool = _DEVICES.flag(
+    allow_unisolated_sharing: bool = _DEVICES.switch(
         "with --isolation=none: accept that pods sharing a GPU are not limited in memory or "
         "compute (each such container is logged as a warning and counted in "
-        "tessera_nri_unisolated_gpu_shares_total)",
-        action="store_true",
+        "tessera_nri_unisolated_gpu_shares_total)"
     )
     mps_pipe_dir: str = _DEVICES.flag(
         "host directory of the MPS control daemon's pipes, mounted at the same path (with "
@@ -139,8 +136,8 @@ class NriHookConfig:
         metavar="PATH",
     )
 
-    no_vf_netdevs: bool = _VF_NETDEVS.flag(
-        "do not move allocated VF netdevs into pod network namespaces", action="store_true"
+    no_vf_netdevs: bool = _VF_NETDEVS.switch(
+        "do not move allocated VF netdevs into pod network namespaces"
     )
     vf_rename_prefix: str = _VF_NETDEVS.flag(
         "inside the pod, name the VFs PREFIX0, PREFIX1, ... in record order (default: keep "

@@ -16,7 +16,7 @@ from tessera.resources import (
     HEARTBEAT_LEASE_PREFIX,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import listen_address, seconds
+from tessera_cli.values import listen_address
 
 _SERVING = FlagGroup(
     "serving and security",
@@ -62,10 +62,9 @@ class SchedulerConfig:
         "PEM CA bundle: the extender verbs need a client certificate it signed "
         "(kube-scheduler's tlsConfig certFile/keyFile); needs --tls-cert-file"
     )
-    insecure_allow_unauthenticated: bool = _SERVING.flag(
+    insecure_allow_unauthenticated: bool = _SERVING.switch(
         "serve the verbs and /debug to anyone who reaches the port, without client "
-        "certificates or tokens (never in production: anyone could bind pods)",
-        action="store_true",
+        "certificates or tokens (never in production: anyone could bind pods)"
     )
     max_body_bytes: int = _SERVING.flag(
         "largest request body, refused with 413 before it is read; the default holds 5,000 "
@@ -80,41 +79,35 @@ class SchedulerConfig:
         "in-cluster service account when running in a pod"
     )
     context: str | None = _CLUSTER.flag("kubeconfig context (default: its current context)")
-    api_timeout: float = _CLUSTER.flag(
+    api_timeout: float = _CLUSTER.duration(
         "seconds one API request may take (keep below the extender httpTimeout)",
-        type=seconds(),
         default=10.0,
     )
     heartbeat_namespace: str = _CLUSTER.flag(
         f"namespace of the node agents' heartbeat Leases ({HEARTBEAT_LEASE_PREFIX}<node>)",
         default=DEFAULT_HEARTBEAT_NAMESPACE,
     )
-    heartbeat_grace: float = _CLUSTER.flag(
+    heartbeat_grace: float = _CLUSTER.duration(
         "seconds past a heartbeat Lease's duration before its node takes no new pods",
-        type=seconds(),
         default=5.0,
     )
-    require_heartbeat: bool = _CLUSTER.flag(
+    require_heartbeat: bool = _CLUSTER.off_switch(
         "do not require node agent heartbeats (testing only)",
         option="--no-heartbeat-check",
-        action="store_false",
     )
-    watch_nodes: bool = _CLUSTER.flag(
+    watch_nodes: bool = _CLUSTER.off_switch(
         "do not watch Node objects (an inventory then counts even without its Node)",
         option="--no-watch-nodes",
-        action="store_false",
     )
-    status_interval: float = _CLUSTER.flag(
+    status_interval: float = _CLUSTER.duration(
         "seconds between batched writes of allocation summaries to NodeDevices status (each "
         "write costs the API server a whole NodeDevices object: a node taking pods "
         "continuously is written once per interval)",
-        type=seconds(),
         default=10.0,
     )
-    write_status: bool = _CLUSTER.flag(
+    write_status: bool = _CLUSTER.off_switch(
         "do not write allocation summaries into NodeDevices status",
         option="--no-status-writes",
-        action="store_false",
     )
 
     policy: str = _DECISIONS.flag(
@@ -145,9 +138,8 @@ class SchedulerConfig:
         default=None,
         metavar="PATH",
     )
-    manage_nvidia_gpu: bool = _DECISIONS.flag(
-        "also place nvidia.com/gpu requests (only where NVIDIA's device plugin is absent)",
-        action="store_true",
+    manage_nvidia_gpu: bool = _DECISIONS.switch(
+        "also place nvidia.com/gpu requests (only where NVIDIA's device plugin is absent)"
     )
 
     leader_elect: bool = _HA.flag(
@@ -166,18 +158,16 @@ class SchedulerConfig:
         "set, as the shipped Deployment does, else hostname_pid)",
         default="",
     )
-    leader_elect_lease_duration: float = _HA.flag(
+    leader_elect_lease_duration: float = _HA.duration(
         "seconds a standby waits after the last renewal before taking over",
-        type=seconds(),
         default=15.0,
     )
-    leader_elect_renew_deadline: float = _HA.flag(
+    leader_elect_renew_deadline: float = _HA.duration(
         "seconds the leader keeps leading without a successful renewal",
-        type=seconds(),
         default=10.0,
     )
-    leader_elect_retry_period: float = _HA.flag(
-        "seconds between election attempts and renewals", type=seconds(), default=2.0
+    leader_elect_retry_period: float = _HA.duration(
+        "seconds between election attempts and renewals", default=2.0
     )
     # the flags every program shares (tessera_edge.logs)
     log_format: str

@@ -2,10 +2,13 @@
 
 A component's frozen config names each setting as a field; `FlagGroup.flag` gives the
 field its flag (`node_name` is `--node-name`, with `dest` the field's name) and the
-argparse keywords of that flag. `add_flags` adds the flags of a config class to a parser,
-group by group in field order, and `config_from` (tessera_cli.parser) reads the parsed
-values back into the class. A field declared without `flag` (a flag shared by several
-programs, such as `--log-level`, added by its own module) is left to the caller.
+argparse keywords of that flag. The common kinds have their own names, so a field's kind
+reads from its declaration: `switch` (a flag that turns something on), `off_switch` (a
+`--no-...` flag that turns it off) and `duration` (a number of seconds). `add_flags` adds
+the flags of a config class to a parser, group by group in field order, and `config_from`
+(tessera_cli.parser) reads the parsed values back into the class. A field declared without
+`flag` (a flag shared by several programs, such as `--log-level`, added by its own module)
+is left to the caller.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import argparse
 import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from tessera_cli.values import MAX_INTERVAL_S, seconds
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -54,6 +59,29 @@ class FlagGroup:
         """A config field set by a flag of this group; `kwargs` go to `add_argument`."""
         flag = Flag(self, option, short, default_factory, {"help": help, **kwargs})
         return dataclasses.field(metadata={_FLAG: flag})
+
+    def switch(self, help: str) -> bool:
+        """A bool field, off unless its flag is given."""
+        field: bool = self.flag(help, action="store_true")
+        return field
+
+    def off_switch(self, help: str, *, option: str) -> bool:
+        """A bool field, on unless its flag `option` (`--no-...`) is given."""
+        field: bool = self.flag(help, option=option, action="store_false")
+        return field
+
+    def duration(
+        self, help: str, *, default: float, high: float = MAX_INTERVAL_S, allow_zero: bool = False
+    ) -> float:
+        """A number of seconds in (0, high], or 0 too when `allow_zero` (it turns the
+        thing off, as `help` says)."""
+        field: float = self.flag(
+            help,
+            type=seconds(high=high, allow_zero=allow_zero),
+            default=default,
+            metavar="SECONDS",
+        )
+        return field
 
 
 def add_flags(

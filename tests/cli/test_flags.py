@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from tessera_cli import CliParser, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.values import seconds
@@ -64,3 +66,41 @@ def test_a_default_factory_runs_when_the_parser_is_built() -> None:
     first = _parser({}).parse_args([]).name
     second = _parser({}).parse_args([]).name
     assert first != second and first.startswith("built-")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Kinds:
+    verbose: bool = _FIRST.switch("say more")
+    checks: bool = _FIRST.off_switch("skip the checks", option="--no-checks")
+    wait: float = _FIRST.duration("how long", default=2.0)
+    poll: float = _FIRST.duration("0: never", default=1.0, high=60.0, allow_zero=True)
+
+
+def _kinds(argv: list[str], env: dict[str, str] | None = None) -> _Kinds:
+    parser = CliParser(prog="prog", env=env or {})
+    add_flags(parser, _Kinds)
+    return config_from(_Kinds, parser.parse_args(argv))
+
+
+def test_switches_and_durations_default_and_parse() -> None:
+    assert _kinds([]) == _Kinds(verbose=False, checks=True, wait=2.0, poll=1.0)
+    given = _kinds(["--verbose", "--no-checks", "--wait", "7.5", "--poll", "0"])
+    assert given == _Kinds(verbose=True, checks=False, wait=7.5, poll=0.0)
+    env = {"TESSERA_VERBOSE": "yes", "TESSERA_NO_CHECKS": "true", "TESSERA_POLL": "60"}
+    assert _kinds([], env) == _Kinds(verbose=True, checks=False, wait=2.0, poll=60.0)
+
+
+@pytest.mark.parametrize("argv", [["--wait", "0"], ["--poll", "61"], ["--wait", "soon"]])
+def test_a_duration_out_of_its_range_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _kinds(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_a_duration_shows_seconds_in_help() -> None:
+    parser = CliParser(prog="prog", env={})
+    add_flags(parser, _Kinds)
+    assert "--wait SECONDS" in parser.format_help()
