@@ -6,6 +6,7 @@ from typing import Any
 
 from tessera.cluster_state import ClusterState
 from tessera.model import Gpu, NodeInventory, RdmaNic, RdmaVf
+from tessera.node_placement import NoFit, Placement
 from tessera_edge.topology_file import load_topology
 
 MIXED_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
@@ -92,3 +93,15 @@ def mixed_cluster(nodes: int, prefix: str = "n") -> ClusterState:
     for i in range(nodes):
         state.set_node(load_topology(MIXED_TOPOLOGIES[i % len(MIXED_TOPOLOGIES)], f"{prefix}{i}"))
     return state
+
+
+def placed(result: Placement | NoFit) -> Placement:
+    """`result`, which must be a placement (the test fails showing the refusal otherwise)."""
+    assert isinstance(result, Placement), result
+    return result
+
+
+def refused(result: Placement | NoFit) -> NoFit:
+    """`result`, which must be a refusal (the test fails showing the placement otherwise)."""
+    assert isinstance(result, NoFit), result
+    return result

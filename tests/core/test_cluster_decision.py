@@ -7,11 +7,11 @@ from hypothesis import strategies as st
 from tessera import resources as rn
 from tessera.cluster_decision import UNKNOWN_NODE, Decider
 from tessera.cluster_state import ClusterState
-from tessera.node_placement import NoFit, Placement, place_pod
+from tessera.node_placement import Placement, place_pod
 from tessera.policy_registry import POLICIES
 from tessera.request import parse_pod
 
-from .builders import gpu, mixed_cluster, node, pod
+from .builders import gpu, mixed_cluster, node, placed, pod
 
 REQUESTS = [
     {rn.GPU: "5"},
@@ -32,11 +32,6 @@ def make_decider(nodes: int = 9) -> Decider:
     state = mixed_cluster(nodes)
     policies = {name: cls() for name, cls in POLICIES.items()}
     return Decider(state, policies, "binpack")
-
-
-def placed(result: Placement | NoFit) -> Placement:
-    assert isinstance(result, Placement), result
-    return result
 
 
 def fill(decider: Decider, ops: list[tuple[int, int]]) -> None:

@@ -10,7 +10,7 @@ from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
 from tessera_edge.topology_file import load_topology
 
-from .builders import gpu, nic, node, pod
+from .builders import gpu, nic, node, placed, pod, refused
 
 BINPACK = BinpackPolicy()
 SPREAD = SpreadPolicy()
@@ -25,32 +25,10 @@ def place(
     return place_pod(state, parse_pod(pod(containers={"main": limits or {}}, **kw)), policy)
 
 
-def placed(
-    state: NodeState,
-    limits: dict[str, str] | None = None,
-    policy: Policy = BINPACK,
-    **kw: Any,
-) -> Placement:
-    result = place(state, limits, policy, **kw)
-    assert isinstance(result, Placement), result
-    return result
-
-
-def refused(
-    state: NodeState,
-    limits: dict[str, str] | None = None,
-    policy: Policy = BINPACK,
-    **kw: Any,
-) -> NoFit:
-    result = place(state, limits, policy, **kw)
-    assert isinstance(result, NoFit), result
-    return result
-
-
 def commit(state: NodeState, result: Placement | NoFit) -> PodAllocation:
-    assert isinstance(result, Placement), result
-    state.apply(result.allocation)
-    return result.allocation
+    alloc = placed(result).allocation
+    state.apply(alloc)
+    return alloc
 
 
 def test_share_lands_on_one_gpu_with_memory_from_the_ratio() -> None:
@@ -64,8 +42,8 @@ def test_share_lands_on_one_gpu_with_memory_from_the_ratio() -> None:
 def test_binpack_fills_the_fullest_gpu_and_spread_the_emptiest() -> None:
     s = NodeState(node("n", [gpu(0), gpu(1), gpu(2)]))
     commit(s, place(s, {rn.GPU: "50"}))  # GPU 0 now half used
-    packed = placed(s, {rn.GPU: "20"})
-    spread = placed(s, {rn.GPU: "20"}, policy=SPREAD)
+    packed = placed(place(s, {rn.GPU: "20"}))
+    spread = placed(place(s, {rn.GPU: "20"}, policy=SPREAD))
     assert packed.allocation.containers[0].gpus[0].index == 0
     assert spread.allocation.containers[0].gpus[0].index == 1
 
@@ -81,23 +59,23 @@ def test_memory_units_use_the_node_unit() -> None:
 def test_share_shortfall_says_what_is_free() -> None:
     s = NodeState(node("n", [gpu(0)]))
     commit(s, place(s, {rn.GPU: "80"}))
-    result = place(s, {rn.GPU: "30"})
-    assert isinstance(result, NoFit) and not result.unresolvable
+    result = refused(place(s, {rn.GPU: "30"}))
+    assert not result.unresolvable
     assert "no GPU has 30% compute" in result.reason and "20%" in result.reason
 
 
 def test_memory_larger_than_any_gpu_is_unresolvable() -> None:
     s = NodeState(node("n", [gpu(0, memory=16384)]))
-    result = place(s, {rn.GPU_CORE: "10", rn.GPU_MEMORY: "40"})
-    assert isinstance(result, NoFit) and result.unresolvable
+    result = refused(place(s, {rn.GPU_CORE: "10", rn.GPU_MEMORY: "40"}))
+    assert result.unresolvable
     assert "largest GPU here has 16.0 GiB" in result.reason
 
 
 def test_whole_gpus_need_entirely_free_gpus() -> None:
     s = NodeState(node("n", [gpu(0), gpu(1)]))
     commit(s, place(s, {rn.GPU_MEMORY: "1"}))
-    assert refused(s, {rn.GPU: "200"}).reason == "needs 2 whole GPUs, 1 free"
-    too_many = refused(s, {rn.GPU: "300"})
+    assert refused(place(s, {rn.GPU: "200"})).reason == "needs 2 whole GPUs, 1 free"
+    too_many = refused(place(s, {rn.GPU: "300"}))
     assert too_many.unresolvable and "the node has 2" in too_many.reason
 
 
@@ -116,9 +94,9 @@ def test_required_scope_is_enforced() -> None:
     ann = {rn.TOPOLOGY_ANNOTATION: "pcie"}
     ok = commit(s, place(s, {rn.GPU: "200"}, annotations=ann))
     assert len(ok.containers[0].gpus) == 2
-    impossible = refused(s, {rn.GPU: "400"}, annotations=ann)
+    impossible = refused(place(s, {rn.GPU: "400"}, annotations=ann))
     assert impossible.unresolvable and "no 4 GPUs of this node share pcie" in impossible.reason
-    nvlink = refused(s, {rn.GPU: "200"}, annotations={rn.TOPOLOGY_ANNOTATION: "nvlink"})
+    nvlink = refused(place(s, {rn.GPU: "200"}, annotations={rn.TOPOLOGY_ANNOTATION: "nvlink"}))
     assert nvlink.unresolvable
 
 
@@ -127,8 +105,8 @@ def test_required_scope_blocked_by_usage_is_resolvable() -> None:
     # one share on each switch: no switch keeps both GPUs free
     for g in s.inventory.gpus[::2]:
         commit(s, place(s, {rn.GPU: "10"}, annotations={rn.GPU_UUID_ANNOTATION: g.uuid}))
-    result = place(s, {rn.GPU: "200"}, annotations={rn.TOPOLOGY_ANNOTATION: "pcie"})
-    assert isinstance(result, NoFit) and not result.unresolvable
+    result = refused(place(s, {rn.GPU: "200"}, annotations={rn.TOPOLOGY_ANNOTATION: "pcie"}))
+    assert not result.unresolvable
     assert "share pcie" in result.reason
 
 
@@ -136,12 +114,16 @@ def test_model_and_uuid_hints() -> None:
     s = NodeState(node("n", [gpu(0, model="Tesla T4"), gpu(1, model="NVIDIA A100 80GB PCIe")]))
     alloc = commit(s, place(s, {rn.GPU: "10"}, annotations={rn.GPU_MODEL_ANNOTATION: "A100"}))
     assert alloc.containers[0].gpus[0].index == 1
-    wrong = refused(s, {rn.GPU: "10"}, annotations={rn.GPU_MODEL_ANNOTATION: "H100"})
+    wrong = refused(place(s, {rn.GPU: "10"}, annotations={rn.GPU_MODEL_ANNOTATION: "H100"}))
     assert wrong.unresolvable and "no GPU of model H100" in wrong.reason
-    only0 = placed(s, {rn.GPU: "10"}, annotations={rn.GPU_UUID_ANNOTATION: "GPU-00000000"})
+    only0 = placed(place(s, {rn.GPU: "10"}, annotations={rn.GPU_UUID_ANNOTATION: "GPU-00000000"}))
     assert only0.allocation.containers[0].gpus[0].index == 0
     none = refused(
-        s, {rn.GPU: "10"}, annotations={rn.GPU_UUID_EXCLUDE_ANNOTATION: "GPU-00000000,GPU-00000001"}
+        place(
+            s,
+            {rn.GPU: "10"},
+            annotations={rn.GPU_UUID_EXCLUDE_ANNOTATION: "GPU-00000000,GPU-00000001"},
+        )
     )
     assert none.unresolvable and "UUID" in none.reason
 
@@ -152,7 +134,7 @@ def test_unhealthy_gpus_are_skipped_and_all_unhealthy_is_resolvable() -> None:
     alloc = commit(s, place(s, {rn.GPU: "10"}))
     assert alloc.containers[0].gpus[0].index == 1
     s.update_inventory(s.inventory.with_gpu_health("GPU-00000001", False))
-    result = refused(s, {rn.GPU: "10"})
+    result = refused(place(s, {rn.GPU: "10"}))
     assert not result.unresolvable and "unhealthy" in result.reason
     # the allocation on the now-unhealthy GPU stays accounted
     assert s.free_core == (100, 90)
@@ -160,8 +142,8 @@ def test_unhealthy_gpus_are_skipped_and_all_unhealthy_is_resolvable() -> None:
 
 def test_node_without_gpus() -> None:
     s = NodeState(node("n", []))
-    assert refused(s, {rn.GPU: "10"}).unresolvable
-    assert placed(s, {"cpu": "1"}).allocation.containers == ()
+    assert refused(place(s, {rn.GPU: "10"})).unresolvable
+    assert placed(place(s, {"cpu": "1"})).allocation.containers == ()
 
 
 def test_multi_container_pods_are_placed_together_or_not_at_all() -> None:
@@ -213,32 +195,31 @@ def test_rdma_vfs_bound_the_number_of_sharers() -> None:
     s = NodeState(node("n", [], [nic(0, vfs=2)]))
     commit(s, place(s, {rn.RDMA: "10"}))
     commit(s, place(s, {rn.RDMA: "10"}))
-    third = place(s, {rn.RDMA: "10"})
-    assert isinstance(third, NoFit) and "RDMA" in third.reason
+    assert "RDMA" in refused(place(s, {rn.RDMA: "10"})).reason
 
 
 def test_whole_rdma_nics() -> None:
     s = NodeState(node("n", [], [nic(0), nic(1)]))
     alloc = commit(s, place(s, {rn.RDMA: "200"}))
     assert [r.share for r in alloc.containers[0].rdma] == [100, 100]
-    assert refused(s, {rn.RDMA: "10"}).reason.startswith("needs 10% of an RDMA NIC")
+    assert refused(place(s, {rn.RDMA: "10"})).reason.startswith("needs 10% of an RDMA NIC")
 
 
 def test_rdma_without_nics_is_unresolvable_and_affinity_can_block() -> None:
-    assert refused(NodeState(node("n", [gpu(0)])), {rn.RDMA: "10"}).unresolvable
+    assert refused(place(NodeState(node("n", [gpu(0)])), {rn.RDMA: "10"})).unresolvable
     far = nic(0, pcie_root="r9", numa_node=1)
     s = NodeState(node("n", [gpu(0, numa_node=0)], [far]))
-    result = place(
-        s, {rn.GPU: "10", rn.RDMA: "10"}, annotations={rn.RDMA_AFFINITY_ANNOTATION: "numa"}
+    result = refused(
+        place(s, {rn.GPU: "10", rn.RDMA: "10"}, annotations={rn.RDMA_AFFINITY_ANNOTATION: "numa"})
     )
-    assert isinstance(result, NoFit) and "NUMA" in result.reason
+    assert "NUMA" in result.reason
     assert isinstance(place(s, {rn.GPU: "10", rn.RDMA: "10"}), Placement)
 
 
 def test_host_cpu_and_memory_are_fitted_when_tracked() -> None:
     s = NodeState(node("n", [gpu(0)]), cpu_milli=1000, memory_mib=1024)
-    assert "insufficient cpu" in refused(s, {rn.GPU: "10", "cpu": "2"}).reason
-    assert "insufficient memory" in refused(s, {rn.GPU: "10", "memory": "2Gi"}).reason
+    assert "insufficient cpu" in refused(place(s, {rn.GPU: "10", "cpu": "2"})).reason
+    assert "insufficient memory" in refused(place(s, {rn.GPU: "10", "memory": "2Gi"})).reason
     alloc = commit(s, place(s, {rn.GPU: "10", "cpu": "600m"}))
     assert alloc.cpu_milli == 600 and s.cpu_free == 400
 
@@ -247,5 +228,5 @@ def test_host_cpu_and_memory_are_fitted_when_tracked() -> None:
 def test_node_scores_are_in_unit_range(policy: Policy) -> None:
     s = NodeState(load_topology("h100-sxm-8x", "n"))
     for limits in ({rn.GPU: "10"}, {rn.GPU: "800"}, {rn.GPU_MEMORY: "79"}):
-        result = placed(s, limits, policy=policy)
+        result = placed(place(s, limits, policy=policy))
         assert 0.0 <= result.score <= 1.0
