@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera import resources as rn
 from tessera.cluster_state import ClusterState
 from tessera.model import Gpu, NodeInventory, RdmaNic, RdmaVf
 from tessera.node_placement import NoFit, Placement
@@ -11,6 +12,29 @@ from tessera_edge.topology_file import load_topology
 
 MIXED_TOPOLOGIES = ("h100-sxm-8x", "a100-pcie-8x", "t4-4x")
 """Three built-in nodes unlike in GPU model, count, memory and NICs."""
+
+SAMPLE_LIMITS: tuple[dict[str, str], ...] = (
+    {rn.GPU: "5"},
+    {rn.GPU: "10"},
+    {rn.GPU: "30"},
+    {rn.GPU: "35"},
+    {rn.GPU: "50"},
+    {rn.GPU: "75"},
+    {rn.GPU: "100"},
+    {rn.GPU: "200"},
+    {rn.GPU: "400"},
+    {rn.GPU: "800"},
+    {rn.GPU_CORE: "10", rn.GPU_MEMORY: "12"},
+    {rn.GPU_CORE: "20", rn.GPU_MEMORY: "6"},
+    {rn.GPU_MEMORY: "16"},
+    {rn.GPU_MEMORY_RATIO: "40", rn.GPU_CORE: "5"},
+    {rn.GPU_MEMORY_RATIO: "70"},
+    {rn.GPU: "50", rn.RDMA: "25"},
+    {rn.RDMA: "100"},
+    {rn.GPU: "100", rn.RDMA: "10"},
+)
+"""One container's limits of every kind a pod asks for: shares, whole GPUs, memory by size
+and by ratio, RDMA alone and beside GPUs (the first is a small share)."""
 
 
 def pod(

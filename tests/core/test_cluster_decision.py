@@ -11,20 +11,8 @@ from tessera.node_placement import Placement, place_pod
 from tessera.policy_registry import POLICIES
 from tessera.request import parse_pod
 
-from .builders import gpu, mixed_cluster, node, placed, pod
+from .builders import SAMPLE_LIMITS, gpu, mixed_cluster, node, placed, pod
 
-REQUESTS = [
-    {rn.GPU: "5"},
-    {rn.GPU: "30"},
-    {rn.GPU: "75"},
-    {rn.GPU: "100"},
-    {rn.GPU: "200"},
-    {rn.GPU: "400"},
-    {rn.GPU: "800"},
-    {rn.GPU_CORE: "10", rn.GPU_MEMORY: "12"},
-    {rn.GPU_MEMORY: "16"},
-    {rn.GPU_MEMORY_RATIO: "40", rn.GPU_CORE: "5"},
-]
 ANNOTATIONS = [{}, {rn.GPU_MODEL_ANNOTATION: "A100"}, {rn.GPU_MODEL_ANNOTATION: "T4,H100"}]
 
 
@@ -37,7 +25,7 @@ def make_decider(nodes: int = 9) -> Decider:
 def fill(decider: Decider, ops: list[tuple[int, int]]) -> None:
     names = sorted(decider.state.nodes)
     for k, (req, which) in enumerate(ops):
-        request = parse_pod(pod(f"f{k}", containers={"main": REQUESTS[req]}))
+        request = parse_pod(pod(f"f{k}", containers={"main": SAMPLE_LIMITS[req]}))
         result = decider.place(request, names[which % len(names)])
         if isinstance(result, Placement):
             decider.state.add(result.allocation)
@@ -45,7 +33,7 @@ def fill(decider: Decider, ops: list[tuple[int, int]]) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.lists(st.tuples(st.integers(0, len(REQUESTS) - 1), st.integers(0, 8)), max_size=60),
+    st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60),
     st.sampled_from(sorted(POLICIES)),
 )
 def test_vector_path_agrees_with_exact_placement(
@@ -54,7 +42,7 @@ def test_vector_path_agrees_with_exact_placement(
     decider = make_decider()
     fill(decider, ops)
     policy = decider.policies[policy_name]
-    for limits in REQUESTS:
+    for limits in SAMPLE_LIMITS:
         for annotations in ANNOTATIONS:
             ann = {**annotations, rn.PLACEMENT_ANNOTATION: policy_name}
             request = parse_pod(pod("q", containers={"main": limits}, annotations=ann))
@@ -147,7 +135,7 @@ def test_nodes_named_out_of_row_order_keep_their_own_results() -> None:
     decider = make_decider(3)
     names = sorted(decider.state.nodes)
     fill(decider, [(0, 1)] * 8)  # the second node gets busy
-    request = parse_pod(pod("probe", containers={"main": REQUESTS[0]}))
+    request = parse_pod(pod("probe", containers={"main": SAMPLE_LIMITS[0]}))
     in_order = decider.evaluate(request, names)
     shuffled = decider.evaluate(request, [names[1], names[0], names[2]])
     assert shuffled.scores == in_order.scores

@@ -14,23 +14,9 @@ from tessera.node_placement import Placement, place_pod
 from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
 
-from .builders import gpu, mixed_cluster, node, pod
+from .builders import SAMPLE_LIMITS, gpu, mixed_cluster, node, pod
 
-LIMITS = st.sampled_from(
-    [
-        {rn.GPU: "10"},
-        {rn.GPU: "35"},
-        {rn.GPU: "50"},
-        {rn.GPU: "100"},
-        {rn.GPU: "200"},
-        {rn.GPU: "400"},
-        {rn.GPU_CORE: "20", rn.GPU_MEMORY: "6"},
-        {rn.GPU_MEMORY_RATIO: "70"},
-        {rn.GPU: "50", rn.RDMA: "25"},
-        {rn.RDMA: "100"},
-        {rn.GPU: "100", rn.RDMA: "10"},
-    ]
-)
+LIMITS = st.sampled_from(SAMPLE_LIMITS)
 OPS = st.lists(
     st.tuples(st.sampled_from(["add", "remove"]), LIMITS, st.integers(0, 5), st.booleans()),
     min_size=1,
