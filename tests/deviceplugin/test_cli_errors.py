@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -12,6 +13,9 @@ import yaml
 from deviceplugin.cli import main
 from tessera_cli.paths import MAX_SOCKET_PATH_BYTES
 from tessera_testbed.kubelet import fake_agent_command
+
+if TYPE_CHECKING:
+    from _pytest.mark import ParameterSet  # what pytest.param returns
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -38,72 +42,64 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return rc, capsys.readouterr().err
 
 
-CASES: list[tuple[str, list[str], str, str]] = [
-    # (id, flags, the flag named, what the line says)
-    ("empty topology", ["--topology", "{f}/empty.yaml"], "--topology", "is empty"),
-    ("missing topology", ["--topology", "{f}/nope.yaml"], "--topology", "does not exist"),
-    ("topology is a dir", ["--topology", "{f}"], "--topology", "not a regular file"),
-    ("no GPUs", ["--topology", "{f}/no-gpus.yaml"], "--topology", "no usable GPUs"),
-    ("only rdma", ["--topology", "{f}/only-rdma.yaml"], "--topology", "no usable GPUs"),
-    ("all broken", ["--topology", "{f}/all-broken.yaml"], "--topology", "1 broken entries"),
-    ("not a mapping", ["--topology", "{f}/list.yaml"], "--topology", "expected a mapping"),
-    ("binary topology", ["--topology", "{f}/binary.yaml"], "--topology", "binary.yaml"),
-    ("no topology", ["--topology", ""], "--topology", "needs --topology"),
-    ("dir is /proc", ["--device-plugin-dir", "/proc"], "--device-plugin-dir", "unix socket"),
-    ("dir under /proc", ["--device-plugin-dir", "/proc/1/x"], "--device-plugin-dir", "cannot"),
-    ("dir is a file", ["--device-plugin-dir", "{f}/a-file"], "--device-plugin-dir", "not a dir"),
-    (
+def bad(case: str, flags: list[str], says: str, *, named: str | None = None) -> ParameterSet:
+    """A bad command line: `flags` (`{f}` is the folder of `files`), and what its one error
+    line says: the flag it names (the first of `flags` unless `named`) and why."""
+    return pytest.param(flags, named or flags[0], says, id=case)
+
+
+CASES = [
+    bad("empty topology", ["--topology", "{f}/empty.yaml"], "is empty"),
+    bad("missing topology", ["--topology", "{f}/nope.yaml"], "does not exist"),
+    bad("topology is a dir", ["--topology", "{f}"], "not a regular file"),
+    bad("no GPUs", ["--topology", "{f}/no-gpus.yaml"], "no usable GPUs"),
+    bad("only rdma", ["--topology", "{f}/only-rdma.yaml"], "no usable GPUs"),
+    bad("all broken", ["--topology", "{f}/all-broken.yaml"], "1 broken entries"),
+    bad("not a mapping", ["--topology", "{f}/list.yaml"], "expected a mapping"),
+    bad("binary topology", ["--topology", "{f}/binary.yaml"], "binary.yaml"),
+    bad("no topology", ["--topology", ""], "needs --topology"),
+    bad("dir is /proc", ["--device-plugin-dir", "/proc"], "unix socket"),
+    bad("dir under /proc", ["--device-plugin-dir", "/proc/1/x"], "cannot"),
+    bad("dir is a file", ["--device-plugin-dir", "{f}/a-file"], "not a dir"),
+    bad(
         "dir too long",
         ["--device-plugin-dir", "{f}/" + "d" * MAX_SOCKET_PATH_BYTES],
-        "--device-plugin-dir",
         "unix socket limit",
     ),
-    (
-        "kubelet socket is a file",
-        ["--kubelet-socket", "{f}/a-file"],
-        "--kubelet-socket",
-        "not a socket",
-    ),
-    (
-        "port-like huge number",
-        ["--memory-unit-mib", "99999999999"],
-        "--memory-unit-mib",
-        "must be 1..",
-    ),
-    ("unit above GPU memory", ["--memory-unit-mib", "99999"], "--memory-unit-mib", "smallest GPU"),
-    ("unit too small", ["--memory-unit-mib", "1"], "--memory-unit-mib", "at least"),
-    ("not a number", ["--memory-unit-mib", "lots"], "--memory-unit-mib", "not a whole number"),
-    ("digits", ["--memory-unit-mib", "9" * 5000], "--memory-unit-mib", "not a number"),
-    ("nan", ["--heartbeat-interval", "nan"], "--heartbeat-interval", "finite"),
-    ("inf", ["--resync-interval", "inf"], "--resync-interval", "finite"),
-    ("huge wait", ["--health-query-interval", "1e300"], "--health-query-interval", "at most"),
-    ("negative", ["--health-recovery-seconds", "-1"], "--health-recovery-seconds", "0 or above"),
-    ("zero poll", ["--socket-poll-interval", "0"], "--socket-poll-interval", "above 0"),
-    ("lease", ["--lease-duration", "0"], "--lease-duration", "must be 1.."),
-    ("lease vs beat", ["--lease-duration", "5"], "--lease-duration", "--heartbeat-interval"),
-    ("node name", ["--node-name", "../../etc"], "--node-name", "not a valid node name"),
-    ("node name caps", ["--node-name", "Node_1"], "--node-name", "not a valid node name"),
-    ("namespace", ["--heartbeat-namespace", "a/b"], "--heartbeat-namespace", "not a valid"),
-    ("xids", ["--health-ignore-xids", "13,x"], "--health-ignore-xids", "x"),
-    ("backend", ["--backend", "cuda"], "--backend", "invalid choice"),
-    ("no nvml", ["--backend", "nvml"], "--backend nvml", "NVML"),
-    (
+    bad("kubelet socket is a file", ["--kubelet-socket", "{f}/a-file"], "not a socket"),
+    bad("port-like huge number", ["--memory-unit-mib", "99999999999"], "must be 1.."),
+    bad("unit above GPU memory", ["--memory-unit-mib", "99999"], "smallest GPU"),
+    bad("unit too small", ["--memory-unit-mib", "1"], "at least"),
+    bad("not a number", ["--memory-unit-mib", "lots"], "not a whole number"),
+    bad("digits", ["--memory-unit-mib", "9" * 5000], "not a number"),
+    bad("nan", ["--heartbeat-interval", "nan"], "finite"),
+    bad("inf", ["--resync-interval", "inf"], "finite"),
+    bad("huge wait", ["--health-query-interval", "1e300"], "at most"),
+    bad("negative", ["--health-recovery-seconds", "-1"], "0 or above"),
+    bad("zero poll", ["--socket-poll-interval", "0"], "above 0"),
+    bad("lease", ["--lease-duration", "0"], "must be 1.."),
+    bad("lease vs beat", ["--lease-duration", "5"], "--heartbeat-interval"),
+    bad("node name", ["--node-name", "../../etc"], "not a valid node name"),
+    bad("node name caps", ["--node-name", "Node_1"], "not a valid node name"),
+    bad("namespace", ["--heartbeat-namespace", "a/b"], "not a valid"),
+    bad("xids", ["--health-ignore-xids", "13,x"], "x"),
+    bad("backend", ["--backend", "cuda"], "invalid choice"),
+    bad("no nvml", ["--backend", "nvml"], "NVML", named="--backend nvml"),
+    bad(
         "rdma topology without fake",
         ["--rdma", "topology", "--backend", "nvml"],
-        "--backend",
         "NVML",
+        named="--backend",
     ),
-    ("kubeconfig missing", ["--kubeconfig", "{f}/nope"], "--kubeconfig", "does not exist"),
-    ("kubeconfig garbage", ["--kubeconfig", "{f}/list.yaml"], "--kubeconfig", "cannot configure"),
-    ("kube context", ["--kube-context", " "], "--kube-context", "may not be empty"),
-    ("unknown flag", ["--metrics-prot", "9465"], "--metrics-prot", "unrecognized"),
-    ("port out of range", ["--metrics-port", "99999"], "--metrics-port", "0..65535"),
+    bad("kubeconfig missing", ["--kubeconfig", "{f}/nope"], "does not exist"),
+    bad("kubeconfig garbage", ["--kubeconfig", "{f}/list.yaml"], "cannot configure"),
+    bad("kube context", ["--kube-context", " "], "may not be empty"),
+    bad("unknown flag", ["--metrics-prot", "9465"], "unrecognized"),
+    bad("port out of range", ["--metrics-port", "99999"], "0..65535"),
 ]
 
 
-@pytest.mark.parametrize(
-    ("flags", "flag", "says"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
-)
+@pytest.mark.parametrize(("flags", "flag", "says"), CASES)
 def test_a_bad_flag_is_one_line_and_status_2(
     flags: list[str],
     flag: str,
