@@ -7,7 +7,7 @@ container, the resource and the rule (docs/resources.md lists them for users).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from tessera import resources as rn
@@ -23,14 +23,10 @@ every product of a count and a unit size inside the scheduler's int64 columns.""
 
 
 @dataclass(frozen=True)
-class ContainerRequest:
-    """What one container asks of tessera.
+class GpuAsk:
+    """The GPU part of a request, in one of three forms: no GPU (every field 0), a share of
+    one GPU (`core` percent plus a memory bound), or `gpu_count` whole GPUs."""
 
-    Exactly one GPU form holds: no GPU (`gpu_count == 0 and not is_share`), a share of one
-    GPU (`core` percent plus a memory bound), or `gpu_count` whole GPUs.
-    """
-
-    name: str
     gpu_count: int = 0
     """Whole GPUs (0 for a share or no GPU)."""
     core: int = 0
@@ -39,6 +35,14 @@ class ContainerRequest:
     """Memory in percent of the chosen GPU, for a share (0 = not given)."""
     memory_units: int = 0
     """Memory in the node's memory units, for a share (0 = not given)."""
+
+
+@dataclass(frozen=True)
+class ContainerRequest(GpuAsk):
+    """What one container asks of tessera: its GPU ask, its RDMA ask, and what kind of
+    container it is."""
+
+    name: str = field(kw_only=True)
     rdma_share: int = 0
     """Percent of one RDMA NIC (1..100), 0 when whole NICs or none."""
     rdma_count: int = 0

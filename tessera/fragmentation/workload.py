@@ -6,24 +6,17 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tessera.request import PodRequest
+from tessera.request import GpuAsk, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 
 _FULL = UNITS_PER_DEVICE
 
 
 @dataclass(frozen=True, order=True)
-class PodClass:
-    """A kind of pod, as the fragmentation measure sees it (the paper's "typical pod")."""
+class PodClass(GpuAsk):
+    """A kind of pod, as the fragmentation measure sees it (the paper's "typical pod"): the
+    GPU ask of its largest device container, and its host request."""
 
-    gpu_count: int = 0
-    """Whole GPUs; 0 for a share or a pod without GPUs."""
-    core: int = 0
-    """For a share: percent of one GPU's compute."""
-    memory_ratio: int = 0
-    """For a share: percent of the GPU's memory."""
-    memory_units: int = 0
-    """For a share: GPU memory in the node's memory units."""
     cpu_milli: int = 0
     memory_mib: int = 0
     """Host memory; 0 when the measure ignores it."""
