@@ -112,8 +112,8 @@ def format_table(summaries: list[Summary]) -> str:
         (
             s.trace,
             s.policy,
-            f"{s.mean:.2f} ± {s.sd:.2f}",
-            f"{s.frag80_mean:.1f}",
+            f"{s.unallocated_at_100.mean:.2f} ± {s.unallocated_at_100.sd:.2f}",
+            f"{s.fragmentation_at_80.mean:.1f}",
             str(len(s.seeds)),
             f"{sum(s.seconds) / len(s.seconds):.1f}",
         )

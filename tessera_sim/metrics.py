@@ -68,6 +68,23 @@ def fragmentation_at(run: RunResult, arrived: int = 80) -> float:
     return fragmentation_curve(run, (arrived,))[0]
 
 
+class PerSeed(tuple[float, ...]):
+    """One figure per seed, with its mean and sample standard deviation."""
+
+    __slots__ = ()
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self)
+
+    @property
+    def sd(self) -> float:
+        """Sample standard deviation (n - 1), 0 for a single value, NaN if a value is NaN."""
+        if any(math.isnan(v) for v in self):
+            return math.nan
+        return statistics.stdev(self) if len(self) > 1 else 0.0
+
+
 @dataclass(frozen=True)
 class Summary:
     """One policy on one trace over several seeds."""
@@ -75,8 +92,8 @@ class Summary:
     policy: str
     trace: str
     seeds: tuple[int, ...]
-    unallocated_at_100: tuple[float, ...]
-    fragmentation_at_80: tuple[float, ...]
+    unallocated_at_100: PerSeed
+    fragmentation_at_80: PerSeed
     curve_points: tuple[int, ...]
     unallocated_curve_mean: tuple[float, ...]
     failed_pods: tuple[int, ...]
@@ -84,47 +101,23 @@ class Summary:
     seconds: tuple[float, ...]
     memory_mode: str = "share"
 
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.unallocated_at_100)
-
-    @property
-    def sd(self) -> float:
-        return _sd(self.unallocated_at_100)
-
-    @property
-    def frag80_mean(self) -> float:
-        return statistics.fmean(self.fragmentation_at_80)
-
-    @property
-    def frag80_sd(self) -> float:
-        return _sd(self.fragmentation_at_80)
-
     def to_json(self) -> dict[str, object]:
         return {
             "policy": self.policy,
             "trace": self.trace,
             "seeds": list(self.seeds),
             "gpu_memory": self.memory_mode,
-            "unallocated_gpu_pct_at_100_mean": _num(self.mean),
-            "unallocated_gpu_pct_at_100_sd": _num(self.sd),
+            "unallocated_gpu_pct_at_100_mean": _num(self.unallocated_at_100.mean),
+            "unallocated_gpu_pct_at_100_sd": _num(self.unallocated_at_100.sd),
             "unallocated_gpu_pct_at_100": [_num(v) for v in self.unallocated_at_100],
-            "fragmentation_rate_pct_at_80_mean": _num(self.frag80_mean),
-            "fragmentation_rate_pct_at_80_sd": _num(self.frag80_sd),
+            "fragmentation_rate_pct_at_80_mean": _num(self.fragmentation_at_80.mean),
+            "fragmentation_rate_pct_at_80_sd": _num(self.fragmentation_at_80.sd),
             "curve_arrived_pct": list(self.curve_points),
             "curve_unallocated_gpu_pct_mean": [_num(v) for v in self.unallocated_curve_mean],
             "failed_pods": list(self.failed_pods),
             "pods": list(self.pods),
             "seconds_per_seed": [round(s, 2) for s in self.seconds],
         }
-
-
-def _sd(values: Sequence[float]) -> float:
-    """Sample standard deviation (n - 1), 0 for a single value, NaN if a value is NaN."""
-    clean = [float(v) for v in values]
-    if any(math.isnan(v) for v in clean):
-        return math.nan
-    return statistics.stdev(clean) if len(clean) > 1 else 0.0
 
 
 def _num(value: float) -> float | None:
@@ -140,8 +133,8 @@ def summarize(
         policy=policy,
         trace=trace,
         seeds=tuple(r.seed for r in runs),
-        unallocated_at_100=tuple(float(unallocated_at(r)) for r in runs),
-        fragmentation_at_80=tuple(float(fragmentation_at(r)) for r in runs),
+        unallocated_at_100=PerSeed(float(unallocated_at(r)) for r in runs),
+        fragmentation_at_80=PerSeed(float(fragmentation_at(r)) for r in runs),
         curve_points=CURVE,
         unallocated_curve_mean=tuple(float(v) for v in curves.mean(axis=0)),
         failed_pods=tuple(r.failed for r in runs),

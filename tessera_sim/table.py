@@ -89,7 +89,11 @@ def markdown_table(
         for p in policies:
             s = by.get((t, p))
             paper = PAPER.get(t, {}).get(p)
-            text = "-" if s is None else f"{s.mean:.2f} ± {s.sd:.2f}"
+            text = (
+                "-"
+                if s is None
+                else f"{s.unallocated_at_100.mean:.2f} ± {s.unallocated_at_100.sd:.2f}"
+            )
             cells.append(text if paper is None else f"{text} ({paper:.2f})")
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     lines.append("")
@@ -103,7 +107,11 @@ def markdown_table(
         cells = []
         for p in policies:
             s = by.get((t, p))
-            cells.append("-" if s is None else f"{s.frag80_mean:.1f} ± {s.frag80_sd:.1f}")
+            cells.append(
+                "-"
+                if s is None
+                else f"{s.fragmentation_at_80.mean:.1f} ± {s.fragmentation_at_80.sd:.1f}"
+            )
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

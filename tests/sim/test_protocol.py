@@ -92,8 +92,8 @@ def test_fragmentation_rate_is_fragment_over_idle() -> None:
 def test_summary_mean_and_sd() -> None:
     runs = [run([1000], [950]), run([1000], [970])]
     s = metrics.summarize("p", "t", runs)
-    assert s.unallocated_at_100 == (5.0, 3.0)
-    assert s.mean == 4.0 and abs(s.sd - 2**0.5) < 1e-12
+    assert tuple(s.unallocated_at_100) == (5.0, 3.0)
+    assert s.unallocated_at_100.mean == 4.0 and abs(s.unallocated_at_100.sd - 2**0.5) < 1e-12
     doc = s.to_json()
     for key in ("policy", "trace", "seeds", "unallocated_gpu_pct_at_100_mean"):
         assert key in doc
