@@ -21,6 +21,7 @@ from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.model import Gpu, NodeInventory
 from tessera.node_placement import Placement
+from tessera.node_state import HostCapacity
 from tessera.policy_registry import make_policy
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_POLICY, POLICY_BINPACK
@@ -55,7 +56,7 @@ def _pod(rng: random.Random, i: int) -> PodRequest:
 def _cluster(nodes: int, policy_name: str, rng: random.Random) -> tuple[Decider, ClusterState]:
     state = ClusterState()
     for i in range(nodes):
-        state.set_node(_inventory(i), 96000, 786432)
+        state.set_node(_inventory(i), HostCapacity(96000, 786432))
     policy = make_policy(policy_name)
     decider = Decider(state, {policy.name: policy}, policy.name)
     return decider, state

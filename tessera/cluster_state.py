@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from tessera.allocation import PodAllocation
 from tessera.errors import StateError
 from tessera.model import NodeInventory
-from tessera.node_state import NodeState
+from tessera.node_state import UNTRACKED_HOST, HostCapacity, NodeState
 
 NodeListener = Callable[[str], None]
 
@@ -43,17 +43,12 @@ class ClusterState:
 
     # --- nodes ------------------------------------------------------------------------------
 
-    def set_node(
-        self,
-        inventory: NodeInventory,
-        cpu_milli: int | None = None,
-        memory_mib: int | None = None,
-    ) -> None:
+    def set_node(self, inventory: NodeInventory, host: HostCapacity = UNTRACKED_HOST) -> None:
         """Add a node or replace its inventory; its allocations stay accounted."""
         name = inventory.node_name
         node = self.nodes.get(name)
         if node is None:
-            node = NodeState(inventory, cpu_milli, memory_mib)
+            node = NodeState(inventory, host)
             self.nodes[name] = node
             for uid in [u for u, a in self.pending.items() if a.node == name]:
                 alloc = self.pending.pop(uid)
@@ -65,7 +60,7 @@ class ClusterState:
                 self.pods[uid] = alloc
                 self._pods_by_node.setdefault(name, {})[uid] = None
         else:
-            node.update_inventory(inventory, cpu_milli, memory_mib)
+            node.update_inventory(inventory, host)
         self._changed(name)
 
     def remove_node(self, name: str) -> None:

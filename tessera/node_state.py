@@ -36,6 +36,18 @@ class GpuCapacity:
         return GpuCapacity(tuple(new_core), tuple(new_mem))
 
 
+@dataclass(frozen=True, slots=True)
+class HostCapacity:
+    """A node's allocatable host CPU and memory, as far as placement tracks them (None: not
+    tracked, so never a reason to refuse)."""
+
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+
+
+UNTRACKED_HOST = HostCapacity()
+
+
 @dataclass
 class _Usage:
     """Totals in use per device key, including devices the inventory no longer lists."""
@@ -52,16 +64,10 @@ class _Usage:
 class NodeState:
     """Free capacity of one node. `version` grows on every change (cache key for scores)."""
 
-    def __init__(
-        self,
-        inventory: NodeInventory,
-        cpu_milli: int | None = None,
-        memory_mib: int | None = None,
-    ) -> None:
+    def __init__(self, inventory: NodeInventory, host: HostCapacity = UNTRACKED_HOST) -> None:
         self._usage = _Usage({}, {}, {}, {})
         self.version = 0
-        self.cpu_capacity = cpu_milli
-        self.memory_capacity = memory_mib
+        self.host = host
         self._set_inventory(inventory)
 
     # --- inventory ------------------------------------------------------------------------
@@ -77,14 +83,10 @@ class NodeState:
         self._recompute_free()
 
     def update_inventory(
-        self,
-        inventory: NodeInventory,
-        cpu_milli: int | None = None,
-        memory_mib: int | None = None,
+        self, inventory: NodeInventory, host: HostCapacity = UNTRACKED_HOST
     ) -> None:
         """Take a new inventory (health change, rediscovery); usage carries over by device."""
-        self.cpu_capacity = cpu_milli
-        self.memory_capacity = memory_mib
+        self.host = host
         self._set_inventory(inventory)
 
     def _recompute_free(self) -> None:
@@ -98,10 +100,9 @@ class NodeState:
         nics = self.inventory.nics
         self.nic_free = tuple(UNITS_PER_DEVICE - u.nic_share.get(n.pci_bus_id, 0) for n in nics)
         self.vf_free = tuple(tuple(bus not in u.vfs for bus in buses) for buses in self.nic_vf_bus)
-        self.cpu_free = None if self.cpu_capacity is None else self.cpu_capacity - u.cpu_milli
-        self.mem_free = (
-            None if self.memory_capacity is None else self.memory_capacity - u.memory_mib
-        )
+        cpu, mem = self.host.cpu_milli, self.host.memory_mib
+        self.cpu_free = None if cpu is None else cpu - u.cpu_milli
+        self.mem_free = None if mem is None else mem - u.memory_mib
         self.version += 1
 
     # --- accounting -------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.fragmentation import FragmentMeasure, Workload
 from tessera.node_placement import NoFit
+from tessera.node_state import HostCapacity
 from tessera.request import PodRequest
 from tessera.scoring_policy import Policy
 from tessera_sim.trace import GPU_MEMORY_MIB, TraceNode, TracePod
@@ -149,7 +150,7 @@ class Replayer:
         state = ClusterState()
         for node in self.nodes:
             if self.host:
-                state.set_node(node.inventory(), node.cpu_milli, node.memory_mib)
+                state.set_node(node.inventory(), HostCapacity(node.cpu_milli, node.memory_mib))
             else:
                 state.set_node(node.inventory())
         decider = Decider(state, {policy.name: policy}, policy.name)

@@ -9,7 +9,7 @@ from tessera.cluster_decision import Decider
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
-from tessera.node_state import GpuCapacity, NodeState
+from tessera.node_state import GpuCapacity, HostCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.scoring_policy import (
     BinpackPolicy,
@@ -24,8 +24,8 @@ from tests.core.test_fragmentation_policy import inventory, pod
 
 def small_state() -> ClusterState:
     state = ClusterState()
-    state.set_node(inventory("a", 2), cpu_milli=8000, memory_mib=4096)
-    state.set_node(inventory("b", 4), cpu_milli=2000, memory_mib=65536)
+    state.set_node(inventory("a", 2), HostCapacity(cpu_milli=8000, memory_mib=4096))
+    state.set_node(inventory("b", 4), HostCapacity(cpu_milli=2000, memory_mib=65536))
     state.set_node(inventory("c", 1))  # host resources not tracked
     return state
 

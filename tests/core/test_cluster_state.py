@@ -11,6 +11,7 @@ from tessera.cluster_index import UNTRACKED, ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError
 from tessera.node_placement import Placement, place_pod
+from tessera.node_state import HostCapacity
 from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
 
@@ -174,7 +175,7 @@ def test_usage_of_a_vanished_gpu_survives_rediscovery() -> None:
 def test_index_tracks_host_capacity_and_node_removal() -> None:
     state = ClusterState()
     index = ClusterIndex(state)
-    state.set_node(node("a", [gpu(0)]), cpu_milli=4000, memory_mib=8192)
+    state.set_node(node("a", [gpu(0)]), HostCapacity(cpu_milli=4000, memory_mib=8192))
     state.set_node(node("b", [gpu(0)]))
     assert index.cpu_free[index.row_of["a"]] == 4000
     assert index.cpu_free[index.row_of["b"]] == UNTRACKED

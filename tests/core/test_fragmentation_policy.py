@@ -25,7 +25,7 @@ from tessera.fragmentation import (
 )
 from tessera.model import Gpu, NodeInventory
 from tessera.node_placement import Placement, place_pod
-from tessera.node_state import GpuCapacity
+from tessera.node_state import GpuCapacity, HostCapacity
 from tessera.policy_registry import POLICIES, make_policies, make_policy
 from tessera.request import PodRequest, parse_pod
 from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
@@ -166,7 +166,7 @@ def test_fragment_of_an_empty_node_is_zero_and_a_leftover_counts() -> None:
 
 def test_a_node_without_cpu_is_all_fragment() -> None:
     state = ClusterState()
-    state.set_node(inventory("n", 2), cpu_milli=1000)
+    state.set_node(inventory("n", 2), HostCapacity(cpu_milli=1000))
     node = state.nodes["n"]
     measure = FragmentMeasure(WORKLOAD)
     gpu_weight = sum(
@@ -256,7 +256,7 @@ def test_a_share_goes_into_an_existing_leftover() -> None:
     policy = FragmentationPolicy(WORKLOAD)
     state = ClusterState()
     for name in ("a", "b"):
-        state.set_node(inventory(name, 2), cpu_milli=64000)
+        state.set_node(inventory(name, 2), HostCapacity(cpu_milli=64000))
     first = pod("p1", 50, cpu=1000)
     placed = place_pod(state.nodes["b"], first, policy)
     assert isinstance(placed, Placement)
@@ -275,8 +275,8 @@ def first_grant_uuid(state: ClusterState, uid: str) -> str:
 def test_cpu_heavy_pods_go_where_cpu_is_plentiful() -> None:
     policy = FragmentationPolicy(WORKLOAD, pack=0.0)
     state = ClusterState()
-    state.set_node(inventory("gpu-dense", 8), cpu_milli=64000)
-    state.set_node(inventory("cpu-rich", 2), cpu_milli=128000)
+    state.set_node(inventory("gpu-dense", 8), HostCapacity(cpu_milli=64000))
+    state.set_node(inventory("cpu-rich", 2), HostCapacity(cpu_milli=128000))
     assert decide(policy, state, pod("cpu-only", cpu=32000)) == "cpu-rich"
 
 
@@ -284,7 +284,7 @@ def test_whole_gpus_keep_empty_nodes_empty() -> None:
     policy = FragmentationPolicy(WORKLOAD)
     state = ClusterState()
     for name in ("a", "b"):
-        state.set_node(inventory(name, 4), cpu_milli=64000)
+        state.set_node(inventory(name, 4), HostCapacity(cpu_milli=64000))
     placed = place_pod(state.nodes["b"], pod("p1", 100, cpu=1000), policy)
     assert isinstance(placed, Placement)
     state.add(placed.allocation)
@@ -304,8 +304,8 @@ SCARCE = Workload.from_counts(
 
 def test_pods_that_may_run_anywhere_leave_a_scarce_model_to_those_that_may_not() -> None:
     state = ClusterState()
-    state.set_node(inventory("a10", 4, model=0), cpu_milli=64000)
-    state.set_node(inventory("t4", 4, model=1), cpu_milli=64000)
+    state.set_node(inventory("a10", 4, model=0), HostCapacity(cpu_milli=64000))
+    state.set_node(inventory("t4", 4, model=1), HostCapacity(cpu_milli=64000))
     # a T4 GPU is half used: best fit alone sends the next half-GPU pod into its leftover
     placed = place_pod(state.nodes["t4"], pod("t", 50, models="T4"), FragmentationPolicy(SCARCE))
     assert isinstance(placed, Placement)
@@ -398,7 +398,7 @@ def test_vector_scores_equal_exact_scores_and_nothing_overcommits(
     state = ClusterState()
     for i, (gpus, model, cpu, mem, bad) in enumerate(nodes):
         unhealthy = tuple(b for b in bad if b < gpus)
-        state.set_node(inventory(f"n{i}", gpus, model, unhealthy), cpu, mem)
+        state.set_node(inventory(f"n{i}", gpus, model, unhealthy), HostCapacity(cpu, mem))
     decider = Decider(state, {policy.name: policy}, policy.name)
     for step in range(25):
         request = random_request(rng, f"pod-{step}")

@@ -5,7 +5,7 @@ import pytest
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.node_placement import NoFit, Placement, place_pod
-from tessera.node_state import NodeState
+from tessera.node_state import HostCapacity, NodeState
 from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, Policy, SpreadPolicy
 from tessera_edge.topology_file import load_topology
@@ -217,7 +217,7 @@ def test_rdma_without_nics_is_unresolvable_and_affinity_can_block() -> None:
 
 
 def test_host_cpu_and_memory_are_fitted_when_tracked() -> None:
-    s = NodeState(node("n", [gpu(0)]), cpu_milli=1000, memory_mib=1024)
+    s = NodeState(node("n", [gpu(0)]), HostCapacity(cpu_milli=1000, memory_mib=1024))
     assert "insufficient cpu" in refused(place(s, {rn.GPU: "10", "cpu": "2"})).reason
     assert "insufficient memory" in refused(place(s, {rn.GPU: "10", "memory": "2Gi"})).reason
     alloc = commit(s, place(s, {rn.GPU: "10", "cpu": "600m"}))

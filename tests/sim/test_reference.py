@@ -7,6 +7,7 @@ import numpy as np
 from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import Placement, place_pod
+from tessera.node_state import HostCapacity
 from tessera.scoring_policy import Policy
 from tessera_sim.reference import (
     BestFitPolicy,
@@ -23,7 +24,7 @@ from tessera_sim.trace import TraceNode, TracePod
 def cluster(*nodes: TraceNode) -> ClusterState:
     state = ClusterState()
     for n in nodes:
-        state.set_node(n.inventory(), n.cpu_milli, n.memory_mib)
+        state.set_node(n.inventory(), HostCapacity(n.cpu_milli, n.memory_mib))
     return state
 
 
