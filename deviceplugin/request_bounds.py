@@ -13,6 +13,7 @@ The bounds (all derived from the advertising limits in units.py):
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
+from typing import Any
 
 from deviceplugin.units import KUBELET_MAX_MESSAGE_BYTES, MAX_UNIT_ID_LENGTH, MAX_UNITS_PER_RESOURCE
 from tessera.errors import InputError
@@ -85,6 +86,19 @@ def check_ids(what: str, ids: Sequence[str], known: Container[str]) -> None:
         if unit in seen:
             raise BadRequestError(f"{what}: device ID {shown(unit)} appears more than once")
         seen.add(unit)
+
+
+def check_container_requests(
+    requests: Sequence[Any], id_lists: Sequence[str], known: Container[str]
+) -> None:
+    """A call's container requests, cheapest bound first: how many there are, how many IDs
+    all their `id_lists` (the fields that hold IDs, named in errors) hold together, then each
+    of those lists (`check_ids`)."""
+    check_container_count(len(requests))
+    check_total(sum(len(getattr(creq, field)) for creq in requests for field in id_lists))
+    for creq in requests:
+        for field in id_lists:
+            check_ids(field, getattr(creq, field), known)
 
 
 def check_allocation_size(size: int) -> None:

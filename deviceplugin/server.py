@@ -51,10 +51,9 @@ from deviceplugin.request_bounds import (
     MAX_RECEIVE_MESSAGE_BYTES,
     MAX_SEND_MESSAGE_BYTES,
     check_allocation_size,
-    check_container_count,
+    check_container_requests,
     check_ids,
     check_subset,
-    check_total,
 )
 from deviceplugin.units import (
     ResourceUnits,
@@ -68,6 +67,11 @@ from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from tessera.errors import ErrorTable, InputError, TesseraError
 
 log = logging.getLogger(__name__)
+
+_PREFERENCE_ID_LISTS = ("available_deviceIDs", "must_include_deviceIDs")
+"""The fields of a ContainerPreferredAllocationRequest that hold IDs."""
+_ALLOCATE_ID_LISTS = ("devices_ids",)
+"""The field of a ContainerAllocateRequest that holds IDs."""
 
 Chooser = Callable[[str, Sequence[str], Sequence[str], int], list[str] | None]
 """(resource, available, must-include, size) -> the preferred IDs, or None for the default
@@ -209,15 +213,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        known = self._state.known
         requests = request.container_requests
-        check_container_count(len(requests))
-        check_total(
-            sum(len(c.available_deviceIDs) + len(c.must_include_deviceIDs) for c in requests)
-        )
+        check_container_requests(requests, _PREFERENCE_ID_LISTS, self._state.known)
         for creq in requests:
-            check_ids("available_deviceIDs", creq.available_deviceIDs, known)
-            check_ids("must_include_deviceIDs", creq.must_include_deviceIDs, known)
             check_subset(creq.must_include_deviceIDs, creq.available_deviceIDs)
             check_allocation_size(creq.allocation_size)
         response = pb.PreferredAllocationResponse()
@@ -259,12 +257,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def Allocate(
         self, request: pb.AllocateRequest, context: grpc.ServicerContext
     ) -> pb.AllocateResponse:
-        known = self._state.known
         requests = request.container_requests
-        check_container_count(len(requests))
-        check_total(sum(len(c.devices_ids) for c in requests))
-        for creq in requests:
-            check_ids("devices_ids", creq.devices_ids, known)
+        check_container_requests(requests, _ALLOCATE_ID_LISTS, self._state.known)
         response = pb.AllocateResponse()
         for creq in requests:
             summary = allocation_summary(creq.devices_ids)
