@@ -197,10 +197,14 @@ class Extender:
         evaluation, problems = assessment.evaluation, assessment.problems
         scores = evaluation.scores
         passed = [name for name in nodes.names if name in scores]
+        # refused for the node's problem alone: counted under that reason; a node that
+        # also fails on capacity shows and counts the capacity reason, once
+        by_problem: list[str] = []
         if problems and not problems.keys().isdisjoint(passed):
             for name in passed:
                 if name in problems:
                     failed[name] = REASON_PREFIX + problems[name]
+                    by_problem.append(name)
             passed = [name for name in passed if name not in problems]
         # failures share a few NoFit objects: one text per object, then C-level passes
         failures = evaluation.failures
@@ -220,11 +224,12 @@ class Extender:
                 unresolvable.pop(name, None)
                 failed[name] = REASON_PREFIX + problems[name]
                 counts[id(UNKNOWN_NODE)] -= 1
+                by_problem.append(name)
         reasons: Counter[str] = Counter()
         for key, count in counts.items():
             if count:
                 reasons[reason_category(text_of[key])] += count
-        for name in problems.keys() & failed.keys() if problems else ():
+        for name in by_problem:
             reasons[reason_category(failed[name])] += 1
         self._count_failures(reasons)
         if passed and self.answer_best and not states_preferences(pod):

@@ -13,6 +13,7 @@ import pytest
 
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
+from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen
 from tessera import resources as rn
@@ -319,3 +320,35 @@ def test_a_new_pod_version_or_none_is_parsed_again(monkeypatch: pytest.MonkeyPat
     assert ext.filter(args(unversioned, ["a"]))["NodeNames"] == []
     smaller = pod("p", share(10, 10), uid="u2")
     assert ext.filter(args(smaller, ["a"]))["NodeNames"] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("resources", "fits_elsewhere"),
+    [({rn.GPU: 300}, False), ({rn.GPU: 100}, True), (share(30, 30), True)],
+)
+def test_each_refused_node_is_counted_once_under_one_reason(
+    resources: dict[str, Any], fits_elsewhere: bool
+) -> None:
+    """A node with a problem (no heartbeat) that would also fail on capacity, or pass, is
+    one failure in the metric, not two, whatever its shown reason."""
+    cache = make_cache({"ok": {"gpus": 1}, "busy": {"gpus": 1}, "quiet-busy": {"gpus": 1}})
+    cache.upsert_inventory("quiet", inventory_spec("quiet", gpus=1))  # no heartbeat Lease
+    occupy(cache, "hog", "busy", {rn.GPU: 100})
+    occupy(cache, "hog2", "quiet-busy", {rn.GPU: 100})
+    cache.lease_gone(heartbeat("quiet-busy"))  # its agent's heartbeat Lease is deleted
+    names = ["ok", "busy", "quiet", "quiet-busy", "ghost"]
+    metrics = Metrics()
+    reply = Extender(cache, metrics, answer="all").filter(args(pod("p", resources), names))
+    refused = {**reply["FailedNodes"], **reply["FailedAndUnresolvableNodes"]}
+    assert set(refused) | set(reply["NodeNames"]) == set(names)
+    assert ("ok" in reply["NodeNames"]) is fits_elsewhere
+    if fits_elsewhere:
+        assert "heartbeat" in refused["quiet"]
+    counted = sum(
+        s.value
+        for family in metrics.registry.collect()
+        if family.name == "tessera_scheduler_node_failures"
+        for s in family.samples
+        if s.name.endswith("_total")
+    )
+    assert counted == len(refused)
