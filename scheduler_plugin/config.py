@@ -10,13 +10,15 @@ from scheduler_plugin.extender import FILTER_ANSWERS
 from scheduler_plugin.service import Options
 from tessera.policy_registry import POLICIES
 from tessera.resources import (
-    DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
     DEFAULT_POLICY,
     HEARTBEAT_LEASE_PREFIX,
 )
 from tessera_cli.flags import FlagGroup
 from tessera_cli.values import listen_address
+
+_SERVICE = Options()
+"""The running service's own defaults: the flags below start from them."""
 
 _SERVING = FlagGroup(
     "serving and security",
@@ -44,14 +46,14 @@ class SchedulerConfig:
     listen: tuple[str, int] = _SERVING.flag(
         "address for the extender verbs and /debug/ (also /healthz, /readyz, /metrics)",
         type=listen_address,
-        default=("0.0.0.0", 8888),
+        default=(_SERVICE.host, _SERVICE.port),
         metavar="HOST:PORT",
     )
     health_listen: tuple[str, int] = _SERVING.flag(
         "plain-HTTP address for /healthz, /readyz and /metrics only (kubelet probes, "
         "Prometheus); port 0 picks a free port",
         type=listen_address,
-        default=("0.0.0.0", 8081),
+        default=(_SERVICE.health_host, 8081),
         metavar="HOST:PORT",
     )
     tls_cert_file: str | None = _SERVING.flag(
@@ -71,7 +73,7 @@ class SchedulerConfig:
         f"node names (nodeCacheCapable true); use {limits.NODE_OBJECTS_BODY_BYTES} with "
         "nodeCacheCapable false",
         type=_body_size,
-        default=limits.MAX_BODY_BYTES,
+        default=_SERVICE.max_body,
     )
 
     kubeconfig: str | None = _CLUSTER.flag(
@@ -85,11 +87,11 @@ class SchedulerConfig:
     )
     heartbeat_namespace: str = _CLUSTER.flag(
         f"namespace of the node agents' heartbeat Leases ({HEARTBEAT_LEASE_PREFIX}<node>)",
-        default=DEFAULT_HEARTBEAT_NAMESPACE,
+        default=_SERVICE.heartbeat_namespace,
     )
     heartbeat_grace: float = _CLUSTER.duration(
         "seconds past a heartbeat Lease's duration before its node takes no new pods",
-        default=5.0,
+        default=_SERVICE.heartbeat_grace,
     )
     require_heartbeat: bool = _CLUSTER.off_switch(
         "do not require node agent heartbeats (testing only)",
@@ -103,7 +105,7 @@ class SchedulerConfig:
         "seconds between batched writes of allocation summaries to NodeDevices status (each "
         "write costs the API server a whole NodeDevices object: a node taking pods "
         "continuously is written once per interval)",
-        default=10.0,
+        default=_SERVICE.status_interval,
     )
     write_status: bool = _CLUSTER.off_switch(
         "do not write allocation summaries into NodeDevices status",
@@ -123,7 +125,7 @@ class SchedulerConfig:
         "Pods that state soft preferences (preferred affinity, ScheduleAnyway spread) always "
         "get all",
         choices=FILTER_ANSWERS,
-        default="best",
+        default=_SERVICE.filter_answer,
     )
     integrity_key_file: str = _DECISIONS.flag(
         "PEM private key file, or directory of PEM keys (the Secret tessera-record-signing), "
@@ -145,13 +147,13 @@ class SchedulerConfig:
     leader_elect: bool = _HA.flag(
         "elect one leader among replicas on a Lease; only the leader is ready and answers",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=_SERVICE.leader_elect,
     )
     leader_elect_namespace: str = _HA.flag(
-        "namespace of the leader election Lease", default=DEFAULT_HEARTBEAT_NAMESPACE
+        "namespace of the leader election Lease", default=_SERVICE.leader_namespace
     )
     leader_elect_lease_name: str = _HA.flag(
-        "name of the leader election Lease", default="tessera-scheduler"
+        "name of the leader election Lease", default=_SERVICE.leader_name
     )
     leader_elect_identity: str = _HA.flag(
         "this replica's identity in the Lease (default: $POD_NAME_hostname when POD_NAME is "
@@ -160,14 +162,14 @@ class SchedulerConfig:
     )
     leader_elect_lease_duration: float = _HA.duration(
         "seconds a standby waits after the last renewal before taking over",
-        default=15.0,
+        default=_SERVICE.lease_duration,
     )
     leader_elect_renew_deadline: float = _HA.duration(
         "seconds the leader keeps leading without a successful renewal",
-        default=10.0,
+        default=_SERVICE.renew_deadline,
     )
     leader_elect_retry_period: float = _HA.duration(
-        "seconds between election attempts and renewals", default=2.0
+        "seconds between election attempts and renewals", default=_SERVICE.retry_period
     )
     # the flags every program shares (tessera_edge.logs)
     log_format: str

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Options:
+    """What a running extender needs. tessera-scheduler's flags start from these defaults;
+    an embedder (tests, the demo, benchmarks) builds one directly. Two differ on the command
+    line: the policy (the flag defaults to the project's default policy) and the health
+    port (the flag serves one, on 8081)."""
+
     host: str = "0.0.0.0"
     port: int = 8888
     policy: str = "binpack"

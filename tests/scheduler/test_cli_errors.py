@@ -3,6 +3,7 @@ stderr naming the flag and what is wrong, exit status 2, no traceback."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,10 @@ from pathlib import Path
 import pytest
 
 from scheduler_plugin.cli import build_parser, main
+from scheduler_plugin.config import SchedulerConfig
+from scheduler_plugin.service import Options
+from tessera.resources import DEFAULT_POLICY
+from tessera_cli.parser import config_from
 from tests.scheduler.helpers import ROOT
 
 
@@ -117,3 +122,12 @@ def test_open_and_loopback_flags_parse(files: dict[str, str]) -> None:
     parser = build_parser()
     args = parser.parse_args(["--listen=[::1]:8443", "--health-listen=:0"])
     assert args.listen == ("::1", 8443) and args.health_listen == ("0.0.0.0", 0)
+
+
+def test_the_flags_default_to_what_the_service_defaults_to() -> None:
+    """One place for each default: the command line starts from the service's own
+    defaults, apart from the two it documents (policy, health port)."""
+    config = config_from(SchedulerConfig, build_parser().parse_args([]))
+    from_flags = dataclasses.replace(config.service, policy="binpack", health_port=None)
+    assert from_flags == Options()
+    assert config.policy == DEFAULT_POLICY and config.health_listen[1] == 8081
