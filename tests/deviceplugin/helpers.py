@@ -27,6 +27,13 @@ def make_agent(
     return Agent(AgentConfig(**settings), backend, backend), backend
 
 
+def captured_request(vectors: Path, method: str) -> bytes:
+    """The request a real kubelet sent to `method`, as captured: the file `NNN-<method>.pb`
+    (NNN numbers the calls in the order it made them)."""
+    (path,) = vectors.glob(f"[0-9][0-9][0-9]-{method}.pb")
+    return path.read_bytes()
+
+
 @contextmanager
 def running(agent: Agent) -> Iterator[Agent]:
     agent.start()

@@ -36,6 +36,7 @@ from fuzz.surface_deviceplugin import (
 )
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.resources import GPU_CORE, GPU_MEMORY
+from tests.deviceplugin.helpers import captured_request
 
 OK = grpc.StatusCode.OK
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -64,16 +65,9 @@ def _preferred(available: list[str], must: list[str], size: int, containers: int
 
 
 def test_the_captured_requests_are_rebuilt_byte_for_byte(vectors: Path) -> None:
-    files = {
-        "GetDevicePluginOptions": "002-GetDevicePluginOptions.pb",
-        "ListAndWatch": "003-ListAndWatch.pb",
-        "GetPreferredAllocation": "004-GetPreferredAllocation.pb",
-        "Allocate": "005-Allocate.pb",
-        "PreStartContainer": "006-PreStartContainer.pb",
-    }
     ours = captured_requests()
-    for method, name in files.items():
-        assert ours[method] == (vectors / name).read_bytes(), method
+    for method in METHODS:
+        assert ours[method] == captured_request(vectors, method), method
 
 
 def test_the_captured_requests_with_our_ids_are_answered(node: Target) -> None:

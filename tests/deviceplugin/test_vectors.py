@@ -19,7 +19,7 @@ from deviceplugin.server import API_VERSION
 from fuzz.surface_deviceplugin import captured_id
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera_testbed.kubelet import KubeletSimulator
-from tests.deviceplugin.helpers import make_agent, running
+from tests.deviceplugin.helpers import captured_request, make_agent, running
 
 REQUESTS: dict[str, type[Message]] = {
     "001-Register-sent": pb.RegisterRequest,
@@ -141,19 +141,14 @@ def test_captured_requests_replayed_against_our_server(
         kubelet.wait_registered(["tessera.dev/gpu-core"])
         endpoint = kubelet.endpoint("tessera.dev/gpu-core")
 
-        raw = endpoint.call_raw(
-            "GetDevicePluginOptions", (vectors / "002-GetDevicePluginOptions.pb").read_bytes()
-        )
+        method = "GetDevicePluginOptions"
+        raw = endpoint.call_raw(method, captured_request(vectors, method))
         assert pb.DevicePluginOptions.FromString(raw).get_preferred_allocation_available
 
         # as captured, the IDs are not this plugin's: refused, nothing counted
-        for name, method in [
-            ("004-GetPreferredAllocation", "GetPreferredAllocation"),
-            ("005-Allocate", "Allocate"),
-            ("006-PreStartContainer", "PreStartContainer"),
-        ]:
+        for method in ("GetPreferredAllocation", "Allocate", "PreStartContainer"):
             with pytest.raises(grpc.RpcError) as refused:
-                endpoint.call_raw(method, (vectors / f"{name}.pb").read_bytes())
+                endpoint.call_raw(method, captured_request(vectors, method))
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "unknown device ID 'gpu0-core-" in (refused.value.details() or "")
         assert agent.manager is not None
