@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kubectl_tessera.cli import main
+from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
-from tests.scheduler.helpers import pod, schedule, serving, share, wait_for
+from tests.scheduler.helpers import Http, pod, schedule, serving, share, wait_for
 
 WHOLE = {rn.GPU: 400}
 """Four whole GPUs."""
@@ -47,6 +49,18 @@ def status_written(fake: FakeApiServer, node: str, check: Callable[[Any], object
     wait_for(lambda: check(fake.get("nodedevices", node).get("status", {}).get("allocation")))
 
 
+@contextmanager
+def scheduling(
+    fake: FakeApiServer, *placements: tuple[dict[str, Any], str], **options: Any
+) -> Iterator[tuple[Service, Http]]:
+    """tessera-scheduler serving `fake` (`options` as in `serving`), each pod of
+    `placements` scheduled as kube-scheduler would, offered its node alone: it must land."""
+    with serving(fake, **options) as (service, h):
+        for obj, node in placements:
+            assert schedule(h, fake, obj, [node]) == node, obj["metadata"]["name"]
+        yield service, h
+
+
 @pytest.fixture
 def cluster(fake: FakeApiServer) -> FakeApiServer:
     """h100 (8x H100, 4 NICs) and t4 (4x T4), both alive; a silent a100 node."""
@@ -60,9 +74,7 @@ def test_nodes_shows_devices_allocation_fencing_and_heartbeat(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with serving(fake) as (_service, h):
-        assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
-        assert schedule(h, fake, pod("b", WHOLE), ["h100"]) == "h100"
+    with scheduling(fake, (pod("a", share(40, 50)), "t4"), (pod("b", WHOLE), "h100")):
         # a record altered after the bind: the scheduler fences the node
         bound(fake, "forged", "h100", "{not a record")
         status_written(fake, "h100", lambda s: s and s["fenced"])
@@ -153,10 +165,8 @@ def test_pods_lists_grants_per_container_and_invalid_records(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with serving(fake) as (service, h):
-        assert schedule(h, fake, pod("a", share(40, 50)), ["t4"]) == "t4"
-        nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
-        assert schedule(h, fake, nic_pod, ["h100"]) == "h100"
+    nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
+    with scheduling(fake, (pod("a", share(40, 50)), "t4"), (nic_pod, "h100")) as (service, _h):
         wait_for(lambda: not service.cache.assumed())
     record_a = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
     bound(fake, "copied", "t4", record_a)  # another pod's record: wrong UID and name
@@ -201,10 +211,9 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
     cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake = cluster
-    with serving(fake, filter_answer="all") as (service, h):
-        for i in range(3):  # 6 of the H100s taken, 2 left
-            assert schedule(h, fake, pod(f"w{i}", {rn.GPU: 200}), ["h100"]) == "h100"
-        assert schedule(h, fake, pod("s", share(80, 90)), ["t4"]) == "t4"
+    busy = [(pod(f"w{i}", {rn.GPU: 200}), "h100") for i in range(3)]  # 6 H100s taken, 2 left
+    busy.append((pod("s", share(80, 90)), "t4"))
+    with scheduling(fake, *busy, filter_answer="all") as (service, h):
         wait_for(lambda: not service.cache.assumed())
         nodes = ["h100", "t4", "a100"]
         cases = {
