@@ -107,11 +107,12 @@ def measure(nodes: int, policy_name: str, decisions: int) -> list[float]:
 
 def run(ctx: BenchContext) -> list[Result]:
     results: list[Result] = []
-    sizes = ((500, 2.0), (5000, 10.0))
-    for nodes, target in sizes:
-        decisions = (
-            (200 if nodes >= 5000 else 500) if ctx.quick else (1000 if nodes >= 5000 else 2000)
-        )
+    # (nodes, target p99 ms, decisions measured)
+    sizes = (
+        (500, 2.0, ctx.sized(quick=500, full=2000)),
+        (5000, 10.0, ctx.sized(quick=200, full=1000)),
+    )
+    for nodes, target, decisions in sizes:
         for policy in (DEFAULT_POLICY, POLICY_BINPACK):
             samples = measure(nodes, policy, decisions)
             ms = [s * 1000 for s in samples]

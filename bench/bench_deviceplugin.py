@@ -65,8 +65,8 @@ def _rss_mb(pid: int) -> float:
 
 
 def _allocate_and_restarts(ctx: BenchContext) -> list[Result]:
-    calls = 300 if ctx.quick else 3000
-    restarts = 3 if ctx.quick else 10
+    calls = ctx.sized(quick=300, full=3000)
+    restarts = ctx.sized(quick=3, full=10)
     with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp:
         plugin_dir = Path(tmp)
         kubelet = KubeletSimulator(plugin_dir)

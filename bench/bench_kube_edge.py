@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchContext, Result
+from bench.common import BenchContext, Result, serving_child
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = 500
@@ -251,23 +251,12 @@ def _child(*args: str) -> str:
 
 
 def compare(pods: int, events: int) -> dict[str, dict[str, float]]:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_kube_edge", "--serve", str(pods), str(events)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+    with serving_child("bench.bench_kube_edge", "--serve", str(pods), str(events)) as url:
         return {which: json.loads(_child(f"--{which}", url)) for which in ("ours", "official")}
-    finally:
-        server.kill()
-        server.wait()
 
 
 def run(ctx: BenchContext) -> list[Result]:
-    pods, events = (15_000, 2_000) if ctx.quick else (150_000, 20_000)
+    pods, events = ctx.sized(quick=(15_000, 2_000), full=(150_000, 20_000))
     figures = compare(pods, events)
     results = []
     for which, label in (

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.bench_scheduler import _start_fake_api, create_nodes, create_signed_pods
+from bench.bench_scheduler import create_nodes, create_signed_pods, fake_api
 from bench.common import BenchContext, Result
 from tessera_testbed.apiserver import write_kubeconfig
 
@@ -33,8 +33,7 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
     from tessera.record import Keyring
 
     keyring = Keyring.generate("bench")
-    proc, url = _start_fake_api()
-    try:
+    with fake_api() as url:
         setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
         create_signed_pods(setup, names, pods_per_node, keyring)
@@ -62,13 +61,10 @@ def timings(nodes: int, pods_per_node: int) -> dict[str, float]:
                 result[label] = time.perf_counter() - started
                 assert code == 0, (label, out.getvalue()[-500:])
         return result
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def run(ctx: BenchContext) -> list[Result]:
-    nodes, per_node = (50, 4) if ctx.quick else (500, 8)
+    nodes, per_node = ctx.sized(quick=(50, 4), full=(500, 8))
     measured = timings(nodes, per_node)
     return [
         Result(

@@ -129,8 +129,8 @@ async def _throughput(
 
 
 async def _bench(ctx: BenchContext) -> list[Result]:
-    sequential = 300 if ctx.quick else 3000
-    seconds = 2.0 if ctx.quick else 8.0
+    sequential = ctx.sized(quick=300, full=3000)
+    seconds = ctx.sized(quick=2.0, full=8.0)
     with tempfile.TemporaryDirectory(prefix="nri-bench-", dir="/tmp") as scratch:
         base = Path(scratch)
         root = _device_root(base)

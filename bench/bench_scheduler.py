@@ -18,10 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchContext, Result, percentile
+from bench.common import BenchContext, Result, percentile, serving_child
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS_PER_NODE = 8
@@ -210,17 +211,10 @@ def filter_prioritize_latency(nodes: int, rounds: int) -> list[float]:
 # --- binds ----------------------------------------------------------------------------------------
 
 
-def _start_fake_api() -> tuple[subprocess.Popen[str], str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tessera_testbed.apiserver", "--history", "20000"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}"
+def fake_api() -> AbstractContextManager[str]:
+    """The simulated API server in a child process (a watch history long enough for every
+    benchmark here); its URL."""
+    return serving_child("tessera_testbed.apiserver", "--history", "20000")
 
 
 def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
@@ -231,8 +225,7 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
     from tessera.record import Keyring
     from tessera_testbed.inventory import heartbeat_lease
 
-    proc, url = _start_fake_api()
-    try:
+    with fake_api() as url:
         setup = KubeClient.for_host(url)
         for n in range(nodes):
             name = f"node-{n:03d}"
@@ -292,9 +285,6 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
         if errors:
             raise RuntimeError(f"{len(errors)} binds failed, e.g. {errors[0]}")
         return binds / cpu, binds / wall
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def client_cost(calls: int = 300) -> tuple[float, float]:
@@ -304,8 +294,7 @@ def client_cost(calls: int = 300) -> tuple[float, float]:
 
     from kube_edge.client import KubeClient, pod_path
 
-    proc, url = _start_fake_api()
-    try:
+    with fake_api() as url:
         thin = KubeClient.for_host(url)
         names = [f"c{i}" for i in range(2 * calls)]
         for name in names:
@@ -338,9 +327,6 @@ def client_cost(calls: int = 300) -> tuple[float, float]:
             api.create_namespaced_binding("default", body, _preload_content=False)
         theirs = (time.process_time() - start) * 1000 / calls
         return ours, theirs
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 # --- memory ---------------------------------------------------------------------------------------
@@ -399,7 +385,7 @@ def rss_at_5000() -> float:
 
 
 def run(ctx: BenchContext) -> list[Result]:
-    rounds = 50 if ctx.quick else 300
+    rounds = ctx.sized(quick=50, full=300)
     results = []
     for nodes, target in ((500, 5.0), (5000, 15.0)):
         samples = filter_prioritize_latency(nodes, rounds)
@@ -418,7 +404,7 @@ def run(ctx: BenchContext) -> list[Result]:
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})  # the API server process inherits it
     try:
-        per_cpu, per_wall = bind_rate(200 if ctx.quick else 1000)
+        per_cpu, per_wall = bind_rate(ctx.sized(quick=200, full=1000))
     finally:
         os.sched_setaffinity(0, cpus)
     results.append(
@@ -436,7 +422,7 @@ def run(ctx: BenchContext) -> list[Result]:
             ),
         )
     )
-    ours, theirs = client_cost(100 if ctx.quick else 300)
+    ours, theirs = client_cost(ctx.sized(quick=100, full=300))
     results.append(
         Result(
             "bind API calls, thin client",

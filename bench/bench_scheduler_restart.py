@@ -14,10 +14,10 @@ import json
 import time
 
 from bench.bench_scheduler import (
-    _start_fake_api,
     create_nodes,
     create_running_pod,
     create_signed_pods,
+    fake_api,
 )
 from bench.common import BenchContext, Result
 
@@ -38,8 +38,7 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
     from tessera.record import Keyring
 
     keyring = Keyring.generate("bench")
-    proc, url = _start_fake_api()
-    try:
+    with fake_api() as url:
         setup = KubeClient.for_host(url)
         names = create_nodes(setup, nodes)
         records = create_signed_pods(setup, names, pods_per_node, keyring)
@@ -64,13 +63,10 @@ def restart_time(nodes: int, pods_per_node: int, poison: int) -> tuple[float, se
         finally:
             service.stop()
         return ready, fenced
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def run(ctx: BenchContext) -> list[Result]:
-    nodes, per_node, poison = (50, 4, 60) if ctx.quick else (500, 8, 600)
+    nodes, per_node, poison = ctx.sized(quick=(50, 4, 60), full=(500, 8, 600))
     ready, fenced = restart_time(nodes, per_node, poison)
     assert fenced == {"node-0000"}, fenced
     return [

@@ -24,7 +24,7 @@ def run(ctx: BenchContext) -> list[Result]:
     if not nodes.exists() or not pods.exists():
         return [Result("openb traces not found (skipped)", 0, "", note=str(ctx.openb))]
     trace = Trace.load(nodes, pods)
-    seeds = (42,) if ctx.quick else (42, 43, 44)
+    seeds = ctx.sized(quick=(42,), full=(42, 43, 44))
     results: list[Result] = []
     for policy in (DEFAULT_POLICY, "fgd"):
         # CPU time of the one process: on a shared machine the wall clock also counts

@@ -1,12 +1,22 @@
-"""Shared pieces of the benchmarks: the context and the result record."""
+"""Shared pieces of the benchmarks: the context, the result record, and a server in a
+child process."""
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
-from collections.abc import Sequence
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+ROOT = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -14,6 +24,11 @@ class BenchContext:
     openb: Path
     """Folder of the openb traces (read in place; never copied into the repository)."""
     quick: bool = False
+
+    def sized(self, quick: T, full: T) -> T:
+        """The sizes for this run: `quick` ones for `make bench-quick` (no verdict, it only
+        has to run), `full` ones for the figures `make bench` judges."""
+        return quick if self.quick else full
 
 
 @dataclass(frozen=True)
@@ -52,3 +67,23 @@ def percentile(samples: Sequence[float], pct: float) -> float:
 
 def mean(samples: Sequence[float]) -> float:
     return statistics.fmean(samples) if samples else math.nan
+
+
+@contextmanager
+def serving_child(module: str, *args: str) -> Iterator[str]:
+    """`python -m module args...` in a child process, a server that prints the port it
+    listens on as its first line: its URL for the block, the child killed after it (a
+    benchmark's server holds nothing that needs a clean exit)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
+    try:
+        assert proc.stdout is not None
+        yield f"http://127.0.0.1:{int(proc.stdout.readline())}"
+    finally:
+        proc.kill()
+        proc.wait()
