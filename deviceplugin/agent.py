@@ -24,10 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deviceplugin.backend import GpuBackend, NicSource, XidEvent
-from deviceplugin.health import HealthTracker, XidPolicy
-from deviceplugin.inventory import InventoryPublisher
+from deviceplugin.health import (
+    DEFAULT_QUERY_INTERVAL_S,
+    DEFAULT_QUIET_PERIOD_S,
+    HealthTracker,
+    XidPolicy,
+)
+from deviceplugin.inventory import DEFAULT_RESYNC_INTERVAL_S, InventoryPublisher
 from deviceplugin.rdma import port_health
-from deviceplugin.server import DEFAULT_PLUGIN_DIR, PluginManager
+from deviceplugin.server import DEFAULT_PLUGIN_DIR, DEFAULT_SOCKET_POLL_S, PluginManager
 from deviceplugin.units import (
     ResourceUnits,
     UnitConfig,
@@ -52,15 +57,11 @@ class AgentConfig:
     plugin_dir: Path = Path(DEFAULT_PLUGIN_DIR)
     kubelet_socket: Path | None = None
     xid_policy: XidPolicy = field(default_factory=XidPolicy)
-    quiet_period_s: float = 300.0
-    """A GPU marked unhealthy comes back after answering normally for this long (0: never)."""
-    query_interval_s: float = 5.0
-    """How often every GPU is queried and every NIC's ports re-read (0: never)."""
+    quiet_period_s: float = DEFAULT_QUIET_PERIOD_S
+    query_interval_s: float = DEFAULT_QUERY_INTERVAL_S
     event_timeout_s: float = 1.0
-    poll_interval_s: float = 0.1
-    """How often the plugin sockets and kubelet.sock are checked (kubelet restarts)."""
-    resync_interval_s: float = 300.0
-    """How often the NodeDevices object and labels are compared with the API server."""
+    poll_interval_s: float = DEFAULT_SOCKET_POLL_S
+    resync_interval_s: float = DEFAULT_RESYNC_INTERVAL_S
     retry_interval_s: float = 5.0
     """Wait after a failed API call before the next attempt."""
 

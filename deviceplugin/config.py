@@ -8,9 +8,22 @@ import socket
 from dataclasses import dataclass
 
 from deviceplugin.backend import BACKENDS
-from deviceplugin.health import DEFAULT_IGNORED_XIDS, parse_xid_list
-from deviceplugin.inventory import DEFAULT_HEARTBEAT_INTERVAL_S, DEFAULT_LEASE_DURATION_S
-from deviceplugin.server import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
+from deviceplugin.health import (
+    DEFAULT_IGNORED_XIDS,
+    DEFAULT_QUERY_INTERVAL_S,
+    DEFAULT_QUIET_PERIOD_S,
+    parse_xid_list,
+)
+from deviceplugin.inventory import (
+    DEFAULT_HEARTBEAT_INTERVAL_S,
+    DEFAULT_LEASE_DURATION_S,
+    DEFAULT_RESYNC_INTERVAL_S,
+)
+from deviceplugin.server import (
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_POD_RESOURCES_SOCKET,
+    DEFAULT_SOCKET_POLL_S,
+)
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
@@ -99,7 +112,7 @@ class DevicePluginConfig:
     )
     socket_poll_interval: float = _KUBELET.duration(
         "how often the sockets are checked for a kubelet restart. Default: %(default)s.",
-        default=0.1,
+        default=DEFAULT_SOCKET_POLL_S,
     )
     pod_resources_socket: str = _KUBELET.flag(
         "the kubelet's pod-resources socket (<kubelet root dir>/pod-resources/kubelet.sock): "
@@ -132,13 +145,13 @@ class DevicePluginConfig:
     health_query_interval: float = _HEALTH.duration(
         "how often each GPU is queried and each NIC's ports re-read; 0 turns the queries off "
         "(and with them recovery, which needs normal answers). Default: %(default)s.",
-        default=5.0,
+        default=DEFAULT_QUERY_INTERVAL_S,
         allow_zero=True,
     )
     health_recovery_seconds: float = _HEALTH.duration(
         "quiet period after which an unhealthy GPU that answers NVML normally is Healthy "
         "again; 0 keeps it unhealthy until the agent restarts. Default: %(default)s.",
-        default=300.0,
+        default=DEFAULT_QUIET_PERIOD_S,
         allow_zero=True,
     )
 
@@ -179,7 +192,7 @@ class DevicePluginConfig:
     resync_interval: float = _INVENTORY.duration(
         "how often the NodeDevices object and labels are compared with the API server even "
         "when nothing changed. Default: %(default)s.",
-        default=300.0,
+        default=DEFAULT_RESYNC_INTERVAL_S,
     )
 
     print_inventory: bool = _OUTPUT.switch(

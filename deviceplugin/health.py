@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+DEFAULT_QUERY_INTERVAL_S = 5.0
+"""How often every GPU is queried and every NIC's ports re-read (0: never)."""
+DEFAULT_QUIET_PERIOD_S = 300.0
+"""A GPU marked unhealthy comes back after answering normally for this long (0: never)."""
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 """Application-level XIDs (the GPU itself is fine): graphics engine exception, memory page
 fault, GPU stopped processing, preemptive cleanup, video processor exception, context switch

@@ -49,6 +49,8 @@ MIXED_MODELS = "mixed"
 """The model in the summary and the label when a node has GPUs of several models."""
 DEFAULT_LEASE_DURATION_S = 40
 DEFAULT_HEARTBEAT_INTERVAL_S = 10.0
+DEFAULT_RESYNC_INTERVAL_S = 300.0
+"""How often the NodeDevices object and labels are compared with the API server."""
 LEASE_API = "/apis/coordination.k8s.io/v1"
 
 

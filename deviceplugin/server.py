@@ -79,6 +79,8 @@ choice. Must not raise (record_pods.RecordChooser logs and returns None instead)
 
 API_VERSION = "v1beta1"
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_SOCKET_POLL_S = 0.1
+"""How often the plugin sockets and kubelet.sock are checked (kubelet restarts)."""
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 """The kubelet's pod-resources API (v1 PodResourcesLister) under its default root dir."""
 KUBELET_SOCKET_NAME = "kubelet.sock"
