@@ -275,7 +275,13 @@ def restrict_case(case: VectorCase, rows: IntArray, sub: IntArray) -> VectorCase
     """The case restricted to the rows `sub` (a subset of `rows`)."""
     if sub is rows or isinstance(case, HostCase):
         return case
-    pos = case_positions(rows, sub)
+    return case_at(case, case_positions(rows, sub))
+
+
+def case_at(case: VectorCase, pos: IntArray) -> VectorCase:
+    """The case restricted to the rows at positions `pos` of its rows."""
+    if isinstance(case, HostCase):
+        return case
     if isinstance(case, WholeCase):
         return WholeCase(
             case.count, case.free_whole[pos], case.cpu_milli, case.memory_mib, case.shape

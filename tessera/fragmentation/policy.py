@@ -22,6 +22,7 @@ from tessera.scoring_policy import (
     ShareCase,
     VectorCase,
     WholeCase,
+    case_at,
     case_positions,
 )
 
@@ -426,12 +427,12 @@ class FragmentationPolicy(Policy):
         sub, sub_pos = stale[fit], pos[fit]
         alike = _alike_rows(index, sub) if sub.size >= _DEDUP_ROWS else None
         if alike is None:
-            raw = self._raw_scores(index, sub, _restrict(case, sub_pos), prot, base)
+            raw = self._raw_scores(index, sub, case_at(case, sub_pos), prot, base)
         else:
             # rows in the same state score alike but for the node order: score one of
             # each (the case's per-row arrays follow from the row's state too)
             first, inverse = alike
-            raw = self._raw_scores(index, sub[first], _restrict(case, sub_pos[first]), prot, base)[
+            raw = self._raw_scores(index, sub[first], case_at(case, sub_pos[first]), prot, base)[
                 inverse
             ]
         final = self._final(raw, self._priorities(index, sub))
@@ -587,19 +588,6 @@ def _positions(index: ClusterIndex, rows: IntArray, sub: IntArray) -> IntArray:
             return sub
         return np.searchsorted(rows, sub)
     return case_positions(rows, sub)
-
-
-def _restrict(case: VectorCase, pos: IntArray) -> VectorCase:
-    """The case restricted to the rows at positions `pos`."""
-    if isinstance(case, HostCase):
-        return case
-    if isinstance(case, WholeCase):
-        return WholeCase(
-            case.count, case.free_whole[pos], case.cpu_milli, case.memory_mib, case.shape
-        )
-    return ShareCase(
-        case.core, case.need[pos], case.fits[pos], case.cpu_milli, case.memory_mib, case.shape
-    )
 
 
 def _may_fit(index: ClusterIndex, sub: IntArray, pos: IntArray, case: VectorCase) -> BoolArray:
