@@ -31,6 +31,7 @@ import collections
 import contextlib
 import logging
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 from tessera.errors import TesseraError
@@ -60,6 +61,24 @@ _READ_CHUNK: Final = 64 * 1024
 
 class MuxError(TesseraError, ConnectionError):
     """The trunk broke the protocol or overflowed a queue; the mux is closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class MuxLimits:
+    """What a mux lets wait before it closes the trunk, and how it cuts writes (tests
+    shrink them)."""
+
+    queue_len: int = QUEUE_LEN
+    """Frames one connection may hold unread."""
+    max_queued_bytes: int = MAX_QUEUED_BYTES
+    """Payload bytes one connection may hold unread."""
+    max_write_buffer: int = MAX_WRITE_BUFFER
+    """Bytes that may wait unsent for a peer that stops reading."""
+    first_frame_limit: int = GO_READ_BUFFER
+    """Bytes of a write's first frame (the Go peer's read buffer)."""
+
+
+_LIMITS: Final = MuxLimits()
 
 
 def split_payload(
@@ -124,18 +143,11 @@ class Mux:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-        *,
-        queue_len: int = QUEUE_LEN,
-        max_queued_bytes: int = MAX_QUEUED_BYTES,
-        max_write_buffer: int = MAX_WRITE_BUFFER,
-        first_frame_limit: int = GO_READ_BUFFER,
+        limits: MuxLimits = _LIMITS,
     ) -> None:
         self._reader = reader
         self._writer = writer
-        self._queue_len = queue_len
-        self._max_queued_bytes = max_queued_bytes
-        self._max_write_buffer = max_write_buffer
-        self._first = first_frame_limit
+        self.limits = limits
         self._conns: dict[int, MuxConn] = {}
         self._error: Exception | None = None
         self._closed = asyncio.Event()
@@ -185,10 +197,11 @@ class Mux:
     def _write(self, conn_id: int, data: bytes) -> None:
         if self._closed.is_set() or self._writer.is_closing():
             raise ConnectionResetError("mux is closed")
-        frames = encode_frames(conn_id, data, self._first)
-        if self._writer.transport.get_write_buffer_size() + len(frames) > self._max_write_buffer:
+        limits = self.limits
+        frames = encode_frames(conn_id, data, limits.first_frame_limit)
+        if self._writer.transport.get_write_buffer_size() + len(frames) > limits.max_write_buffer:
             error = MuxError(
-                f"the peer is not reading: over {self._max_write_buffer} bytes unsent; "
+                f"the peer is not reading: over {limits.max_write_buffer} bytes unsent; "
                 "closing the trunk"
             )
             log.warning("%s", error)
@@ -245,10 +258,10 @@ class MuxConn:
         self._ended = False
 
     def _deliver(self, payload: bytes) -> bool:
-        mux = self._mux
+        limits = self._mux.limits
         if (
-            len(self._queue) >= mux._queue_len
-            or self._queued_bytes + len(payload) > mux._max_queued_bytes
+            len(self._queue) >= limits.queue_len
+            or self._queued_bytes + len(payload) > limits.max_queued_bytes
         ):
             return False
         self._queue.append(payload)

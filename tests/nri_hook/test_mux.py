@@ -19,6 +19,7 @@ from nri_hook.mux import (
     MuxConn,
     MuxDecoder,
     MuxError,
+    MuxLimits,
     encode_frames,
     split_payload,
 )
@@ -92,7 +93,7 @@ async def _pair(**kwargs: int) -> tuple[Mux, Mux]:
     a, b = socket.socketpair()
     ra, wa = await asyncio.open_unix_connection(sock=a)
     rb, wb = await asyncio.open_unix_connection(sock=b)
-    return Mux(ra, wa, **kwargs), Mux(rb, wb)
+    return Mux(ra, wa, MuxLimits(**kwargs)), Mux(rb, wb)
 
 
 Echo = Callable[[api_pb2.KeyValue, CallContext], Awaitable[api_pb2.KeyValue]]
@@ -217,7 +218,7 @@ def test_a_peer_that_stops_reading_gets_the_trunk_closed() -> None:
     async def body() -> None:
         a, b = socket.socketpair()
         ra, wa = await asyncio.open_unix_connection(sock=a)
-        left = Mux(ra, wa, max_write_buffer=256 << 10)
+        left = Mux(ra, wa, MuxLimits(max_write_buffer=256 << 10))
         _peer = await asyncio.open_unix_connection(sock=b)  # never reads
         conn = left.open(1)
         with pytest.raises(ConnectionResetError):
