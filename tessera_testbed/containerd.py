@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Final, TypeVar, cast
 
 from google.protobuf.message import Message
@@ -175,34 +175,24 @@ class PluginConnection:
         self.mux.close()
 
 
+@dataclass(eq=False)
 class RuntimeSimulator:
     """Accepts plugin connections on `socket_path` (or on a socket given to `attach`)."""
 
-    def __init__(
-        self,
-        socket_path: str | None = None,
-        *,
-        version: RuntimeVersion = CONTAINERD_2_3,
-        registration_timeout: float = 5.0,
-        request_timeout: float = 2.0,
-        sync_pods: Sequence[api.PodSandbox] = (),
-        sync_containers: Sequence[api.Container] = (),
-        sync_chunk: int = 0,
-        external: bool = True,
-    ) -> None:
-        self.socket_path = socket_path
-        self.version = version
-        self.registration_timeout = registration_timeout
-        self.request_timeout = request_timeout
-        self.sync_pods = list(sync_pods)
-        self.sync_containers = list(sync_containers)
-        self.sync_chunk = sync_chunk
-        """Objects per Synchronize message; 0: everything in one message."""
-        self.external = external
-        self._server: asyncio.base_events.Server | None = None
-        self._ready: asyncio.Queue[PluginConnection] = asyncio.Queue()
-        self.dropped: list[str] = []
-        self._tasks: set[asyncio.Task[None]] = set()
+    socket_path: str | None = None
+    _: KW_ONLY
+    version: RuntimeVersion = CONTAINERD_2_3
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+    sync_pods: Sequence[api.PodSandbox] = ()
+    sync_containers: Sequence[api.Container] = ()
+    sync_chunk: int = 0
+    """Objects per Synchronize message; 0: everything in one message."""
+    external: bool = True
+    dropped: list[str] = field(default_factory=list, init=False)
+    _server: asyncio.base_events.Server | None = field(default=None, init=False)
+    _ready: asyncio.Queue[PluginConnection] = field(default_factory=asyncio.Queue, init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     async def start(self) -> None:
         assert self.socket_path is not None
