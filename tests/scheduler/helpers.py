@@ -111,6 +111,16 @@ def serving(
         yield service, Http(service.server.port)
 
 
+@contextmanager
+def serving_nodes(
+    fake: FakeApiServer, nodes: list[str], gpus: int
+) -> Iterator[tuple[Service, Http]]:
+    """`populate` with `gpus` GPUs a node, then `serving`: the usual start of a test."""
+    populate(fake, nodes, gpus=gpus)
+    with serving(fake) as (service, http_):
+        yield service, http_
+
+
 class Http:
     """A keep-alive HTTP client for one server, like kube-scheduler's."""
 
@@ -152,6 +162,11 @@ def node_summary(service: Service, name: str) -> dict[str, Any]:
     return summary
 
 
+def used_core(service: Service, node: str, slot: int = 0) -> int:
+    """The compute (percent of a GPU) the cache counts as used on GPU `slot` of `node`."""
+    return int(node_summary(service, node)["gpus"][slot]["core"]["used"])
+
+
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -180,15 +195,18 @@ def schedule(http_: Http, fake: FakeApiServer, obj: dict[str, Any], nodes: list[
         best = max(scores, key=lambda s: (s["Score"], -passed.index(s["Host"])))["Host"]
     else:
         best = passed[0]
-    meta = created["metadata"]
-    status, bound = http_.post(
-        "/bind",
-        {
-            "PodName": meta["name"],
-            "PodNamespace": meta["namespace"],
-            "PodUID": meta["uid"],
-            "Node": best,
-        },
-    )
+    status, bound = http_.post("/bind", bind_body(created, best))
     assert status == 200
     return None if bound["Error"] else best
+
+
+def bind_body(created: dict[str, Any], node: str) -> dict[str, str]:
+    """What kube-scheduler sends to bind `created` (a pod as the API server returned it)
+    to `node` (its ExtenderBindingArgs)."""
+    meta = created["metadata"]
+    return {
+        "PodName": meta["name"],
+        "PodNamespace": meta["namespace"],
+        "PodUID": meta["uid"],
+        "Node": node,
+    }

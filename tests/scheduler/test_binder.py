@@ -14,25 +14,16 @@ from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
     Http,
-    node_summary,
+    bind_body,
     pod,
     populate,
     running,
     schedule,
-    serving,
+    serving_nodes,
     share,
+    used_core,
     wait_for,
 )
-
-
-def bind_body(created: dict[str, Any], node: str) -> dict[str, str]:
-    meta = created["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
 
 
 def record_of(fake: FakeApiServer, name: str) -> tuple[str | None, dict[str, Any]]:
@@ -41,8 +32,7 @@ def record_of(fake: FakeApiServer, name: str) -> tuple[str | None, dict[str, Any
 
 
 def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (_service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as (_service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
         before = len(fake.writes())
         status, result = http.post("/bind", bind_body(created, "n"))
@@ -56,8 +46,7 @@ def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiSe
 
 
 def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, http):
         created = fake.create("pods", pod("p", share(100, 100)))
         fake.fail("/pods/p/binding", status=500, times=1)
         _status, result = http.post("/bind", bind_body(created, "n"))
@@ -65,7 +54,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiSe
         assert service.cache.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
-        assert node_summary(service, "n")["gpus"][0]["core"]["used"] == 0
+        assert used_core(service, "n") == 0
         # the devices are free again: the retry gets them
         _status, result = http.post("/bind", bind_body(created, "n"))
         assert result["Error"] == ""
@@ -73,8 +62,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiSe
 
 
 def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
         fake.fail("/pods/p/binding", status=504, after_apply=True)
         _status, result = http.post("/bind", bind_body(created, "n"))
@@ -87,8 +75,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer
 
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=2)
-    with serving(fake) as (_service, http):
+    with serving_nodes(fake, ["n"], gpus=2) as (_service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 200}))
         _status, result = http.post("/bind", bind_body(created, "n"))
         assert result["Error"] == ""
@@ -99,8 +86,7 @@ def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) ->
 
 
 def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiServer) -> None:
-    populate(fake, ["n", "quiet"], gpus=1)
-    with serving(fake) as (service, http):
+    with serving_nodes(fake, ["n", "quiet"], gpus=1) as (service, http):
         created = fake.create("pods", pod("p", {rn.GPU: 100}))
         wrong = bind_body(created, "n") | {"PodUID": "not-the-uid"}
         assert "is not UID" in http.post("/bind", wrong)[1]["Error"]
@@ -147,15 +133,13 @@ def test_parallel_binds_on_one_node_never_share_a_device(fake: FakeApiServer) ->
 
 
 def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake: FakeApiServer) -> None:
-    populate(fake, ["a", "b"], gpus=1)
-    with serving(fake) as (_service, http):
+    with serving_nodes(fake, ["a", "b"], gpus=1) as (_service, http):
         placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
         assert sorted(p or "" for p in placed[:2]) == ["a", "b"] and placed[2] is None
 
 
 def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake: FakeApiServer) -> None:
-    populate(fake, ["n", "m"], gpus=1)
-    with serving(fake) as (service, http):
+    with serving_nodes(fake, ["n", "m"], gpus=1) as (service, http):
         created = fake.create("pods", pod("p", share(50, 50)))
         assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
         text, _ = record_of(fake, "p")
@@ -163,8 +147,8 @@ def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake: FakeAp
         assert record_of(fake, "p")[0] == text
         refused = http.post("/bind", bind_body(created, "m"))[1]["Error"]
         assert "already holds devices on n" in refused
-        assert node_summary(service, "n")["gpus"][0]["core"]["used"] == 50
-        assert node_summary(service, "m")["gpus"][0]["core"]["used"] == 0
+        assert used_core(service, "n") == 50
+        assert used_core(service, "m") == 0
 
 
 def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
@@ -216,8 +200,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
         return real_judge(obj, keyring)
 
     monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
-    populate(fake, ["n"], gpus=2)
-    with serving(fake) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=2) as (service, http):
         created = fake.create("pods", pod("p", share(40, 40)))
         assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
         uid = created["metadata"]["uid"]

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from scheduler_plugin.metrics import sample
-from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
@@ -17,19 +16,16 @@ from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
 from tests.scheduler.helpers import (
     KEYRING,
-    node_summary,
     pod,
     populate,
     running,
     schedule,
     serving,
+    serving_nodes,
     share,
+    used_core,
     wait_for,
 )
-
-
-def used_core(service: Service, node: str, slot: int = 0) -> int:
-    return int(node_summary(service, node)["gpus"][slot]["core"]["used"])
 
 
 def forged_pod(
@@ -57,8 +53,7 @@ def forged_pod(
 
 
 def test_deleted_and_finished_pods_release_their_devices(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         assert schedule(h, fake, pod("b", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
@@ -110,8 +105,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake: FakeApiServer) ->
 
 
 def test_watch_expiry_relists_and_catches_up(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         pods_informer = next(i for i in service.informers if i.name == "pods")
@@ -126,8 +120,7 @@ def test_watch_expiry_relists_and_catches_up(fake: FakeApiServer) -> None:
 
 
 def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=2)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=2) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         broken = fake.get("nodedevices", "n")
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
@@ -156,8 +149,7 @@ def test_a_deleted_node_takes_no_pods(fake: FakeApiServer) -> None:
 
 
 def test_records_seen_before_their_node_wait_for_it(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
     fake.delete("nodedevices", "n")
     with running(fake) as service:
@@ -168,8 +160,7 @@ def test_records_seen_before_their_node_wait_for_it(fake: FakeApiServer) -> None
 
 
 def test_debug_api_and_its_watch_stream(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=10)
         conn.request("GET", "/debug/watch?node=n")
         stream = conn.getresponse()
@@ -191,8 +182,7 @@ def test_debug_api_and_its_watch_stream(fake: FakeApiServer) -> None:
 
 
 def test_metrics_count_decisions_failures_and_gpu_use(fake: FakeApiServer) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", {rn.GPU: 100}), ["n"]) == "n"
         assert schedule(h, fake, pod("b", share(10, 10)), ["n"]) is None
         status, text = h.get("/metrics")
@@ -263,8 +253,7 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeA
 def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_restored(
     fake: FakeApiServer,
 ) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]

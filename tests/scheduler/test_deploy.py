@@ -17,7 +17,17 @@ from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_cli import config_from
 from tessera_testbed.apiserver import FakeApiServer, parse_path
-from tests.scheduler.helpers import ROOT, Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.helpers import (
+    ROOT,
+    Http,
+    bind_body,
+    pod,
+    populate,
+    running,
+    schedule,
+    share,
+    wait_for,
+)
 
 DEPLOY = ROOT / "deploy" / "scheduler"
 
@@ -168,11 +178,7 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not() ->
             fake.grants.add(("ops", "get", "/debug/*"))
             service.authorizer.check("t", "/debug/pods")  # a /debug caller's bearer token
             created = fake.create("pods", pod("b", share(10, 10)))
-            meta = created["metadata"]
-            h.post(
-                "/bind",
-                {"PodName": "b", "PodNamespace": "default", "PodUID": meta["uid"], "Node": "n"},
-            )  # bind without filter: reads the pod
+            h.post("/bind", bind_body(created, "n"))  # bind without filter: reads the pod
             # a running pod whose record its author altered fences the node: an Event
             fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: "{"}}})
             wait_for(lambda: fake.items("events"))

@@ -9,7 +9,15 @@ from scheduler_plugin.events import UNTRUSTED_RECORD
 from scheduler_plugin.metrics import sample
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import node_summary, pod, populate, schedule, serving, share, wait_for
+from tests.scheduler.helpers import (
+    pod,
+    schedule,
+    serving,
+    serving_nodes,
+    share,
+    used_core,
+    wait_for,
+)
 from tests.scheduler.test_isolation import POISON_DEEP, POISON_MAC
 
 FENCED = "tessera_scheduler_fenced_nodes"
@@ -26,8 +34,7 @@ def poison(fake: FakeApiServer, name: str, node: str, record: str) -> None:
 def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
     fake: FakeApiServer,
 ) -> None:
-    populate(fake, ["n", "m"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n", "m"], gpus=1) as (service, h):
         assert schedule(h, fake, pod("a", share(40, 40)), ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         good = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
@@ -71,23 +78,21 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
 def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replaced(
     fake: FakeApiServer,
 ) -> None:
-    populate(fake, ["n"], gpus=1)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, ["n"], gpus=1) as (service, h):
         obj = pod("g", share(30, 30), annotations={rn.ALLOCATION_ANNOTATION: POISON_DEEP})
         assert schedule(h, fake, obj, ["n"]) == "n"
         wait_for(lambda: not service.cache.assumed())
         assert (
             not service.cache.snapshot().record_fenced_nodes and not service.cache.invalid_records()
         )
-        assert node_summary(service, "n")["gpus"][0]["core"]["used"] == 30
+        assert used_core(service, "n") == 30
 
 
 def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_node(
     fake: FakeApiServer,
 ) -> None:
     nodes = ["n1", "n2", "n3"]
-    populate(fake, nodes, gpus=2)
-    with serving(fake) as (service, h):
+    with serving_nodes(fake, nodes, gpus=2) as (service, h):
         for i, node in enumerate(nodes * 2):
             assert schedule(h, fake, pod(f"v{i}", share(30, 30)), [node]) == node
         wait_for(lambda: not service.cache.assumed())

@@ -19,18 +19,14 @@ from tests.keyfiles import write_private
 from tests.scheduler.helpers import (
     KEYRING,
     client_for,
-    node_summary,
     options,
     pod,
     populate,
+    used_core,
     wait_for,
 )
 
 OLD_KEY = b"the-integrity-key-of-an-older-release"
-
-
-def used_core(service: Service, node: str) -> int:
-    return int(node_summary(service, node)["gpus"][0]["core"]["used"])
 
 
 def hmac_record(alloc: PodAllocation, key: bytes) -> str:
