@@ -33,7 +33,9 @@ MODELS = (("G2", 20000), ("V100M32", 32768), ("T4", 16384))
 def _inventory(i: int) -> NodeInventory:
     model, mem = MODELS[i % 7 % 3]
     name = f"node-{i:05d}"
-    gpus = tuple(Gpu(f"{name}-g{s}", s, s, model, mem, f"0000:{s + 1:02x}:00.0") for s in range(8))
+    gpus = tuple(
+        Gpu(f"{name}-g{s}", s, s, model, mem, pci_bus_id=f"0000:{s + 1:02x}:00.0") for s in range(8)
+    )
     return NodeInventory(name, gpus)
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
 from deviceplugin.inventory import DriverVersions
-from deviceplugin.sysfs import PciLocation, Sysfs
+from deviceplugin.sysfs import Sysfs
 from tessera.errors import InventoryError
-from tessera.model import Gpu, normalize_bus_id
+from tessera.model import Gpu, PciDevice, normalize_bus_id
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +189,7 @@ class NvmlBackend:
                 location = self._sysfs.pci_location(gpu.pci_bus_id)
             except InventoryError as exc:
                 result.errors.append(exc)
-                location = PciLocation(gpu.pci_bus_id)
+                location = PciDevice(pci_bus_id=gpu.pci_bus_id)
             self._handles[gpu.uuid] = handle
             result.gpus.append(
                 Gpu(

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.errors import InventoryError
-from tessera.model import normalize_bus_id
+from tessera.model import PciDevice, normalize_bus_id
 
 _ROOT_COMPLEX = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 _BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -34,14 +33,6 @@ PCIE_CAP_ID = 0x10
 PORT_TYPE_ROOT = 0x4
 PORT_TYPE_UPSTREAM = 0x5
 PORT_TYPE_DOWNSTREAM = 0x6
-
-
-@dataclass(frozen=True)
-class PciLocation:
-    bus_id: str
-    numa_node: int = -1
-    pcie_root: str = ""
-    pcie_switch: str = ""
 
 
 def pcie_port_type(config: bytes) -> int | None:
@@ -103,7 +94,7 @@ class Sysfs:
         except OSError:
             return None
 
-    def pci_location(self, bus_id: str) -> PciLocation:
+    def pci_location(self, bus_id: str) -> PciDevice:
         """NUMA node, root complex and nearest switch of the PCI device `bus_id`."""
         try:
             bdf = normalize_bus_id(bus_id)
@@ -136,8 +127,8 @@ class Sysfs:
                     break
         elif len(dirs) >= 3:
             switch = normalize_bus_id(dirs[1].name)
-        return PciLocation(
-            bus_id=bdf,
+        return PciDevice(
+            pci_bus_id=bdf,
             numa_node=self.numa_node(real),
             pcie_root=parts[root_at],
             pcie_switch=switch,

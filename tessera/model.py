@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from tessera.errors import InventoryError
 from tessera.resources import DEFAULT_MEMORY_UNIT_MIB
@@ -56,15 +56,11 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """One physical GPU as discovered on a node."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PciDevice:
+    """A device on the host's PCI tree: its address, and where it sits (what placement's
+    topology tiers compare between GPUs and NICs)."""
 
-    uuid: str
-    index: int
-    minor: int
-    model: str
-    memory_mib: int
     pci_bus_id: str
     numa_node: int = -1
     """NUMA node, -1 when the platform does not report one."""
@@ -72,6 +68,17 @@ class Gpu:
     """The PCIe root complex (host bridge), e.g. "pci0000:15"."""
     pcie_switch: str = ""
     """Bus ID of the nearest upstream PCIe switch port; empty when attached to the root."""
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu(PciDevice):
+    """One physical GPU as discovered on a node."""
+
+    uuid: str
+    index: int
+    minor: int
+    model: str
+    memory_mib: int
     nvlinks: tuple[tuple[str, int], ...] = ()
     """(peer GPU UUID, active NVLink count), sorted by peer."""
     healthy: bool = True
@@ -97,16 +104,12 @@ class RdmaVf:
 
 
 @dataclass(frozen=True, slots=True)
-class RdmaNic:
+class RdmaNic(PciDevice):
     """An RDMA-capable NIC (physical function) and its virtual functions."""
 
     ibdev: str
-    pci_bus_id: str
     uverbs_minor: int
     """N of the verbs device /dev/infiniband/uverbsN (not the character device's minor)."""
-    numa_node: int = -1
-    pcie_root: str = ""
-    pcie_switch: str = ""
     netdev: str = ""
     port_states: tuple[str, ...] = ()
     """State of each port ("ACTIVE", "DOWN", ...), in port order."""
@@ -183,6 +186,15 @@ class NodeInventory:
 # --- serialization ---------------------------------------------------------------------------
 
 
+def _pci_to_dict(d: PciDevice) -> dict[str, Any]:
+    return {
+        "pciBusId": d.pci_bus_id,
+        "numaNode": d.numa_node,
+        "pcieRoot": d.pcie_root,
+        "pcieSwitch": d.pcie_switch,
+    }
+
+
 def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
     return {
         "uuid": g.uuid,
@@ -190,10 +202,7 @@ def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
         "minor": g.minor,
         "model": g.model,
         "memoryMiB": g.memory_mib,
-        "pciBusId": g.pci_bus_id,
-        "numaNode": g.numa_node,
-        "pcieRoot": g.pcie_root,
-        "pcieSwitch": g.pcie_switch,
+        **_pci_to_dict(g),
         "nvlinks": [{"peer": peer, "links": links} for peer, links in g.nvlinks],
         "healthy": g.healthy,
         "healthReason": g.health_reason,
@@ -204,11 +213,8 @@ def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
 def _nic_to_dict(n: RdmaNic) -> dict[str, Any]:
     return {
         "ibdev": n.ibdev,
-        "pciBusId": n.pci_bus_id,
+        **_pci_to_dict(n),
         "uverbsMinor": n.uverbs_minor,
-        "numaNode": n.numa_node,
-        "pcieRoot": n.pcie_root,
-        "pcieSwitch": n.pcie_switch,
         "netdev": n.netdev,
         "portStates": list(n.port_states),
         "healthy": n.healthy,
@@ -356,12 +362,7 @@ def _parse_inventory(
                 ),
                 model=r.string(g, "model", path),
                 memory_mib=r.integer(g, "memoryMiB", path, minimum=1, maximum=MAX_GPU_MEMORY_MIB),
-                pci_bus_id=r.bus_id(g, "pciBusId", path),
-                numa_node=r.integer(
-                    g, "numaNode", path, default=-1, minimum=-1, maximum=MAX_NUMA_NODE
-                ),
-                pcie_root=r.string(g, "pcieRoot", path, default=""),
-                pcie_switch=r.string(g, "pcieSwitch", path, default="") or "",
+                **_parse_pci(r, g, path),
                 nvlinks=_parse_nvlinks(r, g.get("nvlinks"), f"{path}.nvlinks", uuid_by_index),
                 healthy=r.boolean(g, "healthy", path, True),
                 health_reason=r.string(g, "healthReason", path, default="", limit=MAX_REASON_CHARS),
@@ -431,6 +432,23 @@ def _parse_nvlinks(
     return tuple(sorted(links.items()))
 
 
+class _PciFields(TypedDict):
+    pci_bus_id: str
+    numa_node: int
+    pcie_root: str
+    pcie_switch: str
+
+
+def _parse_pci(r: _Reader, d: Mapping[str, Any], path: str) -> _PciFields:
+    """A GPU's or NIC's PciDevice fields (the same keys and rules for both)."""
+    return {
+        "pci_bus_id": r.bus_id(d, "pciBusId", path),
+        "numa_node": r.integer(d, "numaNode", path, default=-1, minimum=-1, maximum=MAX_NUMA_NODE),
+        "pcie_root": r.string(d, "pcieRoot", path, default=""),
+        "pcie_switch": r.string(d, "pcieSwitch", path, default="") or "",
+    }
+
+
 def _parse_nic(r: _Reader, n: Mapping[str, Any], path: str) -> RdmaNic:
     vfs = []
     for j, raw in enumerate(r.sequence(n.get("vfs"), f"{path}.vfs", MAX_VFS_PER_NIC)):
@@ -452,11 +470,8 @@ def _parse_nic(r: _Reader, n: Mapping[str, Any], path: str) -> RdmaNic:
             raise r.fail(f"{path}.portStates[{j}]", f"expected a short string, got {_short(s)}")
     return RdmaNic(
         ibdev=r.string(n, "ibdev", path),
-        pci_bus_id=r.bus_id(n, "pciBusId", path),
+        **_parse_pci(r, n, path),
         uverbs_minor=r.integer(n, "uverbsMinor", path, minimum=0, maximum=MAX_DEVICE_NUMBER),
-        numa_node=r.integer(n, "numaNode", path, default=-1, minimum=-1, maximum=MAX_NUMA_NODE),
-        pcie_root=r.string(n, "pcieRoot", path, default=""),
-        pcie_switch=r.string(n, "pcieSwitch", path, default="") or "",
         netdev=r.string(n, "netdev", path, default=""),
         port_states=tuple(str(s) for s in states),
         vfs=tuple(vfs),

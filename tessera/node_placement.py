@@ -20,7 +20,7 @@ from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import ContainerRequest, PodHints, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import Option, Policy
-from tessera.topology import Tier, nic_gpu_tier
+from tessera.topology import Tier, pci_tier
 
 _FULL = UNITS_PER_DEVICE
 _EXHAUSTIVE_LIMIT = 4096
@@ -387,7 +387,7 @@ def _place_rdma(a: _Attempt, c: ContainerRequest, gpu_slots: list[int]) -> list[
     gpus = [node.inventory.gpus[s] for s in gpu_slots]
 
     def tier(i: int) -> Tier:
-        return min((nic_gpu_tier(nics[i], g) for g in gpus), default=Tier.NODE)
+        return min((pci_tier(nics[i], g) for g in gpus), default=Tier.NODE)
 
     limit = a.request.hints.rdma_affinity if gpus else None
     candidates = [i for i in range(len(nics)) if nics[i].healthy]

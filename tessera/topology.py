@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 from itertools import combinations
 
-from tessera.model import Gpu, RdmaNic
+from tessera.model import Gpu, PciDevice
 
 
 class Tier(IntEnum):
@@ -52,16 +52,16 @@ def _numa_tier(a: int, b: int) -> Tier:
     return Tier.NUMA if a >= 0 and a == b else Tier.NODE
 
 
-def gpu_pair_tier(a: Gpu, b: Gpu) -> Tier:
-    if a.nvlink_count(b.uuid) > 0 or b.nvlink_count(a.uuid) > 0:
-        return Tier.NVLINK
+def pci_tier(a: PciDevice, b: PciDevice) -> Tier:
+    """How close two devices sit on the PCI tree (a NIC and a GPU, or two GPUs)."""
     pcie = _pcie_tier(a.pcie_root, a.pcie_switch, b.pcie_root, b.pcie_switch)
     return pcie if pcie is not None else _numa_tier(a.numa_node, b.numa_node)
 
 
-def nic_gpu_tier(nic: RdmaNic, gpu: Gpu) -> Tier:
-    pcie = _pcie_tier(nic.pcie_root, nic.pcie_switch, gpu.pcie_root, gpu.pcie_switch)
-    return pcie if pcie is not None else _numa_tier(nic.numa_node, gpu.numa_node)
+def gpu_pair_tier(a: Gpu, b: Gpu) -> Tier:
+    if a.nvlink_count(b.uuid) > 0 or b.nvlink_count(a.uuid) > 0:
+        return Tier.NVLINK
+    return pci_tier(a, b)
 
 
 _SHARED_LIMIT = 64

@@ -1,7 +1,7 @@
 from dataclasses import replace
 
 from tessera.model import Gpu
-from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, nic_gpu_tier
+from tessera.topology import Scope, Tier, TierMatrix, gpu_pair_tier, pci_tier
 from tessera_edge.topology_file import load_topology
 
 from .builders import gpu, nic
@@ -24,10 +24,10 @@ def test_pair_tiers_from_tightest_to_loosest() -> None:
 
 def test_nic_tiers() -> None:
     g = gpu(0, pcie_switch="sw0", pcie_root="r0", numa_node=1)
-    assert nic_gpu_tier(nic(0, pcie_switch="sw0", pcie_root="r0"), g) is Tier.PCIE_SWITCH
-    assert nic_gpu_tier(nic(0, pcie_switch="sw1", pcie_root="r0"), g) is Tier.PCIE_ROOT
-    assert nic_gpu_tier(nic(0, pcie_switch="", pcie_root="r5", numa_node=1), g) is Tier.NUMA
-    assert nic_gpu_tier(nic(0, pcie_root="r5", numa_node=0), g) is Tier.NODE
+    assert pci_tier(nic(0, pcie_switch="sw0", pcie_root="r0"), g) is Tier.PCIE_SWITCH
+    assert pci_tier(nic(0, pcie_switch="sw1", pcie_root="r0"), g) is Tier.PCIE_ROOT
+    assert pci_tier(nic(0, pcie_switch="", pcie_root="r5", numa_node=1), g) is Tier.NUMA
+    assert pci_tier(nic(0, pcie_root="r5", numa_node=0), g) is Tier.NODE
 
 
 def test_set_rank_prefers_one_switch_then_one_numa_node() -> None:

@@ -41,7 +41,7 @@ def test_switch_found_from_port_types(tmp_path: Path) -> None:
         },
     )
     loc = Sysfs(tmp_path).pci_location("00000000:18:00.0")
-    assert (loc.bus_id, loc.numa_node, loc.pcie_root, loc.pcie_switch) == (
+    assert (loc.pci_bus_id, loc.numa_node, loc.pcie_root, loc.pcie_switch) == (
         "0000:18:00.0",
         1,
         "pci0000:15",

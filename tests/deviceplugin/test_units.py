@@ -106,7 +106,7 @@ def test_snapshot_size_is_the_exact_protobuf_size(numa: int) -> None:
 
 
 def _one_gpu(memory_mib: int) -> NodeInventory:
-    gpu = Gpu("rn.GPU-x", 0, 0, "X", memory_mib, "0000:01:00.0")
+    gpu = Gpu("rn.GPU-x", 0, 0, "X", memory_mib, pci_bus_id="0000:01:00.0")
     return NodeInventory("n", (gpu,), memory_unit_mib=1)
 
 
