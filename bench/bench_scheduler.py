@@ -220,6 +220,7 @@ def fake_api() -> AbstractContextManager[str]:
 def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
     """(binds per CPU-second of this process, binds per wall-clock second)."""
     from kube_edge.client import KubeClient, lease_path
+    from scheduler_plugin.binder import BindArgs
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.record import Keyring
@@ -263,13 +264,9 @@ def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, flo
                         return
                     i, obj = queue.pop()
                 meta = obj["metadata"]
+                node = f"node-{i % nodes:03d}"
                 result = service.binder.bind(
-                    {
-                        "PodName": meta["name"],
-                        "PodNamespace": "default",
-                        "PodUID": meta["uid"],
-                        "Node": f"node-{i % nodes:03d}",
-                    }
+                    BindArgs(meta["name"], "default", meta["uid"], node).to_json()
                 )
                 if result["Error"]:
                     errors.append(result["Error"])

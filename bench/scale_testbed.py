@@ -139,6 +139,8 @@ class TestbedScale:
         return json.loads(raw)
 
     def one_round(self, run: str) -> TestbedRound:
+        from scheduler_plugin.binder import BindArgs  # the wire form kube-scheduler sends
+
         names = [sc.node_name(i) for i in range(self.nodes)]
         send = sc.feasible_to_find(self.nodes)
         created = []
@@ -151,12 +153,7 @@ class TestbedScale:
 
         def bind(obj: dict[str, Any], node: str) -> None:
             meta = obj["metadata"]
-            args = {
-                "PodName": meta["name"],
-                "PodNamespace": meta["namespace"],
-                "PodUID": meta["uid"],
-                "Node": node,
-            }
+            args = BindArgs(meta["name"], meta["namespace"], meta["uid"], node).to_json()
             t0 = time.perf_counter()
             answer = self._call("bind", args)
             elapsed = (time.perf_counter() - t0) * 1000

@@ -79,6 +79,15 @@ class BindArgs:
             values[key] = value
         return cls(values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"])
 
+    def to_json(self) -> dict[str, str]:
+        """The ExtenderBindingArgs body that `parse` reads (what kube-scheduler sends)."""
+        return {
+            "PodName": self.name,
+            "PodNamespace": self.namespace,
+            "PodUID": self.uid,
+            "Node": self.node,
+        }
+
 
 @dataclass(eq=False)
 class Binder:

@@ -44,6 +44,7 @@ from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
 from protos.nri import api_pb2 as nri
+from scheduler_plugin.binder import BindArgs
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
@@ -246,7 +247,7 @@ def _schedule(base: str, api: FakeApiServer, pod: DemoPod, nodes: Sequence[str])
         chosen = best["Host"]
     bound = _post(
         f"{base}/bind",
-        {"PodName": pod.name, "PodNamespace": NAMESPACE, "PodUID": uid, "Node": chosen},
+        BindArgs(pod.name, NAMESPACE, uid, chosen).to_json(),
     )
     if bound.get("Error"):
         outcome.problem = f"bind: {bound['Error']}"

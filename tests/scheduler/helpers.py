@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kube_edge.client import KubeClient
+from scheduler_plugin.binder import BindArgs
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
@@ -204,9 +205,4 @@ def bind_body(created: dict[str, Any], node: str) -> dict[str, str]:
     """What kube-scheduler sends to bind `created` (a pod as the API server returned it)
     to `node` (its ExtenderBindingArgs)."""
     meta = created["metadata"]
-    return {
-        "PodName": meta["name"],
-        "PodNamespace": meta["namespace"],
-        "PodUID": meta["uid"],
-        "Node": node,
-    }
+    return BindArgs(meta["name"], meta["namespace"], meta["uid"], node).to_json()

@@ -28,6 +28,7 @@ from fuzz.surface_extender import (
     well_formed,
 )
 from scheduler_plugin import limits
+from scheduler_plugin.binder import BindArgs
 from scheduler_plugin.http import tls_context
 from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
@@ -98,9 +99,20 @@ def test_huge_exponents_anywhere_get_a_well_formed_answer(service: Service, verb
 def test_bind_names_that_cannot_name_objects_are_refused_in_the_reply(service: Service) -> None:
     h = Http(service.server.port)
     for field, value in (("PodNamespace", "\ud800"), ("PodName", "a/b"), ("Node", "x" * 300)):
-        body = {"PodName": "p", "PodNamespace": "default", "PodUID": "u", "Node": NODES[0]}
+        body = BindArgs("p", "default", "u", NODES[0]).to_json()
         status, reply = h.post("/bind", body | {field: value})
         assert status == 200 and f"{field} " in reply["Error"], reply
+
+
+_NAME = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", fullmatch=True)
+
+
+@given(_NAME, _NAME, st.from_regex(r"[!-~]{1,40}", fullmatch=True), _NAME)
+def test_bind_args_read_back_what_they_write(name: str, ns: str, uid: str, node: str) -> None:
+    args = BindArgs(name, ns, uid, node)
+    body = args.to_json()
+    assert set(body) == {"PodName", "PodNamespace", "PodUID", "Node"}  # kube-scheduler's keys
+    assert BindArgs.parse(json.loads(json.dumps(body))) == args
 
 
 def test_a_pod_that_breaks_a_request_rule_is_a_filter_answer(service: Service) -> None:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fuzz.surface_reconciler import MemoryApi
-from scheduler_plugin.binder import Binder
+from scheduler_plugin.binder import BindArgs, Binder
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
 from scheduler_plugin.extender import Extender
@@ -137,9 +137,7 @@ class Cluster(RuleBasedStateMachine):
         obj = pod(name, share(core, core) if core < 100 else {rn.GPU: 100}, uid=uid)
         obj["status"]["phase"] = "Running"
         self.api.pods[name] = obj
-        result = self.binder.bind(
-            {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
-        )
+        result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
         if result["Error"]:
             assert self.cache.allocation(uid) is None
             return
@@ -159,9 +157,7 @@ class Cluster(RuleBasedStateMachine):
         self.api.pods[name] = pod(name, share(20, 20), uid=uid)
         self.api.fail_binding = True
         try:
-            result = self.binder.bind(
-                {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
-            )
+            result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
         finally:
             self.api.fail_binding = False
         assert result["Error"] and self.cache.allocation(uid) is None

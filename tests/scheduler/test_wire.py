@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from scheduler_plugin.binder import BindArgs
 from tessera import resources as rn
 from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer
@@ -218,3 +219,13 @@ def test_status_summary_reaches_the_custom_resource(fake: FakeApiServer) -> None
         (gpu,) = wait_for(written)
         assert gpu["core"] == {"total": 100, "used": 50, "free": 50}
         assert gpu["pods"][0]["name"] == "gpu-pod-1"
+
+
+@pytest.mark.parametrize("name", ["bind-001.json", "nodecache-false/bind-001.json"])
+def test_bind_args_write_what_kube_scheduler_sends(name: str) -> None:
+    """The testbed and benchmarks send BindArgs.to_json(): it must be kube-scheduler's
+    body, key for key and in the same order."""
+    raw = vector(name)
+    assert json.dumps(BindArgs.parse(json.loads(raw)).to_json(), separators=(",", ":")) == (
+        raw.decode().strip()
+    )
