@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tessera.errors import TesseraError
-from tessera_ttrpc.stream import MAX_WRITE_BUFFER
+from tessera_ttrpc.stream import MAX_WRITE_BUFFER, abort_if_unread
 
 log = logging.getLogger(__name__)
 
@@ -199,13 +199,12 @@ class Mux:
             raise ConnectionResetError("mux is closed")
         limits = self.limits
         frames = encode_frames(conn_id, data, limits.first_frame_limit)
-        if self._writer.transport.get_write_buffer_size() + len(frames) > limits.max_write_buffer:
+        if abort_if_unread(self._writer, len(frames), limits.max_write_buffer):
             error = MuxError(
                 f"the peer is not reading: over {limits.max_write_buffer} bytes unsent; "
                 "closing the trunk"
             )
             log.warning("%s", error)
-            self._writer.transport.abort()  # a graceful close would wait for the peer to read
             self.close(error)
             raise ConnectionResetError(str(error))
         self._writer.write(frames)

@@ -21,6 +21,16 @@ would otherwise make every answer pile up in memory. Four of the largest frames 
 ample room for a burst of replies to a peer that is merely slow."""
 
 
+def abort_if_unread(writer: asyncio.StreamWriter, pending: int, limit: int) -> bool:
+    """Abort the connection when `pending` more bytes would leave over `limit` unsent: the
+    peer has stopped reading. True when it did. (A graceful close would wait for the peer
+    to read.)"""
+    if writer.transport.get_write_buffer_size() + pending <= limit:
+        return False
+    writer.transport.abort()
+    return True
+
+
 class ByteStream(Protocol):
     async def read(self) -> bytes:
         """The next bytes from the peer; b"" once the stream has ended."""
@@ -61,8 +71,7 @@ class AsyncioStream:
     def write(self, data: bytes) -> None:
         if self._writer.is_closing():
             raise ConnectionResetError("stream is closed")
-        if self._writer.transport.get_write_buffer_size() + len(data) > self._max_write_buffer:
-            self._writer.transport.abort()  # a graceful close would wait for the peer to read
+        if abort_if_unread(self._writer, len(data), self._max_write_buffer):
             raise ConnectionResetError(
                 f"peer is not reading: over {self._max_write_buffer} bytes unsent; closed"
             )
