@@ -9,11 +9,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tessera.cluster_index import UNTRACKED, name_order
+from tessera.fragmentation.measure import FragmentMeasure
+from tessera.fragmentation.shape_cache import ShapeCache
+from tessera.fragmentation.workload import OnlineWorkload, Workload
 from tessera.model import model_matches
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
+from tessera.rowbits import row_any, row_count
 from tessera.scoring_policy import (
+    BoolArray,
     FloatArray,
     HostCase,
     IntArray,
@@ -28,15 +34,6 @@ from tessera.scoring_policy import (
 
 if TYPE_CHECKING:
     from tessera.cluster_index import ClusterIndex
-from tessera.cluster_index import UNTRACKED, name_order
-from tessera.fragmentation.measure import FragmentMeasure
-from tessera.fragmentation.shape_cache import ShapeCache
-from tessera.fragmentation.workload import (
-    OnlineWorkload,
-    Workload,
-)
-from tessera.rowbits import row_any, row_count
-from tessera.scoring_policy import BoolArray
 
 _FULL = UNITS_PER_DEVICE
 _MAX_GPUS = 8.0
