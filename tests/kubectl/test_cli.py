@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 
 from kubectl_tessera.cli import main
-from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
-from tests.scheduler.helpers import Http, pod, schedule, serving, share, wait_for
+from tests.scheduler.helpers import Served, pod, serving, share, wait_for
 
 WHOLE = {rn.GPU: 400}
 """Four whole GPUs."""
@@ -52,13 +51,13 @@ def status_written(fake: FakeApiServer, node: str, check: Callable[[Any], object
 @contextmanager
 def scheduling(
     fake: FakeApiServer, *placements: tuple[dict[str, Any], str], **options: Any
-) -> Iterator[tuple[Service, Http]]:
+) -> Iterator[Served]:
     """tessera-scheduler serving `fake` (`options` as in `serving`), each pod of
     `placements` scheduled as kube-scheduler would, offered its node alone: it must land."""
-    with serving(fake, **options) as (service, h):
+    with serving(fake, **options) as served:
         for obj, node in placements:
-            assert schedule(h, fake, obj, [node]) == node, obj["metadata"]["name"]
-        yield service, h
+            assert served.schedule(obj, [node]) == node, obj["metadata"]["name"]
+        yield served
 
 
 @pytest.fixture
@@ -166,8 +165,8 @@ def test_pods_lists_grants_per_container_and_invalid_records(
 ) -> None:
     fake = cluster
     nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
-    with scheduling(fake, (pod("a", share(40, 50)), "t4"), (nic_pod, "h100")) as (service, _h):
-        wait_for(lambda: not service.cache.assumed())
+    with scheduling(fake, (pod("a", share(40, 50)), "t4"), (nic_pod, "h100")) as served:
+        served.wait_settled()
     record_a = fake.get("pods", "a")["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
     bound(fake, "copied", "t4", record_a)  # another pod's record: wrong UID and name
     fake.create("pods", pod("plain", share(10, 10)))  # no record, not bound: not listed
@@ -213,8 +212,8 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
     fake = cluster
     busy = [(pod(f"w{i}", {rn.GPU: 200}), "h100") for i in range(3)]  # 6 H100s taken, 2 left
     busy.append((pod("s", share(80, 90)), "t4"))
-    with scheduling(fake, *busy, filter_answer="all") as (service, h):
-        wait_for(lambda: not service.cache.assumed())
+    with scheduling(fake, *busy, filter_answer="all") as served:
+        served.wait_settled()
         nodes = ["h100", "t4", "a100"]
         cases = {
             "big": pod("big", WHOLE),
@@ -225,7 +224,7 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
         }
         for name, obj in cases.items():
             created = fake.create("pods", obj)
-            _, reply = h.post("/filter", {"Pod": created, "NodeNames": nodes})
+            reply = served.filter(created, nodes)
             doc = run_json(
                 capsys, "explain", name, "--kubeconfig", kubeconfig, "--policy", "binpack"
             )

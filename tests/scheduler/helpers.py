@@ -1,4 +1,5 @@
-"""Builders shared by the scheduler tests: inventories, pods, a running service."""
+"""Builders shared by the scheduler tests: inventories, pods, a running service, and
+`Served`, the harness of a test that drives that service as kube-scheduler does."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kube_edge.client import KubeClient
+from kube_edge.informer import Informer
 from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.cache import Cache
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
@@ -104,22 +108,18 @@ def running(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -
 
 
 @contextmanager
-def serving(
-    fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any
-) -> Iterator[tuple[Service, Http]]:
-    """`running`, with a keep-alive client on its extender port."""
+def serving(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -> Iterator[Served]:
+    """`running`, with a keep-alive client on its extender port: a `Served`."""
     with running(fake, tls, **kw) as service:
-        yield service, Http(service.server.port)
+        yield Served.over(fake, service)
 
 
 @contextmanager
-def serving_nodes(
-    fake: FakeApiServer, nodes: list[str], gpus: int
-) -> Iterator[tuple[Service, Http]]:
+def serving_nodes(fake: FakeApiServer, nodes: list[str], gpus: int) -> Iterator[Served]:
     """`populate` with `gpus` GPUs a node, then `serving`: the usual start of a test."""
     populate(fake, nodes, gpus=gpus)
-    with serving(fake) as (service, http_):
-        yield service, http_
+    with serving(fake) as served:
+        yield served
 
 
 class Http:
@@ -154,18 +154,6 @@ class Http:
         resp = self.conn.getresponse()
         data = resp.read()
         return resp.status, data
-
-
-def node_summary(service: Service, name: str) -> dict[str, Any]:
-    """The cache's summary of a node the test has populated (None would be a test bug)."""
-    summary = service.cache.node_summary(name)
-    assert summary is not None, f"no node {name}"
-    return summary
-
-
-def used_core(service: Service, node: str, slot: int = 0) -> int:
-    """The compute (percent of a GPU) the cache counts as used on GPU `slot` of `node`."""
-    return int(node_summary(service, node)["gpus"][slot]["core"]["used"])
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
@@ -206,3 +194,61 @@ def bind_body(created: dict[str, Any], node: str) -> dict[str, str]:
     to `node` (its ExtenderBindingArgs)."""
     meta = created["metadata"]
     return BindArgs(meta["name"], meta["namespace"], meta["uid"], node).to_json()
+
+
+@dataclass(frozen=True)
+class Served:
+    """A tessera-scheduler serving `fake`, and `http`, a kube-scheduler's connection to its
+    extender port: what a test drives and what it then looks at."""
+
+    fake: FakeApiServer
+    service: Service
+    http: Http
+
+    @classmethod
+    def over(cls, fake: FakeApiServer, service: Service) -> Served:
+        """A started `service` on `fake`, with a new connection to it."""
+        return cls(fake, service, Http(service.server.port))
+
+    def reconnect(self) -> Served:
+        """The same service over a new connection (another kube-scheduler worker's)."""
+        return Served.over(self.fake, self.service)
+
+    def schedule(self, obj: dict[str, Any], nodes: list[str]) -> str | None:
+        """`schedule` over this connection."""
+        return schedule(self.http, self.fake, obj, nodes)
+
+    def bind(self, created: dict[str, Any], node: str) -> str:
+        """Bind `created` to `node` as kube-scheduler does; the answer's Error ("" if bound)."""
+        status, result = self.http.post("/bind", bind_body(created, node))
+        assert status == 200, result
+        return str(result["Error"])
+
+    def filter(self, created: dict[str, Any], nodes: list[str]) -> dict[str, Any]:
+        """The filter answer for `created` on `nodes`."""
+        status, result = self.http.post("/filter", {"Pod": created, "NodeNames": nodes})
+        assert status == 200, result
+        return dict(result)
+
+    @property
+    def cache(self) -> Cache:
+        """The service's cache: what it counts as held, and its problems."""
+        return self.service.cache
+
+    def informer(self, resource: str) -> Informer:
+        """The service's informer of `resource` ("pods", "nodedevices", ...)."""
+        return next(i for i in self.service.informers if i.name == resource)
+
+    def wait_settled(self) -> None:
+        """Wait until the pod watch has seen every bind (none is only assumed any more)."""
+        wait_for(lambda: not self.cache.assumed())
+
+    def node_summary(self, node: str) -> dict[str, Any]:
+        """The cache's summary of a node the test has populated (None would be a test bug)."""
+        summary = self.cache.node_summary(node)
+        assert summary is not None, f"no node {node}"
+        return summary
+
+    def used_core(self, node: str, slot: int = 0) -> int:
+        """The compute (percent of a GPU) the cache counts as used on GPU `slot` of `node`."""
+        return int(self.node_summary(node)["gpus"][slot]["core"]["used"])

@@ -13,15 +13,12 @@ from tessera.record import decode
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
     KEYRING,
-    Http,
     bind_body,
     pod,
     populate,
-    running,
-    schedule,
+    serving,
     serving_nodes,
     share,
-    used_core,
     wait_for,
 )
 
@@ -32,11 +29,10 @@ def record_of(fake: FakeApiServer, name: str) -> tuple[str | None, dict[str, Any
 
 
 def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n"], gpus=1) as (_service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as served:
         created = fake.create("pods", pod("p", share(100, 100)))
         before = len(fake.writes())
-        status, result = http.post("/bind", bind_body(created, "n"))
-        assert status == 200 and result["Error"] == ""
+        assert served.bind(created, "n") == ""  # with status 200
         writes = fake.writes()[before:]
         assert [m for m, _ in writes] == ["POST"] and writes[0][1].endswith("/pods/p/binding")
         text, obj = record_of(fake, "p")
@@ -46,39 +42,35 @@ def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiSe
 
 
 def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n"], gpus=1) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as served:
         created = fake.create("pods", pod("p", share(100, 100)))
         fake.fail("/pods/p/binding", status=500, times=1)
-        _status, result = http.post("/bind", bind_body(created, "n"))
-        assert "creating the Binding failed" in result["Error"]
-        assert service.cache.allocation(created["metadata"]["uid"]) is None
+        assert "creating the Binding failed" in served.bind(created, "n")
+        assert served.cache.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
-        assert used_core(service, "n") == 0
+        assert served.used_core("n") == 0
         # the devices are free again: the retry gets them
-        _status, result = http.post("/bind", bind_body(created, "n"))
-        assert result["Error"] == ""
+        assert served.bind(created, "n") == ""
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
 
 
 def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n"], gpus=1) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=1) as served:
         created = fake.create("pods", pod("p", share(50, 50)))
         fake.fail("/pods/p/binding", status=504, after_apply=True)
-        _status, result = http.post("/bind", bind_body(created, "n"))
-        assert result["Error"] == ""
+        assert served.bind(created, "n") == ""
         text, obj = record_of(fake, "p")
         assert text is not None
         assert obj["spec"]["nodeName"] == "n"
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
-        assert service.cache.allocation(created["metadata"]["uid"]) is not None
+        assert served.cache.allocation(created["metadata"]["uid"]) is not None
 
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n"], gpus=2) as (_service, http):
+    with serving_nodes(fake, ["n"], gpus=2) as served:
         created = fake.create("pods", pod("p", {rn.GPU: 200}))
-        _status, result = http.post("/bind", bind_body(created, "n"))
-        assert result["Error"] == ""
+        assert served.bind(created, "n") == ""
         text, _ = record_of(fake, "p")
         assert text is not None
         alloc = decode(text, KEYRING)
@@ -86,32 +78,29 @@ def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) ->
 
 
 def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n", "quiet"], gpus=1) as (service, http):
+    with serving_nodes(fake, ["n", "quiet"], gpus=1) as served:
         created = fake.create("pods", pod("p", {rn.GPU: 100}))
         wrong = bind_body(created, "n") | {"PodUID": "not-the-uid"}
-        assert "is not UID" in http.post("/bind", wrong)[1]["Error"]
+        assert "is not UID" in served.http.post("/bind", wrong)[1]["Error"]
         # the node agent of "quiet" goes away with its heartbeat Lease
         fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
-        wait_for(lambda: "quiet" in service.cache.problems())
-        assert "heartbeat Lease" in http.post("/bind", bind_body(created, "quiet"))[1]["Error"]
-        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        wait_for(lambda: "quiet" in served.cache.problems())
+        assert "heartbeat Lease" in served.bind(created, "quiet")
+        assert served.bind(created, "n") == ""
         other = fake.create("pods", pod("q", {rn.GPU: 100}))
-        assert "whole GPUs" in http.post("/bind", bind_body(other, "n"))[1]["Error"]
+        assert "whole GPUs" in served.bind(other, "n")
         assert record_of(fake, "q")[0] is None
 
 
 def test_parallel_binds_on_one_node_never_share_a_device(fake: FakeApiServer) -> None:
     populate(fake, ["n"], gpus=2)
     fake.latency = 0.01  # every API call takes a while, so binds overlap
-    with running(fake) as service:
+    with serving(fake) as served:
         pods = [fake.create("pods", pod(f"p{i}", share(30, 30))) for i in range(12)]
         results: dict[str, str] = {}
 
         def bind(created: dict[str, Any]) -> None:
-            http = Http(service.server.port)
-            results[created["metadata"]["name"]] = http.post("/bind", bind_body(created, "n"))[1][
-                "Error"
-            ]
+            results[created["metadata"]["name"]] = served.reconnect().bind(created, "n")
 
         threads = [threading.Thread(target=bind, args=(p,)) for p in pods]
         for t in threads:
@@ -133,22 +122,22 @@ def test_parallel_binds_on_one_node_never_share_a_device(fake: FakeApiServer) ->
 
 
 def test_kube_scheduler_flow_spreads_over_nodes_when_full(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["a", "b"], gpus=1) as (_service, http):
-        placed = [schedule(http, fake, pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
+    with serving_nodes(fake, ["a", "b"], gpus=1) as served:
+        placed = [served.schedule(pod(f"w{i}", {rn.GPU: 100}), ["a", "b"]) for i in range(3)]
         assert sorted(p or "" for p in placed[:2]) == ["a", "b"] and placed[2] is None
 
 
 def test_a_retried_bind_of_a_bound_pod_succeeds_and_changes_nothing(fake: FakeApiServer) -> None:
-    with serving_nodes(fake, ["n", "m"], gpus=1) as (service, http):
+    with serving_nodes(fake, ["n", "m"], gpus=1) as served:
         created = fake.create("pods", pod("p", share(50, 50)))
-        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        assert served.bind(created, "n") == ""
         text, _ = record_of(fake, "p")
-        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        assert served.bind(created, "n") == ""
         assert record_of(fake, "p")[0] == text
-        refused = http.post("/bind", bind_body(created, "m"))[1]["Error"]
+        refused = served.bind(created, "m")
         assert "already holds devices on n" in refused
-        assert used_core(service, "n") == 50
-        assert used_core(service, "m") == 0
+        assert served.used_core("n") == 50
+        assert served.used_core("m") == 0
 
 
 def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
@@ -163,7 +152,7 @@ def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
     from kube_edge.client import KubeClient
     from scheduler_plugin import limits
     from scheduler_plugin.service import Service
-    from tests.scheduler.helpers import options
+    from tests.scheduler.helpers import Served, options
 
     populate(fake, [f"n{i}" for i in range(8)], gpus=8)
     pods = [fake.create("pods", pod(f"b{i}", share(10, 10))) for i in range(200)]
@@ -174,8 +163,7 @@ def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
         assert service.wait_ready(10)
 
         def bind(i: int) -> str:
-            answer = Http(service.server.port).post("/bind", bind_body(pods[i], f"n{i % 8}"))[1]
-            return str(answer["Error"])
+            return Served.over(fake, service).bind(pods[i], f"n{i % 8}")  # a connection each
 
         with ThreadPoolExecutor(64) as burst:
             errors = list(burst.map(bind, range(200)))
@@ -200,17 +188,17 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
         return real_judge(obj, keyring)
 
     monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
-    with serving_nodes(fake, ["n"], gpus=2) as (service, http):
+    with serving_nodes(fake, ["n"], gpus=2) as served:
         created = fake.create("pods", pod("p", share(40, 40)))
-        assert http.post("/bind", bind_body(created, "n"))[1]["Error"] == ""
+        assert served.bind(created, "n") == ""
         uid = created["metadata"]["uid"]
-        wait_for(lambda: not service.cache.assumed())
-        assert service.cache.allocation(uid) is not None
+        served.wait_settled()
+        assert served.cache.allocation(uid) is not None
         assert "p" not in judged
         # the same pod with another record (here: another pod's) is judged, and refused
         other = fake.create("pods", pod("q", share(10, 10)))
-        assert http.post("/bind", bind_body(other, "n"))[1]["Error"] == ""
+        assert served.bind(other, "n") == ""
         text_q, _ = record_of(fake, "q")
         fake.patch("pods", "p", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: text_q}}})
         wait_for(lambda: "p" in judged)
-        wait_for(lambda: "n" in service.cache.snapshot().record_fenced_nodes)
+        wait_for(lambda: "n" in served.cache.snapshot().record_fenced_nodes)

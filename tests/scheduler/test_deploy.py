@@ -17,17 +17,7 @@ from scheduler_plugin.http import VERBS
 from tessera import resources as rn
 from tessera_cli import config_from
 from tessera_testbed.apiserver import FakeApiServer, parse_path
-from tests.scheduler.helpers import (
-    ROOT,
-    Http,
-    bind_body,
-    pod,
-    populate,
-    running,
-    schedule,
-    share,
-    wait_for,
-)
+from tests.scheduler.helpers import ROOT, pod, populate, serving, share, wait_for
 
 DEPLOY = ROOT / "deploy" / "scheduler"
 
@@ -166,19 +156,19 @@ def test_rbac_allows_every_call_the_scheduler_makes_and_nothing_it_does_not() ->
         fake.create("pods", pod("x", share(10, 10)))  # so the status writer has work
         seen: list[tuple[str, str]] = []
         original = fake.requests
-        with running(
+        with serving(
             fake,
             leader_elect=True,
             leader_namespace=rn.DEFAULT_HEARTBEAT_NAMESPACE,
             retry_period=0.05,
-        ) as service:
-            h = Http(service.server.port)
-            assert schedule(h, fake, pod("a", share(50, 50)), ["n"]) == "n"
+        ) as served:
+            service = served.service
+            assert served.schedule(pod("a", share(50, 50)), ["n"]) == "n"
             fake.tokens["t"] = {"username": "ops"}
             fake.grants.add(("ops", "get", "/debug/*"))
             service.authorizer.check("t", "/debug/pods")  # a /debug caller's bearer token
             created = fake.create("pods", pod("b", share(10, 10)))
-            h.post("/bind", bind_body(created, "n"))  # bind without filter: reads the pod
+            served.bind(created, "n")  # bind without filter: reads the pod
             # a running pod whose record its author altered fences the node: an Event
             fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: "{"}}})
             wait_for(lambda: fake.items("events"))

@@ -32,44 +32,44 @@ def good_filter() -> dict[str, Any]:
 def test_malformed_bodies_get_clear_errors_and_the_service_keeps_serving(
     fake: FakeApiServer,
 ) -> None:
-    with serving(fake, max_body=64 * 1024) as (_service, h):
-        status, data = h.post_raw("/filter", b"{not json")
+    with serving(fake, max_body=64 * 1024) as served:
+        status, data = served.http.post_raw("/filter", b"{not json")
         assert status == 400 and "not valid JSON" in json.loads(data)["Error"]
         for body, needle in (
             ([], "JSON object"),
             ({"Pod": "x"}, "Pod is missing"),
             ({"Pod": {}, "NodeNames": [1]}, "NodeNames"),
         ):
-            status, reply = h.post("/filter", body)
+            status, reply = served.http.post("/filter", body)
             assert status == 400 and needle in reply["Error"], reply
-        status, reply = h.post("/preempt", {"Pod": pod("p", {rn.GPU_CORE: 10})})
+        status, reply = served.http.post("/preempt", {"Pod": pod("p", {rn.GPU_CORE: 10})})
         assert status == 400 and "compute share needs a memory bound" in reply["Error"]
-        status, reply = h.post("/bind", {"PodName": "p"})
+        status, reply = served.http.post("/bind", {"PodName": "p"})
         assert status == 200 and "PodNamespace is missing" in reply["Error"]
-        status, reply = h.post("/nonsense", {})
+        status, reply = served.http.post("/nonsense", {})
         assert status == 404
-        status, reply = h.post("/filter", good_filter())
+        status, reply = served.http.post("/filter", good_filter())
         assert status == 200 and reply["NodeNames"] == ["n"]
 
 
 def test_oversized_bodies_are_refused_and_chunked_ones_are_counted(fake: FakeApiServer) -> None:
-    with serving(fake, max_body=1024) as (service, h):
-        status, data = h.post_raw("/filter", b"x" * 4096)
+    with serving(fake, max_body=1024) as served:
+        status, data = served.http.post_raw("/filter", b"x" * 4096)
         assert status == 413 and "over 1024" in json.loads(data)["Error"]
-        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", served.service.server.port, timeout=5)
         with contextlib.closing(conn):
             conn.request("POST", "/filter", body=iter([b"x" * 600, b"x" * 600]))  # chunked
             assert conn.getresponse().status == 413
-        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", served.service.server.port, timeout=5)
         with contextlib.closing(conn):
             conn.request("POST", "/filter", body=iter([json.dumps(good_filter()).encode()]))
             assert conn.getresponse().status == 200
-        fresh = Http(service.server.port)  # the first connection met the 413s
-        assert fresh.post("/filter", good_filter())[0] == 200
+        fresh = served.reconnect()  # the first connection met the 413s
+        assert fresh.http.post("/filter", good_filter())[0] == 200
 
 
 def test_unknown_resource_combinations_are_explained(fake: FakeApiServer) -> None:
-    with serving(fake) as (_service, h):
+    with serving(fake) as served:
         for resources, needle in (
             ({rn.GPU: 50, rn.GPU_CORE: 50}, "do not combine"),
             ({rn.GPU: 150}, "not a multiple of 100"),
@@ -77,16 +77,16 @@ def test_unknown_resource_combinations_are_explained(fake: FakeApiServer) -> Non
             ({rn.GPU_MEMORY_RATIO: 10, rn.GPU_MEMORY: 4}, "give the memory bound once"),
         ):
             body = {"Pod": pod("p", resources), "NodeNames": ["n"]}
-            status, reply = h.post("/filter", body)
+            status, reply = served.http.post("/filter", body)
             assert status == 200 and reply["NodeNames"] == []
             assert needle in reply["FailedAndUnresolvableNodes"]["n"], reply
 
 
 def test_any_url_prefix_reaches_the_verbs_and_health_endpoints_answer(fake: FakeApiServer) -> None:
-    with serving(fake) as (_service, h):
-        assert h.post("/tessera/v1/filter", good_filter())[1]["NodeNames"] == ["n"]
-        assert h.get("/healthz") == (200, b"ok\n")
-        assert h.get("/readyz") == (200, b"ok\n")
+    with serving(fake) as served:
+        assert served.http.post("/tessera/v1/filter", good_filter())[1]["NodeNames"] == ["n"]
+        assert served.http.get("/healthz") == (200, b"ok\n")
+        assert served.http.get("/readyz") == (200, b"ok\n")
 
 
 def test_not_ready_until_synced(fake: FakeApiServer) -> None:

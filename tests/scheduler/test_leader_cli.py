@@ -18,11 +18,11 @@ from tests.scheduler.helpers import (
     KEYRING,
     ROOT,
     Http,
+    Served,
     client_for,
     options,
     pod,
     populate,
-    schedule,
     share,
     wait_for,
 )
@@ -41,12 +41,12 @@ def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake: Fak
         assert (
             Http(second.server.port).post("/filter", {"Pod": pod("x"), "NodeNames": []})[0] == 503
         )
-        assert schedule(Http(first.server.port), fake, pod("a", share(50, 50)), ["n"]) == "n"
+        assert Served.over(fake, first).schedule(pod("a", share(50, 50)), ["n"]) == "n"
         first.stop(release=False)  # dies without releasing: the standby waits for expiry
         assert second.wait_ready(15)
         wait_for(lambda: not second.cache.assumed() and second.cache.snapshot().allocations)
-        assert schedule(Http(second.server.port), fake, pod("b", share(60, 60)), ["n"]) is None
-        assert schedule(Http(second.server.port), fake, pod("c", share(50, 50)), ["n"]) == "n"
+        assert Served.over(fake, second).schedule(pod("b", share(60, 60)), ["n"]) is None
+        assert Served.over(fake, second).schedule(pod("c", share(50, 50)), ["n"]) == "n"
     finally:
         second.stop()
 

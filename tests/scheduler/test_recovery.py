@@ -34,7 +34,7 @@ from tests.scheduler.helpers import (
     KEYRING,
     ROOT,
     Http,
-    node_summary,
+    Served,
     options,
     pod,
     populate,
@@ -152,8 +152,9 @@ def drain(fake: FakeApiServer, service: Service) -> None:
         return not snapshot.allocations and not snapshot.pending
 
     wait_for(empty)
+    served = Served.over(fake, service)
     for name in NODES:
-        summary = node_summary(service, name)
+        summary = served.node_summary(name)
         assert all(g["core"]["used"] == 0 for g in summary["gpus"]), summary
 
 
@@ -187,7 +188,7 @@ def test_a_restart_makes_exactly_the_decisions_it_would_have_made() -> None:
                     service = Service(options(), KubeClient.for_host(fake.url), KEYRING).start()
                     assert service.wait_ready()
                     check_accounts_exactly(fake, service)
-                schedule(Http(service.server.port), fake, dict(obj), NODES)
+                Served.over(fake, service).schedule(dict(obj), NODES)
             service.stop()
             results.append(placements(fake))
     assert results[0] == results[1]

@@ -16,15 +16,7 @@ from tessera.record import decode, encode, signature_algorithm, to_document
 from tessera_edge.keyfiles import KeyringSource
 from tessera_testbed.apiserver import FakeApiServer
 from tests.keyfiles import write_private
-from tests.scheduler.helpers import (
-    KEYRING,
-    client_for,
-    options,
-    pod,
-    populate,
-    used_core,
-    wait_for,
-)
+from tests.scheduler.helpers import KEYRING, Served, client_for, options, pod, populate, wait_for
 
 OLD_KEY = b"the-integrity-key-of-an-older-release"
 
@@ -68,15 +60,16 @@ def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(
         write_private(KEYRING, tmp_path / "keys"), "sign", legacy_hmac={"default": OLD_KEY}
     )
     service = Service(options(), client_for(fake), keys).start()
+    served = Served.over(fake, service)
     try:
         assert service.wait_ready(10)
-        assert used_core(service, "n") == 40  # the valid old record holds its devices
+        assert served.used_core("n") == 40  # the valid old record holds its devices
         wait_for(lambda: signature_algorithm(record_of(fake, "old")) == "Ed25519")
         # the new record verifies on a node, which holds only public keys
         assert decode(record_of(fake, "old"), KEYRING.verifier()) == good
         assert signature_algorithm(record_of(fake, "forged")) == "HMAC-SHA256"
         assert "default/forged" in service.cache.invalid_records()
-        assert used_core(service, "n") == 40
+        assert served.used_core("n") == 40
     finally:
         service.stop()
 
@@ -89,7 +82,7 @@ def test_without_the_legacy_key_old_records_are_untrusted(fake: FakeApiServer) -
         assert service.wait_ready(10)
         problems = wait_for(service.cache.invalid_records)
         assert "default/old" in problems
-        assert used_core(service, "n") == 0
+        assert Served.over(fake, service).used_core("n") == 0
         assert signature_algorithm(record_of(fake, "old")) == "HMAC-SHA256"
     finally:
         service.stop()

@@ -16,7 +16,7 @@ from tessera_sim.runner import Trace, measure_workload
 from tessera_sim.synthetic import synthetic_trace
 from tessera_sim.variants import constrain_models
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import heartbeat, schedule, serving
+from tests.scheduler.helpers import heartbeat, serving
 
 PODS = 60
 """Pods replayed: enough to fill several nodes, fill leftovers and fail some."""
@@ -46,18 +46,18 @@ def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer
         )
         fake.create("leases", heartbeat(node.name))
     served: list[tuple[str, tuple[int, ...]] | None] = []
-    with serving(fake, policy=rn.DEFAULT_POLICY) as (service, http):
+    with serving(fake, policy=rn.DEFAULT_POLICY) as cluster:
         for i, pod in enumerate(order):
             obj = pod.pod_dict(f"11-{i}")
             obj["metadata"]["namespace"] = "default"
             obj["metadata"].pop("uid")
             obj["status"] = {"phase": "Pending"}
-            chosen = schedule(http, fake, obj, names)
+            chosen = cluster.schedule(obj, names)
             if chosen is None:
                 served.append(None)
                 continue
             created = fake.get("pods", pod.name, "default")
-            alloc = service.cache.allocation(created["metadata"]["uid"])
+            alloc = cluster.cache.allocation(created["metadata"]["uid"])
             if alloc is None:  # a pod without devices has no allocation record
                 assert not pod.num_gpu
                 gpus: tuple[int, ...] = ()

@@ -22,7 +22,7 @@ import pytest
 
 from tessera.resources import GPU
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, pod, populate, running, schedule, share, wait_for
+from tests.scheduler.helpers import pod, populate, serving, share, wait_for
 
 CHROMIUM = os.environ.get("TESSERA_CHROMIUM") or shutil.which("chromium") or ""
 
@@ -151,16 +151,16 @@ def test_the_page_shows_nodes_and_pods_and_follows_a_bind(browser: Browser) -> N
     nodes = ["node-a", "node-b", "node-c"]
     with FakeApiServer() as fake:
         populate(fake, nodes, gpus=2)
-        with running(fake, policy="binpack") as service:
-            http = Http(service.server.port)
-            assert schedule(http, fake, pod("train-1", {GPU: 100}), nodes)
-            browser.call("Page.navigate", url=f"http://127.0.0.1:{service.server.port}/debug/ui")
+        with serving(fake, policy="binpack") as served:
+            assert served.schedule(pod("train-1", {GPU: 100}), nodes)
+            port = served.service.server.port
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/debug/ui")
             first = wait_for(lambda: "train-1" in (t := browser.text()) and t, timeout=20)
             for node in nodes:
                 assert node in first
             assert "late-2" not in first
             # bound while the page is open: the watch stream redraws it
-            assert schedule(http, fake, pod("late-2", share(30, 30)), nodes)
+            assert served.schedule(pod("late-2", share(30, 30)), nodes)
             second = wait_for(lambda: "late-2" in (t := browser.text()) and t, timeout=20)
             assert "default/late-2 30%" in second and "default/train-1 100%" in second
             assert "error" not in second  # drawn from the stream, not a reload after a failure
@@ -173,11 +173,10 @@ def test_the_page_shows_nodes_and_pods_and_follows_a_bind(browser: Browser) -> N
 def test_the_shell_carries_no_cluster_data_and_the_data_calls_need_credentials() -> None:
     with FakeApiServer() as fake:
         populate(fake, ["node-secret"], gpus=1)
-        with running(fake, open_debug=False) as service:
-            http = Http(service.server.port)
-            status, page = http.get("/debug/ui")
+        with serving(fake, open_debug=False) as served:
+            status, page = served.http.get("/debug/ui")
             assert status == 200 and b"node-secret" not in page
-            assert http.get("/debug/nodes")[0] == 401
+            assert served.http.get("/debug/nodes")[0] == 401
             # the page's colour rule is the one this test looks for in screenshots
             assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in page
             assert json.dumps(_COLORS).replace(" ", "").encode() in page.replace(b" ", b"")

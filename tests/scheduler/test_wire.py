@@ -58,8 +58,8 @@ def _create_captured_pod(fake: FakeApiServer, body: bytes) -> dict[str, Any]:
 def test_filter_and_prioritize_with_node_cache(fake: FakeApiServer) -> None:
     _cluster(fake)
     body = vector("filter-001.json")
-    with serving(fake, filter_answer="all") as (_service, http):
-        status, data = http.post_raw("/filter", body)
+    with serving(fake, filter_answer="all") as served:
+        status, data = served.http.post_raw("/filter", body)
         assert status == 200, data
         result, unknown = go.decode(go.ExtenderFilterResult, data)
         assert unknown == []
@@ -67,7 +67,7 @@ def test_filter_and_prioritize_with_node_cache(fake: FakeApiServer) -> None:
         assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
         assert json.loads(data)["Nodes"] is None
 
-        status, data = http.post_raw("/prioritize", vector("prioritize-001.json"))
+        status, data = served.http.post_raw("/prioritize", vector("prioritize-001.json"))
         assert status == 200
         scores, unknown = go.decode(go.HostPriorityList, data)
         assert unknown == []
@@ -84,8 +84,8 @@ def test_the_best_answer_is_one_survivor_in_the_form_it_came(
     body = vector("filter-001.json" if node_cache else "nodecache-false/filter-002.json")
     if not node_cache:
         _create_captured_pod(fake, body)
-    with serving(fake) as (_service, http):
-        status, data = http.post_raw("/filter", body)
+    with serving(fake) as served:
+        status, data = served.http.post_raw("/filter", body)
     assert status == 200, data
     result, unknown = go.decode(go.ExtenderFilterResult, data)
     assert unknown == []
@@ -105,9 +105,9 @@ def test_bind_vector_binds_with_a_verifiable_record_in_one_write(fake: FakeApiSe
     _cluster(fake)
     filter_body = vector("filter-001.json")
     created = _create_captured_pod(fake, filter_body)
-    with serving(fake) as (_service, http):
-        assert http.post_raw("/filter", filter_body)[0] == 200
-        status, data = http.post_raw("/bind", vector("bind-001.json"))
+    with serving(fake) as served:
+        assert served.http.post_raw("/filter", filter_body)[0] == 200
+        status, data = served.http.post_raw("/bind", vector("bind-001.json"))
         assert status == 200
         result, unknown = go.decode(go.ExtenderBindingResult, data)
         assert unknown == [] and result["Error"] == ""
@@ -132,8 +132,8 @@ def test_without_node_cache_the_full_nodes_come_back(fake: FakeApiServer) -> Non
     _cluster(fake)
     body = vector("nodecache-false/filter-002.json")
     created = _create_captured_pod(fake, body)
-    with serving(fake, filter_answer="all") as (_service, http):
-        status, data = http.post_raw("/filter", body)
+    with serving(fake, filter_answer="all") as served:
+        status, data = served.http.post_raw("/filter", body)
         assert status == 200
         result, unknown = go.decode(go.ExtenderFilterResult, data)
         assert unknown == []
@@ -144,11 +144,13 @@ def test_without_node_cache_the_full_nodes_come_back(fake: FakeApiServer) -> Non
             n["metadata"]["name"] for n in sent
         ]
 
-        status, data = http.post_raw("/prioritize", vector("nodecache-false/prioritize-001.json"))
+        status, data = served.http.post_raw(
+            "/prioritize", vector("nodecache-false/prioritize-001.json")
+        )
         scores, _ = go.decode(go.HostPriorityList, data)
         assert sorted(s["Host"] for s in scores) == sorted(NODES)
 
-        status, data = http.post_raw("/bind", vector("nodecache-false/bind-001.json"))
+        status, data = served.http.post_raw("/bind", vector("nodecache-false/bind-001.json"))
         result, _ = go.decode(go.ExtenderBindingResult, data)
         assert result["Error"] == ""
     stored = fake.get("pods", created["metadata"]["name"], "default")
@@ -167,8 +169,8 @@ def test_failed_and_unresolvable_nodes_decode_with_reasons(fake: FakeApiServer) 
         vector("nodecache-false/filter-001.json"),
         vector("nodecache-false/filter-003.json"),
     ):
-        with serving(fake, filter_answer="all") as (_service, http):
-            _status, data = http.post_raw("/filter", body)
+        with serving(fake, filter_answer="all") as served:
+            _status, data = served.http.post_raw("/filter", body)
             result, unknown = go.decode(go.ExtenderFilterResult, data)
             assert unknown == []
             assert go.filter_survivors(result, node_cache_capable=False) == ["peer-node-2"]
@@ -185,8 +187,8 @@ def test_keys_are_matched_case_insensitively_like_go(fake: FakeApiServer) -> Non
     _cluster(fake)
     doc = json.loads(vector("filter-001.json"))
     lowered = {"pod": doc["Pod"], "nodes": None, "nodenames": doc["NodeNames"]}
-    with serving(fake, filter_answer="all") as (_service, http):
-        _status, data = http.post_raw("/filter", json.dumps(lowered).encode())
+    with serving(fake, filter_answer="all") as served:
+        _status, data = served.http.post_raw("/filter", json.dumps(lowered).encode())
         result, _ = go.decode(go.ExtenderFilterResult, data)
         assert go.filter_survivors(result, True) == doc["NodeNames"]
 
@@ -207,9 +209,9 @@ def test_status_summary_reaches_the_custom_resource(fake: FakeApiServer) -> None
     _cluster(fake)
     filter_body = vector("filter-001.json")
     _create_captured_pod(fake, filter_body)
-    with serving(fake) as (_service, http):
-        http.post_raw("/filter", filter_body)
-        http.post_raw("/bind", vector("bind-001.json"))
+    with serving(fake) as served:
+        served.http.post_raw("/filter", filter_body)
+        served.http.post_raw("/bind", vector("bind-001.json"))
 
         def written() -> list[dict[str, Any]]:
             status = fake.get("nodedevices", "peer-node-2").get("status") or {}
