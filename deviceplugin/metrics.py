@@ -8,7 +8,7 @@ the kubelet and the NodeDevices object were last told.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +25,11 @@ dcgm-exporter's, so tessera's components take 9465 (agent) and 9466 (NRI hook)."
 _MIB = 1 << 20
 
 
+def _per_node(name: str, help: str, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    """A gauge family of the agent's node: every sample carries the `node` label first."""
+    return GaugeMetricFamily(name, help, labels=["node", *labels])
+
+
 class AgentCollector(Collector):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
@@ -33,40 +38,37 @@ class AgentCollector(Collector):
         agent = self._agent
         inventory = agent.inventory
         node = inventory.node_name
-        gpu_info = GaugeMetricFamily(
+        gpu_info = _per_node(
             "tessera_node_gpu_info",
             "One per GPU the agent discovered (value 1), with what identifies it",
-            labels=["node", "gpu", "uuid", "model", "minor", "pci_bus_id"],
+            ["gpu", "uuid", "model", "minor", "pci_bus_id"],
         )
-        healthy = GaugeMetricFamily(
+        healthy = _per_node(
             "tessera_node_gpu_healthy",
             "1 while the GPU is healthy (advertised to the kubelet as usable), else 0",
-            labels=["node", "gpu", "uuid"],
+            ["gpu", "uuid"],
         )
-        memory = GaugeMetricFamily(
-            "tessera_node_gpu_memory_bytes",
-            "GPU memory of the device",
-            labels=["node", "gpu", "uuid"],
+        memory = _per_node(
+            "tessera_node_gpu_memory_bytes", "GPU memory of the device", ["gpu", "uuid"]
         )
-        nic_healthy = GaugeMetricFamily(
+        nic_healthy = _per_node(
             "tessera_node_rdma_device_healthy",
             "1 while every port of the RDMA device is active, else 0",
-            labels=["node", "device"],
+            ["device"],
         )
-        units = GaugeMetricFamily(
+        units = _per_node(
             "tessera_device_plugin_units",
             "Units advertised to the kubelet, by resource and health",
-            labels=["node", "resource", "health"],
+            ["resource", "health"],
         )
-        skipped = GaugeMetricFamily(
+        skipped = _per_node(
             "tessera_device_plugin_discovery_errors",
             "Devices discovery could not read (logged; the rest is served)",
-            labels=["node"],
         )
-        api_ok = GaugeMetricFamily(
+        api_ok = _per_node(
             "tessera_device_plugin_api_ok",
             "1 when the last write of this kind to the API server succeeded, else 0",
-            labels=["node", "write"],
+            ["write"],
         )
         for g in inventory.gpus:
             gpu = str(g.index)
