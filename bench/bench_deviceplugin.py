@@ -212,7 +212,10 @@ def _rss_results() -> list[Result]:
     common = (
         "the client's REST layer and config loader only (kube_edge/lean.py); record "
         "verification keys given, as the DaemonSet mounts them (the cryptography package's "
-        "Ed25519 code is resident)"
+        "Ed25519 code is resident). Libraries read back from disk (bench.common."
+        "uncache_libraries); with every library file just written, as right after an "
+        "install, the kernel maps whole cached folios and the same agent reads about 4 MB "
+        "more, all of it shared library pages"
     )
     if not _can_run_in_a_pod():
         note = (

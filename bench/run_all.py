@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import BenchContext, Result
+from bench.common import BenchContext, Result, uncache_libraries
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/benchmarks.md")
     args = parser.parse_args(argv)
     ctx = BenchContext(openb=args.openb, quick=args.quick)
+    uncache_libraries()  # before any benchmark maps them (see its doc)
     results: list[tuple[str, Result]] = []
     for name in discover(args.only):
         module = importlib.import_module(f"bench.{name}")
