@@ -182,8 +182,6 @@ class Extender:
     def filter(self, args: Any) -> dict[str, Any]:
         pod = _pod_of(args)
         nodes = _nodes_of(args)
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
         try:
             request = self.request_of(pod)
         except RequestError as exc:
@@ -197,44 +195,45 @@ class Extender:
         evaluation, problems = assessment.evaluation, assessment.problems
         scores = evaluation.scores
         passed = [name for name in nodes.names if name in scores]
-        # refused for the node's problem alone: counted under that reason; a node that
-        # also fails on capacity shows and counts the capacity reason, once
+        # refused for the node's problem alone, counted and shown under that reason (a node
+        # that also fails on capacity shows and counts the capacity reason, once)
         by_problem: list[str] = []
         if problems and not problems.keys().isdisjoint(passed):
-            for name in passed:
-                if name in problems:
-                    failed[name] = REASON_PREFIX + problems[name]
-                    by_problem.append(name)
+            by_problem = [name for name in passed if name in problems]
             passed = [name for name in passed if name not in problems]
         # failures share a few NoFit objects: one text per object, then C-level passes
         failures = evaluation.failures
         ids = list(map(id, failures.values()))
         nofit_of = dict(zip(ids, failures.values(), strict=True))
         text_of = {key: REASON_PREFIX + nofit.reason for key, nofit in nofit_of.items()}
+        counts = Counter(ids)
+        if problems:
+            # no usable inventory, and the problem says why (e.g. it does not parse)
+            unknown = [n for n in problems.keys() & failures.keys() if failures[n] is UNKNOWN_NODE]
+            counts[id(UNKNOWN_NODE)] -= len(unknown)
+            by_problem += unknown
+        reasons: Counter[str] = Counter()
+        for key, count in counts.items():
+            if count:
+                reasons[reason_category(text_of[key])] += count
+        for name in by_problem:
+            reasons[reason_category(REASON_PREFIX + problems[name])] += 1
+        self._count_failures(reasons)
+        if passed and self.answer_best and not states_preferences(pod):
+            # kube-scheduler reads the other nodes' reasons only when none survives: they
+            # are not even written
+            return self._filter_reply(nodes, [best_node(scores, passed)], {}, {})
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
         texts = map(text_of.__getitem__, ids)
         if any(nofit.unresolvable for nofit in nofit_of.values()):
             for name, key, text in zip(failures, ids, texts, strict=True):
                 (unresolvable if nofit_of[key].unresolvable else failed)[name] = text
         else:
             failed.update(zip(failures, texts, strict=True))
-        counts = Counter(ids)
-        for name in problems.keys() & failures.keys() if problems else ():
-            if failures[name] is UNKNOWN_NODE:
-                # no usable inventory, and we know why (e.g. it does not parse)
-                unresolvable.pop(name, None)
-                failed[name] = REASON_PREFIX + problems[name]
-                counts[id(UNKNOWN_NODE)] -= 1
-                by_problem.append(name)
-        reasons: Counter[str] = Counter()
-        for key, count in counts.items():
-            if count:
-                reasons[reason_category(text_of[key])] += count
         for name in by_problem:
-            reasons[reason_category(failed[name])] += 1
-        self._count_failures(reasons)
-        if passed and self.answer_best and not states_preferences(pod):
-            # kube-scheduler reads the other nodes' reasons only when none survives
-            return self._filter_reply(nodes, [best_node(scores, passed)], {}, {})
+            unresolvable.pop(name, None)
+            failed[name] = REASON_PREFIX + problems[name]
         return self._filter_reply(nodes, passed, failed, unresolvable)
 
     def _count_failures(self, reasons: Counter[str]) -> None:

@@ -344,11 +344,27 @@ def test_each_refused_node_is_counted_once_under_one_reason(
     assert ("ok" in reply["NodeNames"]) is fits_elsewhere
     if fits_elsewhere:
         assert "heartbeat" in refused["quiet"]
-    counted = sum(
-        s.value
+    assert _failures_counted(metrics) == len(refused)
+    # the best answer writes no reasons when a node fits, yet counts the same failures
+    best = Metrics()
+    Extender(cache, best, answer="best").filter(args(pod("p", resources), names))
+    assert _failures_counted(best) == len(refused)
+    assert _failure_labels(best) == _failure_labels(metrics)
+
+
+def _failure_samples(metrics: Metrics) -> list[Any]:
+    return [
+        s
         for family in metrics.registry.collect()
         if family.name == "tessera_scheduler_node_failures"
         for s in family.samples
         if s.name.endswith("_total")
-    )
-    assert counted == len(refused)
+    ]
+
+
+def _failures_counted(metrics: Metrics) -> float:
+    return float(sum(s.value for s in _failure_samples(metrics)))
+
+
+def _failure_labels(metrics: Metrics) -> dict[str, float]:
+    return {s.labels["reason"]: s.value for s in _failure_samples(metrics)}
