@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from bench import scale_common as sc
-from bench.common import percentile
+from bench.common import percentile, uncache_libraries
 
 SECTION_START = "<!-- scale: written by make bench-scale -->"
 SECTION_END = "<!-- /scale -->"
@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         mode = choose_mode(args.mode, asked_real, binaries.missing(*binaries.CONTROL_PLANE))
     except ValueError as exc:
         p.error(str(exc))
+    uncache_libraries()  # tessera-scheduler's RSS from libraries read back from disk
     if mode == "real":
         args.kube_scheduler_version = kube_scheduler_version()
         lines = real(args)
