@@ -178,6 +178,7 @@ class NvmlBackend:
             except _CallError as exc:
                 result.errors.append(InventoryError(f"nvml:gpu{index}", exc.call, str(exc.error)))
         gpu_by_bus = {gpu.pci_bus_id: gpu.uuid for _, gpu in read}
+        index_of = {gpu.uuid: gpu.index for _, gpu in read}
         ends = {gpu.uuid: self._nvlink_ends(handle, gpu_by_bus) for handle, gpu in read}
         for handle, gpu in read:
             links = dict(ends[gpu.uuid][0])
@@ -202,7 +203,7 @@ class NvmlBackend:
                     numa_node=location.numa_node,
                     pcie_root=location.pcie_root,
                     pcie_switch=location.pcie_switch,
-                    nvlinks=tuple(sorted(links.items())),
+                    nvlinks=tuple(sorted((index_of[peer], n) for peer, n in links.items())),
                     mig_enabled=gpu.mig_enabled,
                 )
             )

@@ -66,6 +66,7 @@ from tessera.policy_registry import make_policies
 from tessera.request import PodRequest
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, UNITS_PER_DEVICE
 from tessera.scoring_policy import Policy
+from tessera.sharing import SharedValues
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +88,26 @@ def _gpu_usage(name: str, node: NodeState) -> Iterator[GpuUsage]:
         )
 
 
+_SHARED_DEVICES = SharedValues()
+"""NICs and NVLink peer lists seen in NodeDevices, each kept once for every node that
+has an equal one."""
+
+
 def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
     """A NodeDevices spec as the state takes it: the inventory, or why it cannot be used.
     Its strings are interned: 5,000 nodes repeat one GPU model, PCIe roots and bus IDs,
     and every allocation record of a GPU names its UUID again (records are decoded with
-    the same `share`); interned strings go when their last holder goes."""
+    the same `share`); interned strings go when their last holder goes. Its NICs and each
+    GPU's NVLink peers are shared with equal ones of other nodes (`_SHARED_DEVICES`): at
+    5,000 nodes of 8 NVLinked GPUs and 4 NICs of 8 virtual functions that saves some
+    7 KB a node."""
     try:
         if not isinstance(spec, Mapping):
             raise ValueError("spec is missing or not an object")
         source = f"nodedevices/{name}"
-        return NodeInventory.from_dict(spec, source=source, node_name=name, share=intern)
+        return NodeInventory.from_dict(
+            spec, source=source, node_name=name, share=intern, shared=_SHARED_DEVICES
+        )
     except (TesseraError, ValueError, TypeError, AttributeError, KeyError) as exc:
         return str(exc)
     except Exception as exc:

@@ -14,6 +14,7 @@ from typing import Any, Final, TypedDict
 
 from tessera.errors import InventoryError
 from tessera.resources import DEFAULT_MEMORY_UNIT_MIB
+from tessera.sharing import Share, as_is
 
 # Bounds on inventories. Node agents write them (the NodeDevices object), so a broken or
 # hostile agent must not be able to make the scheduler build huge lists or numbers that do
@@ -79,15 +80,17 @@ class Gpu(PciDevice):
     minor: int
     model: str
     memory_mib: int
-    nvlinks: tuple[tuple[str, int], ...] = ()
-    """(peer GPU UUID, active NVLink count), sorted by peer."""
+    nvlinks: tuple[tuple[int, int], ...] = ()
+    """(peer GPU's index, active NVLink count), sorted by peer. Peers are named by index
+    rather than UUID so that nodes of one make hold equal tuples, which the scheduler keeps
+    once for all of them (the inventory's dict form names peers by UUID)."""
     healthy: bool = True
     health_reason: str = ""
     mig_enabled: bool = False
 
-    def nvlink_count(self, peer_uuid: str) -> int:
+    def nvlink_count(self, peer_index: int) -> int:
         for peer, links in self.nvlinks:
-            if peer == peer_uuid:
+            if peer == peer_index:
                 return links
         return 0
 
@@ -162,10 +165,11 @@ class NodeInventory:
     # --- the shared dict schema -------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        uuids = {g.index: g.uuid for g in self.gpus}
         return {
             "nodeName": self.node_name,
             "memoryUnitMiB": self.memory_unit_mib,
-            "gpus": [_gpu_to_dict(g) for g in self.gpus],
+            "gpus": [_gpu_to_dict(g, uuids) for g in self.gpus],
             "rdma": [_nic_to_dict(n) for n in self.nics],
         }
 
@@ -176,11 +180,13 @@ class NodeInventory:
         source: str = "inventory",
         node_name: str | None = None,
         share: Callable[[str], str] | None = None,
+        shared: Share = as_is,
     ) -> NodeInventory:
         """Parse and validate the shared schema; errors name `source` and the field path.
         `share` maps every string kept to the one copy the caller keeps (e.g. sys.intern:
-        thousands of nodes repeat one GPU model, PCIe roots and bus IDs)."""
-        return _parse_inventory(doc, source, node_name, share or _as_is)
+        thousands of nodes repeat one GPU model, PCIe roots and bus IDs); `shared` does the
+        same for each NIC and each GPU's NVLink peers (e.g. a `SharedValues`)."""
+        return _parse_inventory(doc, source, node_name, share or _as_is, shared)
 
 
 # --- serialization ---------------------------------------------------------------------------
@@ -195,7 +201,7 @@ def _pci_to_dict(d: PciDevice) -> dict[str, Any]:
     }
 
 
-def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
+def _gpu_to_dict(g: Gpu, uuids: Mapping[int, str]) -> dict[str, Any]:
     return {
         "uuid": g.uuid,
         "index": g.index,
@@ -203,7 +209,7 @@ def _gpu_to_dict(g: Gpu) -> dict[str, Any]:
         "model": g.model,
         "memoryMiB": g.memory_mib,
         **_pci_to_dict(g),
-        "nvlinks": [{"peer": peer, "links": links} for peer, links in g.nvlinks],
+        "nvlinks": [{"peer": uuids[peer], "links": links} for peer, links in g.nvlinks],
         "healthy": g.healthy,
         "healthReason": g.health_reason,
         "migEnabled": g.mig_enabled,
@@ -321,7 +327,11 @@ def _as_is(text: str) -> str:
 
 
 def _parse_inventory(
-    doc: Mapping[str, Any], source: str, node_name: str | None, share: Callable[[str], str]
+    doc: Mapping[str, Any],
+    source: str,
+    node_name: str | None,
+    share: Callable[[str], str],
+    shared: Share,
 ) -> NodeInventory:
     r = _Reader(source, share)
     doc = r.mapping(doc, "$")
@@ -363,7 +373,9 @@ def _parse_inventory(
                 model=r.string(g, "model", path),
                 memory_mib=r.integer(g, "memoryMiB", path, minimum=1, maximum=MAX_GPU_MEMORY_MIB),
                 **_parse_pci(r, g, path),
-                nvlinks=_parse_nvlinks(r, g.get("nvlinks"), f"{path}.nvlinks", uuid_by_index),
+                nvlinks=shared(
+                    _parse_nvlinks(r, g.get("nvlinks"), f"{path}.nvlinks", uuid_by_index)
+                ),
                 healthy=r.boolean(g, "healthy", path, True),
                 health_reason=r.string(g, "healthReason", path, default="", limit=MAX_REASON_CHARS),
                 mig_enabled=r.boolean(g, "migEnabled", path, False),
@@ -373,16 +385,12 @@ def _parse_inventory(
     _check_unique(r, "gpus", [g.index for g in gpus], "index")
     _check_unique(r, "gpus", [g.minor for g in gpus], "minor")
     _check_unique(r, "gpus", [g.pci_bus_id for g in gpus], "pciBusId")
-    known = {gpu.uuid for gpu in gpus}
     for i, gpu in enumerate(gpus):
-        for peer, _ in gpu.nvlinks:
-            if peer not in known:
-                raise r.fail(f"gpus[{i}].nvlinks", f"peer {_short(peer)} is not a GPU of this node")
-            if peer == gpu.uuid:
-                raise r.fail(f"gpus[{i}].nvlinks", "a GPU cannot link to itself")
+        if any(peer == gpu.index for peer, _ in gpu.nvlinks):
+            raise r.fail(f"gpus[{i}].nvlinks", "a GPU cannot link to itself")
 
     nics = [
-        _parse_nic(r, r.mapping(n, f"rdma[{i}]"), f"rdma[{i}]")
+        shared(_parse_nic(r, r.mapping(n, f"rdma[{i}]"), f"rdma[{i}]"))
         for i, n in enumerate(r.sequence(doc.get("rdma"), "rdma", MAX_NICS_PER_NODE))
     ]
     _check_unique(r, "rdma", [n.ibdev for n in nics], "ibdev")
@@ -394,8 +402,9 @@ def _parse_inventory(
 
 def _parse_nvlinks(
     r: _Reader, value: Any, path: str, uuid_by_index: Mapping[int, str]
-) -> tuple[tuple[str, int], ...]:
-    """Accept [{peer, links}] (peer = UUID or index) or {peer: links}."""
+) -> tuple[tuple[int, int], ...]:
+    """Accept [{peer, links}] (peer = UUID or index) or {peer: links}; peers come back as
+    indexes."""
     if value is None:
         return ()
     pairs: list[tuple[Any, Any]]
@@ -408,27 +417,32 @@ def _parse_nvlinks(
         for i, raw in enumerate(r.sequence(value, path, MAX_GPUS_PER_NODE)):
             item = r.mapping(raw, f"{path}[{i}]")
             pairs.append((item.get("peer"), item.get("links")))
-    links: dict[str, int] = {}
-    for raw_peer, count in pairs:
-        peer = raw_peer
+    index_by_uuid = {uuid: index for index, uuid in uuid_by_index.items()}
+    links: dict[int, int] = {}
+    for peer, count in pairs:
         if isinstance(peer, str) and len(peer) > MAX_NAME_CHARS:
             raise r.fail(path, f"peer of {len(peer)} characters, more than {MAX_NAME_CHARS}")
-        if (isinstance(raw_peer, int) and not isinstance(raw_peer, bool)) or (
-            isinstance(raw_peer, str) and raw_peer.isascii() and raw_peer.isdigit()
+        index: int | None
+        if (isinstance(peer, int) and not isinstance(peer, bool)) or (
+            isinstance(peer, str) and peer.isascii() and peer.isdigit()
         ):
-            index = int(raw_peer)
+            index = int(peer)
             if index not in uuid_by_index:
                 raise r.fail(path, f"peer index {_short(index)} is not a GPU of this node")
-            peer = uuid_by_index[index]
-        if not isinstance(peer, str) or not peer:
+            label = uuid_by_index[index]
+        elif isinstance(peer, str) and peer:
+            index, label = index_by_uuid.get(peer), peer
+        else:
             raise r.fail(path, f"peer must be a GPU UUID or index, got {_short(peer)}")
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_NVLINKS:
             raise r.fail(
-                f"{path}.{peer}",
+                f"{path}.{label}",
                 f"link count must be an integer in 0..{MAX_NVLINKS}, got {_short(count)}",
             )
+        if index is None:
+            raise r.fail(path, f"peer {_short(peer)} is not a GPU of this node")
         if count:
-            links[peer] = count
+            links[index] = count
     return tuple(sorted(links.items()))
 
 

@@ -59,7 +59,7 @@ def pci_tier(a: PciDevice, b: PciDevice) -> Tier:
 
 
 def gpu_pair_tier(a: Gpu, b: Gpu) -> Tier:
-    if a.nvlink_count(b.uuid) > 0 or b.nvlink_count(a.uuid) > 0:
+    if a.nvlink_count(b.index) > 0 or b.nvlink_count(a.index) > 0:
         return Tier.NVLINK
     return pci_tier(a, b)
 
@@ -70,8 +70,8 @@ _shared: dict[tuple[object, ...], TierMatrix] = {}
 
 
 def _topology_key(gpus: Sequence[Gpu]) -> tuple[object, ...]:
-    """Everything a TierMatrix reads of `gpus`, with NVLink peers as slots, not UUIDs."""
-    slot = {g.uuid: i for i, g in enumerate(gpus)}
+    """Everything a TierMatrix reads of `gpus`, with NVLink peers as slots, not indexes."""
+    slot = {g.index: i for i, g in enumerate(gpus)}
     return tuple(
         (
             g.numa_node,
@@ -109,7 +109,8 @@ class TierMatrix:
         for i in range(n):
             for j in range(i + 1, n):
                 t = gpu_pair_tier(gpus[i], gpus[j])
-                links = max(gpus[i].nvlink_count(gpus[j].uuid), gpus[j].nvlink_count(gpus[i].uuid))
+                a, b = gpus[i], gpus[j]
+                links = max(a.nvlink_count(b.index), b.nvlink_count(a.index))
                 self.tier[i][j] = self.tier[j][i] = t
                 self.links[i][j] = self.links[j][i] = links
 

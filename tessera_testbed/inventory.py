@@ -4,6 +4,8 @@ describe the same kind of node."""
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +48,28 @@ def inventory_spec(
         ],
         "summary": {"gpus": gpus, "model": model},
     }
+
+
+@functools.cache
+def _make_text(topology: str) -> str:
+    from tessera_edge.topology_file import load_topology
+
+    return json.dumps(load_topology(topology).to_dict())
+
+
+def make_spec(node: str, topology: str = "h100-sxm-8x") -> dict[str, Any]:
+    """A NodeDevices spec of a built-in make as its node agent publishes it (for the
+    default, 8 GPUs all NVLinked and 4 RDMA NICs of 8 virtual functions each), with GPU
+    UUIDs of this node ("GPU-<node>-<index>"): nodes of one make differ in their UUIDs
+    alone."""
+    spec: dict[str, Any] = json.loads(_make_text(topology))
+    spec["nodeName"] = node
+    uuids = {g["uuid"]: f"GPU-{node}-{g['index']}" for g in spec["gpus"]}
+    for g in spec["gpus"]:
+        g["uuid"] = uuids[g["uuid"]]
+        for link in g["nvlinks"]:
+            link["peer"] = uuids[link["peer"]]
+    return spec
 
 
 def nodedevices(node: str, **spec: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from tessera.cluster_state import ClusterState
 from tessera.errors import InventoryError, RecordError
 from tessera.model import NodeInventory
 from tessera.quantity import QuantityError, cpu_millis, memory_mib, parse_quantity, whole_count
+from tessera.sharing import SharedValues
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
 SIGNER = record.Keyring.generate("k1")
@@ -152,6 +153,7 @@ def test_any_quantity_parses_or_is_a_quantity_error(value: str | int | float | b
 
 
 TOPOLOGIES = [load_topology(name, "n1").to_dict() for name in BUILTIN_TOPOLOGIES]
+SHARED = SharedValues(limit=16)
 
 
 def _replace(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
@@ -184,6 +186,9 @@ def test_a_mutated_node_devices_spec_parses_or_is_an_inventory_error(
         inventory = NodeInventory.from_dict(doc, source="nodedevices/n1", node_name="n1")
     except InventoryError:
         return
+    # shared with what earlier examples left in a small table: the same inventory
+    shared = NodeInventory.from_dict(doc, source="nodedevices/n1", node_name="n1", shared=SHARED)
+    assert shared == inventory
     state = ClusterState()
     state.set_node(inventory)
     ClusterIndex(state)  # whatever parses fits the scheduler's columns

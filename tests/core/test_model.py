@@ -67,7 +67,7 @@ def test_duplicate_devices_are_refused() -> None:
         NodeInventory.from_dict(doc)
 
 
-def test_nvlinks_by_index_resolve_to_uuids() -> None:
+def test_nvlink_peers_by_index_or_uuid_are_kept_as_indexes() -> None:
     doc = {
         "gpus": [
             {
@@ -87,8 +87,15 @@ def test_nvlinks_by_index_resolve_to_uuids() -> None:
         ]
     }
     inv = NodeInventory.from_dict(doc)
-    assert inv.gpus[0].nvlinks == (("GPU-b", 4),)
-    assert inv.gpus[1].nvlink_count("GPU-a") == 4
+    assert inv.gpus[0].nvlinks == ((1, 4),)
+    assert inv.gpus[1].nvlink_count(0) == 4
+    # the dict form names peers by UUID, and reads back to the same inventory
+    written = inv.to_dict()
+    assert [g["nvlinks"] for g in written["gpus"]] == [
+        [{"peer": "GPU-b", "links": 4}],
+        [{"peer": "GPU-a", "links": 4}],
+    ]
+    assert NodeInventory.from_dict(written) == inv
 
 
 def test_topology_text_errors(tmp_path: Path) -> None:

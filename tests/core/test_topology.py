@@ -8,7 +8,7 @@ from .builders import gpu, nic
 
 
 def test_pair_tiers_from_tightest_to_loosest() -> None:
-    a = gpu(0, pcie_switch="sw0", numa_node=0, pcie_root="r0", nvlinks=(("GPU-00000001", 2),))
+    a = gpu(0, pcie_switch="sw0", numa_node=0, pcie_root="r0", nvlinks=((1, 2),))
     b = gpu(1, pcie_switch="sw1", numa_node=0, pcie_root="r0")
     c = gpu(2, pcie_switch="sw0", numa_node=0, pcie_root="r0")
     d = gpu(3, pcie_switch="sw9", numa_node=0, pcie_root="r1")
@@ -62,7 +62,7 @@ def _mesh(prefix: str, links: int, root_of: int = 2) -> list[Gpu]:
             uuid=uuid[i],
             numa_node=i // 2,
             pcie_root=f"r{i // root_of}",
-            nvlinks=((uuid[peer[i]], links),),
+            nvlinks=((peer[i], links),),
         )
         for i in range(4)
     ]

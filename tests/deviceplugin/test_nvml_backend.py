@@ -60,7 +60,7 @@ def test_h100_discovery(tmp_path: Path, legacy: bool) -> None:
     # through the NVSwitches every pair has 18 links, as `nvidia-smi topo -m` shows NV18
     for gpu in found.gpus:
         peers = dict(gpu.nvlinks)
-        assert set(peers) == {g.uuid for g in found.gpus} - {gpu.uuid}
+        assert set(peers) == {g.index for g in found.gpus} - {gpu.index}
         assert set(peers.values()) == {18}
 
 
@@ -79,7 +79,7 @@ def test_direct_nvlink_bridges_pair_gpus(tmp_path: Path) -> None:
         gpus.append(nv.FakeGpu(f"GPU-a{i}", "NVIDIA A100 80GB PCIe", bus, 81920, links=links))
     found = NvmlBackend(nv.FakeNvml(gpus), sysfs_root=tmp_path).discover()
     peers = {g.index: dict(g.nvlinks) for g in found.gpus}
-    assert peers == {0: {"GPU-a1": 4}, 1: {"GPU-a0": 4}, 2: {"GPU-a3": 4}, 3: {"GPU-a2": 4}}
+    assert peers == {0: {1: 4}, 1: {0: 4}, 2: {3: 4}, 3: {2: 4}}
 
 
 def test_without_nvlink_support_there_are_no_peers(tmp_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_a_gpu_that_cannot_be_read_is_skipped_with_a_named_error(tmp_path: Path)
     assert "GPU is lost" in str(error)
     assert found.gpus[3].minor == 4  # NOT_SUPPORTED minor falls back to the index
     # GPU 2's links no longer count toward anyone
-    assert all(fake.gpus[2].uuid not in dict(g.nvlinks) for g in found.gpus)
+    assert all(2 not in dict(g.nvlinks) for g in found.gpus)
 
 
 def test_missing_sysfs_entry_keeps_the_gpu_without_topology(tmp_path: Path) -> None:

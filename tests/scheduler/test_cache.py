@@ -10,12 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler_plugin.cache import Cache
+from scheduler_plugin.cache import Cache, parse_inventory
 from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen, Refused
+from tessera.model import NodeInventory
 from tessera.request import parse_pod
 from tessera.resources import UNITS_PER_DEVICE
-from tessera_testbed.inventory import inventory_spec
+from tessera_testbed.inventory import inventory_spec, make_spec
 from tests.scheduler.helpers import (
     pod,
     share,
@@ -32,6 +33,17 @@ def cache_with(node: str, gpus: int) -> Cache:
     cache = Cache("binpack", require_heartbeat=False)
     cache.upsert_inventory(node, inventory_spec(node, gpus=gpus))
     return cache
+
+
+def test_nodes_of_one_make_share_their_nics_and_nvlink_peers() -> None:
+    """What makes 5,000 nodes of 8 NVLinked GPUs and 4 NICs of 8 VFs fit the memory
+    target (bench/bench_memory.py loads such nodes)."""
+    a, b = (parse_inventory(node, make_spec(node)) for node in ("n1", "n2"))
+    assert isinstance(a, NodeInventory) and isinstance(b, NodeInventory)
+    assert a.nics and all(nic.vfs for nic in a.nics)
+    assert all(x is y for x, y in zip(a.nics, b.nics, strict=True))
+    assert all(x.nvlinks is y.nvlinks and x.nvlinks for x, y in zip(a.gpus, b.gpus, strict=True))
+    assert a.gpus[0].uuid != b.gpus[0].uuid
 
 
 def test_nothing_outside_can_reach_a_field() -> None:
