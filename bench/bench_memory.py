@@ -37,7 +37,10 @@ CYCLES = 20
 """Churn cycles measured, after as many again to warm up (see `run`)."""
 CHURN_NODES = 250
 GPUS = 8
-MEM = 81920
+"""GPUs of a node: each is an 8x H100 SXM with 4 RDMA NICs of 8 virtual functions, as its
+node agent publishes it (`make_spec`)."""
+MEM = 81559
+"""Memory of each GPU, MiB (the make's)."""
 SHARES = (20, 25, 30, 50)
 
 
@@ -62,7 +65,7 @@ class _Sink:
 
 
 def node_object(name: str, version: int) -> dict[str, Any]:
-    from tessera_testbed.inventory import inventory_spec
+    from tessera_testbed.inventory import make_spec
 
     return {
         "apiVersion": "tessera.dev/v1alpha1",
@@ -74,7 +77,7 @@ def node_object(name: str, version: int) -> dict[str, Any]:
             "generation": 1,
             "creationTimestamp": "2026-01-01T00:00:00Z",
         },
-        "spec": inventory_spec(name, GPUS, mem=MEM, nics=4),
+        "spec": make_spec(name),
     }
 
 

@@ -28,13 +28,16 @@ from bench.common import BenchContext, Result, percentile, serving_child
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS_PER_NODE = 8
-MEM = 81920
+MEM = 81559
+"""Memory of each GPU, MiB: nodes are 8x H100 SXM (`node_spec`)."""
 
 
 def node_spec(name: str) -> dict[str, Any]:
-    from tessera_testbed.inventory import inventory_spec
+    """An 8x H100 SXM node as its agent publishes it: NVLinked GPUs, 4 RDMA NICs of 8
+    virtual functions."""
+    from tessera_testbed.inventory import make_spec
 
-    return inventory_spec(name, GPUS_PER_NODE, mem=MEM)
+    return make_spec(name)
 
 
 def create_nodes(client: Any, count: int) -> list[str]:
