@@ -11,6 +11,7 @@ import numpy as np
 
 from tessera.cluster_index import UNTRACKED, name_order
 from tessera.fragmentation.measure import FragmentMeasure
+from tessera.fragmentation.packing import NO_VALUES, PackingValues, packing_values
 from tessera.fragmentation.shape_cache import ShapeCache
 from tessera.fragmentation.workload import OnlineWorkload, Workload
 from tessera.model import model_matches
@@ -58,9 +59,12 @@ class FragmentationPolicy(Policy):
 
     The raw score of a placement, in GPUs, is
 
-        dF + balance * dS + pack * used_after
+        dF + balance * dS + pack * used_after - packing * dP
 
-    dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
+    dP: for a share, the packing value it gives up on the GPU it takes (`PackingValues.loss`
+    under the learned mix of share sizes: 0 when the placement can be part of an optimal
+    packing of the mix); `packing` (10) makes it come first, before what the other terms
+    can tell apart. dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
     learned so far); dS: how much the node's GPU stranded by host CPU or memory drops, where
     the GPU a node can still feed is its free CPU (memory) over the CPU (memory) the
     workload asks per GPU; used_after: the node's share of GPU in use after the pod (per GPU
@@ -88,8 +92,9 @@ class FragmentationPolicy(Policy):
         weighting: str = "count",
         pack_by: str = "fraction",
         quantum: float = 0.1,
-        order: float = 1e-6,
+        order: float = 1e-3,
         scarcity: float = 1.0,
+        packing: float = 10.0,
     ) -> None:
         if weighting not in ("count", "demand"):
             raise ValueError(f"weighting must be 'count' or 'demand', got {weighting!r}")
@@ -102,6 +107,9 @@ class FragmentationPolicy(Policy):
         self.pack = pack
         self.balance = balance
         self.scarcity = scarcity
+        self.packing = packing
+        self.values: PackingValues = NO_VALUES
+        """What shares and free GPU room are worth under the learned workload (`packing`)."""
         self._prot_key: tuple[object, ...] | None = None
         self._prot: FloatArray | None = None
         """Per model id of the last index (and a last 0 for "no GPU"): how likely a GPU of
@@ -134,6 +142,11 @@ class FragmentationPolicy(Policy):
         # host CPU and memory the GPU workload asks per percent of a GPU (0: unconstrained)
         self._cpu_per_pct = cpu / gpu if gpu else 0.0
         self._mem_per_pct = mem / gpu if gpu else 0.0
+        shares: dict[int, float] = {}
+        for c, w in zip(workload.classes, workload.weights, strict=True):
+            if c.is_share and 0 < c.core < _FULL:
+                shares[c.core] = shares.get(c.core, 0.0) + w
+        self.values = packing_values(shares) if self.packing else NO_VALUES
 
     @property
     def workload(self) -> Workload:
@@ -230,6 +243,12 @@ class FragmentationPolicy(Policy):
                 idle_a, cpu - cpu_milli, mem - memory_mib
             )
             raw = raw + self.balance * strand / _FULL
+        if self.packing and self.values.gpus:
+            # a share gives up packing value (whole GPUs and untouched slots lose none)
+            raw = raw - self.packing * sum(
+                self.values.loss(int(core_before[s]), int(core_before[s] - core_after[s]))
+                for s in healthy
+            )
         if self._prot_by_name:
             prot = self._prot_by_name
             cost = sum(
@@ -472,6 +491,8 @@ class FragmentationPolicy(Policy):
                 mem[:, None] - sub_case.memory_mib,
                 np.where(np.isfinite(delta), used2, 0.0),
             )
+            if self.packing and self.values.gpus:
+                raw = raw - self.packing * self.values.losses(fc, sub_case.core)
             if prot is not None:
                 # the share's part of a GPU, on each candidate GPU's model
                 raw = raw - self.scarcity * sub_case.core / _FULL * (prot[index.model[sub]] - base)
