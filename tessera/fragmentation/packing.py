@@ -39,6 +39,8 @@ from tessera.resources import UNITS_PER_DEVICE
 FULL = UNITS_PER_DEVICE
 """A whole GPU, in percent."""
 _EPS = 1e-9
+_MAX_PIVOTS = 20_000
+"""Simplex pivots per solve before giving up on optimality (values stay feasible)."""
 _MAX_PATTERNS = 400
 """Ways of filling a GPU the column generation may add before it stops (it needs a few
 dozen on the openb traces); values from a stopped run are still feasible, only less
@@ -88,18 +90,20 @@ def packing_values(demand: Mapping[int, float]) -> PackingValues:
         return NO_VALUES
     weight = np.asarray([float(demand[s]) for s in sizes])
     patterns: list[tuple[int, ...]] = [_single(i, s, len(sizes)) for i, s in enumerate(sizes)]
+    table = _DualTable(np.asarray(patterns, dtype=np.float64), weight)
     while True:
-        values, usage = _solve_dual(np.asarray(patterns, dtype=np.float64), weight)
+        values = table.values()
         best, counts = _best_fill(sizes, values)
         if best <= 1.0 + _EPS or len(patterns) >= _MAX_PATTERNS or counts in patterns:
             break
         patterns.append(counts)
+        table.add(np.asarray(counts, dtype=np.float64))
     unit = np.zeros(FULL + 1)
     unit[sizes] = values
     room = _rooms(sizes, values)
     used = tuple(
         (tuple(s for s, k in zip(sizes, p, strict=True) for _ in range(k)), float(x))
-        for p, x in zip(patterns, usage, strict=True)
+        for p, x in zip(patterns, table.usage(), strict=True)
         if x > _EPS
     )
     return PackingValues(unit, room, float(weight @ values), used)
@@ -115,67 +119,136 @@ def _single(i: int, size: int, n: int) -> tuple[int, ...]:
 def _best_fill(sizes: list[int], values: FloatArray) -> tuple[float, tuple[int, ...]]:
     """The most valuable way of filling one GPU (unbounded knapsack): (value, count per
     size)."""
-    best = [0.0] * (FULL + 1)
-    take = [-1] * (FULL + 1)
+    size = np.asarray(sizes)
+    best = np.zeros(FULL + 1)
+    take = np.full(FULL + 1, -1)
     for cap in range(1, FULL + 1):
-        best[cap], take[cap] = best[cap - 1], -1
-        for i, s in enumerate(sizes):
-            if s <= cap and best[cap - s] + values[i] > best[cap] + _EPS:
-                best[cap], take[cap] = best[cap - s] + float(values[i]), i
+        best[cap] = best[cap - 1]
+        fits = size <= cap
+        if fits.any():
+            gain = best[cap - size[fits]] + values[fits]
+            i = int(np.argmax(gain))
+            if gain[i] > best[cap] + _EPS:
+                best[cap], take[cap] = gain[i], int(np.flatnonzero(fits)[i])
     counts = [0] * len(sizes)
     cap = FULL
     while cap > 0:
-        i = take[cap]
+        i = int(take[cap])
         if i < 0:
             cap -= 1
         else:
             counts[i] += 1
             cap -= sizes[i]
-    return best[FULL], tuple(counts)
+    return float(best[FULL]), tuple(counts)
 
 
 def _rooms(sizes: list[int], values: FloatArray) -> FloatArray:
     """`room[g]`: the most the shares fitting in g percent are worth together."""
+    size = np.asarray(sizes)
     room = np.zeros(FULL + 1)
     for cap in range(1, FULL + 1):
+        fits = size <= cap
         room[cap] = room[cap - 1]
-        for i, s in enumerate(sizes):
-            if s <= cap:
-                room[cap] = max(room[cap], room[cap - s] + values[i])
+        if fits.any():
+            room[cap] = max(room[cap], float((room[cap - size[fits]] + values[fits]).max()))
     return room
 
 
-def _solve_dual(patterns: FloatArray, weight: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """max weight . u  s.t.  patterns @ u <= 1, u >= 0, by the simplex method from the
-    slack basis (feasible: the bounds are 1) with Bland's rule. Returns (u, and the dual
-    of this problem: how often each pattern is used in an optimal packing)."""
-    m, n = patterns.shape
-    # tableau: [patterns | identity | 1], objective row [-weight | 0 | 0]
-    table = np.zeros((m + 1, n + m + 1))
-    table[:m, :n] = patterns
-    table[:m, n : n + m] = np.eye(m)
-    table[:m, -1] = 1.0
-    table[m, :n] = -weight
-    basis = list(range(n, n + m))
-    for _ in range(50 * (n + m) + 1000):
-        entering = next((j for j in range(n + m) if table[m, j] < -_EPS), -1)
-        if entering < 0:
-            break
-        column = table[:m, entering]
-        rows = np.flatnonzero(column > _EPS)
-        # the problem is bounded (every size is in a pattern with a positive count)
-        ratios = table[rows, -1] / column[rows]
-        least = ratios.min()
-        tied = rows[ratios <= least + _EPS]
-        row = int(min(tied, key=lambda r: basis[r]))
-        table[row] /= table[row, entering]
-        others = np.abs(table[:, entering]) > 0
+class _DualTable:
+    """The dual of the restricted packing LP, max weight . u s.t. patterns @ u <= 1,
+    u >= 0, as a simplex tableau: solved from the slack basis (feasible: the bounds are 1)
+    by the primal simplex with Bland's rule (the problem is highly degenerate, and Bland's
+    rule cannot cycle); each new pattern is a new row, after which the dual simplex
+    restores feasibility from the basis at hand (a few pivots instead of a new solve).
+    The objective row holds the dual of this problem under the slack columns: how often
+    each pattern is used in an optimal packing."""
+
+    def __init__(self, patterns: FloatArray, weight: FloatArray) -> None:
+        m, n = patterns.shape
+        self.n = n
+        # rows: constraints, then the objective; columns: u, one slack per row, rhs
+        table = np.zeros((m + 1, n + m + 1))
+        table[:m, :n] = patterns
+        table[:m, n : n + m] = np.eye(m)
+        table[:m, -1] = 1.0
+        table[m, :n] = -weight
+        self.table = table
+        self.basis = list(range(n, n + m))
+        self._primal()
+
+    @property
+    def rows(self) -> int:
+        return len(self.basis)
+
+    def _pivot(self, row: int, column: int) -> None:
+        table = self.table
+        table[row] /= table[row, column]
+        others = table[:, column] != 0
         others[row] = False
-        table[others] -= np.outer(table[others, entering], table[row])
-        basis[row] = entering
-    u = np.zeros(n)
-    for r, var in enumerate(basis):
-        if var < n:
-            u[var] = table[r, -1]
-    usage = np.maximum(table[m, n : n + m], 0.0)
-    return np.maximum(u, 0.0), usage
+        table[others] -= np.outer(table[others, column], table[row])
+        self.basis[row] = column
+
+    def _primal(self) -> None:
+        """Primal simplex, Bland's rule, from a feasible basis."""
+        m, table = self.rows, self.table
+        for _ in range(_MAX_PIVOTS):
+            improving = np.flatnonzero(table[m, :-1] < -_EPS)
+            if improving.size == 0:
+                return
+            column = int(improving[0])
+            col = table[:m, column]
+            rows = np.flatnonzero(col > _EPS)
+            # bounded: every u_j has a positive coefficient in its own single-size row
+            ratios = table[rows, -1] / col[rows]
+            tied = rows[ratios <= ratios.min() + _EPS]
+            self._pivot(int(tied[np.argmin(np.asarray(self.basis)[tied])]), column)
+
+    def add(self, pattern: FloatArray) -> None:
+        """One more constraint pattern . u <= 1, then the dual simplex."""
+        m = self.rows
+        old = self.table
+        table = np.zeros((m + 2, old.shape[1] + 1))
+        table[:m, :-2] = old[:m, :-1]
+        table[:m, -1] = old[:m, -1]
+        table[m + 1, :-2] = old[m, :-1]
+        table[m + 1, -1] = old[m, -1]
+        row = np.zeros(table.shape[1])
+        row[: self.n] = pattern
+        row[-2] = 1.0  # its slack
+        row[-1] = 1.0
+        # in terms of the current basis: eliminate every basic column from the new row
+        for r, var in enumerate(self.basis):
+            if row[var] != 0:
+                row -= row[var] * table[r]
+        table[m] = row
+        self.table = table
+        self.basis.append(table.shape[1] - 2)
+        self._dual()
+
+    def _dual(self) -> None:
+        """Dual simplex: the reduced costs stay optimal, pivots until every basic value is
+        feasible (the problem is feasible: u = 0 always is)."""
+        m, table = self.rows, self.table
+        for _ in range(_MAX_PIVOTS):
+            rhs = table[:m, -1]
+            row = int(np.argmin(rhs))
+            if rhs[row] >= -_EPS:
+                break
+            line = table[row, :-1]
+            candidates = np.flatnonzero(line < -_EPS)
+            ratios = table[m, candidates] / -line[candidates]
+            tied = candidates[ratios <= ratios.min() + _EPS]
+            self._pivot(row, int(tied[0]))
+        self._primal()  # float noise can leave a reduced cost slightly negative
+
+    def values(self) -> FloatArray:
+        u = np.zeros(self.n)
+        for r, var in enumerate(self.basis):
+            if var < self.n:
+                u[var] = self.table[r, -1]
+        out: FloatArray = np.maximum(u, 0.0)
+        return out
+
+    def usage(self) -> FloatArray:
+        out: FloatArray = np.maximum(self.table[self.rows, self.n : -1], 0.0)
+        return out
