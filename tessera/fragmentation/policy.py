@@ -63,17 +63,17 @@ class FragmentationPolicy(Policy):
 
     dP: for a share, the packing value it gives up on the GPU it takes (`PackingValues.loss`
     under the learned mix of share sizes: 0 when the placement can be part of an optimal
-    packing of the mix); `packing` (10) makes it come first, before what the other terms
-    can tell apart. dF: how much the node's expected fragment drops (`FragmentMeasure`, under the workload
-    learned so far); dS: how much the node's GPU stranded by host CPU or memory drops, where
-    the GPU a node can still feed is its free CPU (memory) over the CPU (memory) the
-    workload asks per GPU; used_after: the node's share of GPU in use after the pod (per GPU
-    the scarcer of compute and memory; `pack_by="free"`: minus its free GPUs / 8). The raw
-    score is coarsened to steps of `quantum` GPUs, and `order` times a fixed per-node number
-    in [0, 1) (a hash of the name) breaks what then ties, so equally good placements keep
-    filling the same nodes whatever the scheduler's own tie rule; the node score squashes
-    it into (0, 1). Inside a node the same score picks the GPU, and among GPUs of equal
-    score the one left with the least free compute.
+    packing of the mix); `packing` (10) makes it come first, before what the other terms can
+    tell apart. dF: how much the node's expected fragment drops (`FragmentMeasure`, under
+    the workload learned so far); dS: how much the node's GPU stranded by host CPU or memory
+    drops, where the GPU a node can still feed is its free CPU (memory) over the CPU
+    (memory) the workload asks per GPU; used_after: the node's share of GPU in use after the
+    pod (per GPU the scarcer of compute and memory; `pack_by="free"`: minus its free GPUs /
+    8). The raw score is coarsened to steps of `quantum` GPUs, and `order` times a fixed
+    per-node number in [0, 1) (a hash of the name) breaks what then ties, so equally good
+    placements keep filling the same nodes whatever the scheduler's own tie rule; the node
+    score squashes it into (0, 1). Inside a node the same score picks the GPU, and among
+    GPUs of equal score the one left with the least free compute.
 
     Without a fixed `workload`, the policy learns it online (`observe`) with an
     `OnlineWorkload` (given, or one with its defaults); `weighting` ("count": classes weigh
@@ -142,9 +142,11 @@ class FragmentationPolicy(Policy):
         # host CPU and memory the GPU workload asks per percent of a GPU (0: unconstrained)
         self._cpu_per_pct = cpu / gpu if gpu else 0.0
         self._mem_per_pct = mem / gpu if gpu else 0.0
+        # shares whose GPU memory follows their compute are one-dimensional items; those
+        # that ask GPU memory in absolute units are not, and 1-D prices would mislead
         shares: dict[int, float] = {}
         for c, w in zip(workload.classes, workload.weights, strict=True):
-            if c.is_share and 0 < c.core < _FULL:
+            if c.is_share and 0 < c.core < _FULL and not c.memory_units:
                 shares[c.core] = shares.get(c.core, 0.0) + w
         self.values = packing_values(shares) if self.packing else NO_VALUES
 

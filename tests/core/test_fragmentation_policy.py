@@ -432,3 +432,17 @@ def test_vector_scores_equal_exact_scores_and_nothing_overcommits(
             assert node.mem_free is None or node.mem_free >= 0
         if rng.random() < 0.2 and state.pods:
             state.remove(rng.choice(sorted(state.pods)))
+
+
+def test_packing_prices_come_from_shares_whose_memory_follows_their_compute() -> None:
+    ratio = PodClass(core=47, memory_ratio=47)
+    absolute = PodClass(core=47, memory_units=10)
+    whole = PodClass(gpu_count=1)
+    priced = FragmentationPolicy(Workload((ratio, whole), (0.5, 0.5)))
+    assert priced.values.unit[47] == 0.5 and priced.values.loss(100, 47) == 0.0
+    assert priced.values.loss(53, 32) > 0.0  # a 32% share spoils room for another 47%
+    # shares with a memory ask of their own are two-dimensional: no prices, no loss
+    unpriced = FragmentationPolicy(Workload((absolute, whole), (0.5, 0.5)))
+    assert unpriced.values.gpus == 0.0 and unpriced.values.loss(53, 32) == 0.0
+    off = FragmentationPolicy(Workload((ratio, whole), (0.5, 0.5)), packing=0.0)
+    assert off.values.gpus == 0.0
