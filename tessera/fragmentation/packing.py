@@ -29,7 +29,7 @@ dozen share sizes. No solver library is needed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,7 @@ class PackingValues:
     gpus: float
     patterns: tuple[tuple[tuple[int, ...], float], ...]
     """(sizes on one GPU, how often), the optimal packing the values are the dual of."""
+    _tables: dict[int, FloatArray] = field(default_factory=dict, compare=False, repr=False)
 
     def loss(self, room: int, size: int) -> float:
         """GPUs of packing value given up by placing a share of `size` into `room`."""
@@ -70,12 +71,18 @@ class PackingValues:
         """`loss` of a share of `size` over an array of rooms (0 where it does not fit)."""
         if not 0 < size < FULL:
             return np.zeros(np.shape(room))
-        g = np.clip(room, 0, FULL)
-        after = np.clip(g - size, 0, FULL)
-        out: FloatArray = np.where(
-            g >= size, np.maximum(self.room[g] - self.room[after] - self.unit[size], 0.0), 0.0
-        )
+        out: FloatArray = self._by_room(size)[np.clip(room, 0, FULL)]
         return out
+
+    def _by_room(self, size: int) -> FloatArray:
+        """`loss(g, size)` for every room g in 0..100 (kept per size: decisions ask again)."""
+        table = self._tables.get(size)
+        if table is None:
+            g = np.arange(FULL + 1)
+            after = np.clip(g - size, 0, FULL)
+            gain = self.room - self.room[after] - self.unit[size]
+            table = self._tables[size] = np.where(g >= size, np.maximum(gain, 0.0), 0.0)
+        return table
 
 
 NO_VALUES = PackingValues(np.zeros(FULL + 1), np.zeros(FULL + 1), 0.0, ())

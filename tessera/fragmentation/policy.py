@@ -247,10 +247,12 @@ class FragmentationPolicy(Policy):
             raw = raw + self.balance * strand / _FULL
         if self.packing and self.values.gpus:
             # a share gives up packing value (whole GPUs and untouched slots lose none)
-            raw = raw - self.packing * sum(
-                self.values.loss(int(core_before[s]), int(core_before[s] - core_after[s]))
-                for s in healthy
-            )
+            lost = 0.0
+            for s in healthy:
+                taken = core_before[s] - core_after[s]
+                if 0 < taken < _FULL:
+                    lost += self.values.loss(int(core_before[s]), int(taken))
+            raw = raw - self.packing * lost
         if self._prot_by_name:
             prot = self._prot_by_name
             cost = sum(
