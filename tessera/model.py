@@ -186,7 +186,7 @@ class NodeInventory:
         `share` maps every string kept to the one copy the caller keeps (e.g. sys.intern:
         thousands of nodes repeat one GPU model, PCIe roots and bus IDs); `shared` does the
         same for each NIC and each GPU's NVLink peers (e.g. a `SharedValues`)."""
-        return _parse_inventory(doc, source, node_name, share or _as_is, shared)
+        return _parse_inventory(doc, source, node_name, share or as_is, shared)
 
 
 # --- serialization ---------------------------------------------------------------------------
@@ -209,7 +209,8 @@ def _gpu_to_dict(g: Gpu, uuids: Mapping[int, str]) -> dict[str, Any]:
         "model": g.model,
         "memoryMiB": g.memory_mib,
         **_pci_to_dict(g),
-        "nvlinks": [{"peer": uuids[peer], "links": links} for peer, links in g.nvlinks],
+        # a peer that is not a GPU of the inventory keeps its index (the parser refuses it)
+        "nvlinks": [{"peer": uuids.get(peer, peer), "links": links} for peer, links in g.nvlinks],
         "healthy": g.healthy,
         "healthReason": g.health_reason,
         "migEnabled": g.mig_enabled,
@@ -320,10 +321,6 @@ class _Reader:
             return self.share(normalize_bus_id(raw))
         except ValueError as exc:
             raise self.fail(f"{path}.{key}", str(exc)) from None
-
-
-def _as_is(text: str) -> str:
-    return text
 
 
 def _parse_inventory(

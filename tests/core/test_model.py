@@ -1,3 +1,4 @@
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,12 @@ def test_from_dict_shares_every_string_it_keeps() -> None:
     assert a.gpus[0].pci_bus_id is b.gpus[0].pci_bus_id
     assert a.nics[0].ibdev is b.nics[0].ibdev
     assert "n1" in pool and a.gpus[0].model in pool
+
+
+def test_a_link_to_a_gpu_the_inventory_lacks_is_written_by_index_and_refused() -> None:
+    inv = NodeInventory.from_dict({"gpus": [gpu_entry()]})
+    gpu = replace(inv.gpus[0], nvlinks=((5, 2),))  # built in code, not parsed
+    written = replace(inv, gpus=(gpu,)).to_dict()
+    assert written["gpus"][0]["nvlinks"] == [{"peer": 5, "links": 2}]
+    with pytest.raises(InventoryError, match="peer index 5 is not a GPU of this node"):
+        NodeInventory.from_dict(written)
