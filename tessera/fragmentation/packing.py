@@ -63,9 +63,9 @@ class PackingValues:
 
     def loss(self, room: int, size: int) -> float:
         """GPUs of packing value given up by placing a share of `size` into `room`."""
-        if not 0 < size < FULL or size > room:
+        if not 0 < size < FULL:
             return 0.0
-        return max(float(self.room[room] - self.room[room - size] - self.unit[size]), 0.0)
+        return float(self._by_room(size)[min(max(room, 0), FULL)])
 
     def losses(self, room: npt.NDArray[np.int64], size: int) -> FloatArray:
         """`loss` of a share of `size` over an array of rooms (0 where it does not fit)."""
