@@ -9,7 +9,7 @@ PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo test lint bench bench-quick bench-scale sim-table e2e fuzz protos clean help
+.PHONY: demo test lint bench bench-quick bench-scale sim-table e2e gpu-check fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-scale - pods/s at 5,000 nodes, tessera vs kube-scheduler alone (\$$TESSERA_E2E_BIN)"
 	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
+	@echo "make gpu-check - on a GPU node: NVML, device nodes, CUDA and MPS checks (opt-in)"
 	@echo "make fuzz   - long attack runs on every input surface (figures go to docs/security.md)"
 
 $(STAMP): pyproject.toml
@@ -67,6 +68,11 @@ fuzz: $(PROTO_STAMP)
 
 e2e: $(PROTO_STAMP)
 	$(PY) -m pytest -m e2e -s -rA --timeout=1800 tests/e2e
+
+# on a node with an NVIDIA GPU: NVML, the driver's device nodes, CUDA in a /dev built from the
+# NRI plugin's plan, MPS limits; a missing GPU fails instead of skipping
+gpu-check: $(PROTO_STAMP)
+	TESSERA_REQUIRE_GPU=1 $(PY) -m pytest -m gpu -rA tests/gpu
 
 clean:
 	rm -rf $(VENV) $(PROTO_STAMP) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,317 @@
+"""The node side of tessera on a real NVIDIA GPU: discovery against nvidia-smi and the
+driver's own files, health on a healthy GPU, the node agent serving a kubelet, the node
+check, and a CUDA program in a /dev built from the NRI plugin's plan (and, with MPS, held
+to the memory the plan asks for)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.nvml_backend import NvmlBackend
+from nri_hook.adjust import (
+    ISOLATION_MPS,
+    Adjustment,
+    Settings,
+    gpu_device_path,
+    plan_container,
+)
+from nri_hook.devices import HostDevices
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.model import Gpu, normalize_bus_id
+from tessera.resources import GPU_CORE, GPU_MEMORY
+from tessera_testbed.kubelet import KubeletSimulator
+
+pytestmark = pytest.mark.gpu
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+PROBE = Path(__file__).with_name("cuda_probe.py")
+SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id,driver_version"
+
+
+def _smi(report: dict[str, Any]) -> list[dict[str, str]]:
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is not installed")
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    rows = [
+        dict(zip(SMI_FIELDS.split(","), (c.strip() for c in line.split(",")), strict=True))
+        for line in out.splitlines()
+        if line.strip()
+    ]
+    report["nvidia-smi"] = rows
+    return rows
+
+
+@pytest.fixture(scope="session")
+def gpus(nvml: NvmlBackend, report: dict[str, Any]) -> list[Gpu]:
+    found = nvml.discover()
+    report["discovery"] = {
+        "gpus": [asdict(g) for g in found.gpus],
+        "errors": [str(e) for e in found.errors],
+    }
+    assert found.gpus, "NVML initialised but discovery found no GPU"
+    return list(found.gpus)
+
+
+def _env() -> dict[str, str]:
+    path = [str(CHECKOUT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
+def test_discovery_agrees_with_nvidia_smi(gpus: list[Gpu], report: dict[str, Any]) -> None:
+    rows = _smi(report)
+    assert len(gpus) == len(rows)
+    by_uuid = {row["uuid"]: row for row in rows}
+    for gpu in gpus:
+        row = by_uuid[gpu.uuid]
+        assert gpu.index == int(row["index"])
+        assert gpu.model == row["name"]
+        assert gpu.memory_mib == int(row["memory.total"])
+        assert gpu.pci_bus_id == normalize_bus_id(row["pci.bus_id"])
+
+
+def test_minors_and_device_nodes_are_the_drivers(gpus: list[Gpu], report: dict[str, Any]) -> None:
+    host = HostDevices("/")
+    minors = host.gpu_minors()
+    report["driver-minors"] = minors
+    assert minors is not None, "no /proc/driver/nvidia/gpus on a GPU node"
+    for gpu in gpus:
+        assert minors[gpu.uuid] == gpu.minor
+        node = host.device(gpu_device_path(gpu.minor))
+        assert node is not None and node.type == "c"
+        assert (node.major, node.minor) == (195, gpu.minor)  # the nvidia driver's major
+
+
+def test_numa_node_is_the_one_sysfs_gives(gpus: list[Gpu], report: dict[str, Any]) -> None:
+    seen = {}
+    for gpu in gpus:
+        path = Path("/sys/bus/pci/devices") / gpu.pci_bus_id / "numa_node"
+        raw = path.read_text().strip() if path.exists() else None
+        seen[gpu.uuid] = {
+            "sysfs": raw,
+            "ours": gpu.numa_node,
+            "root": gpu.pcie_root,
+            "switch": gpu.pcie_switch,
+        }
+        if raw is not None:
+            assert gpu.numa_node == int(raw)  # -1: the platform has no NUMA information
+    report["numa"] = seen
+
+
+def test_driver_versions_match_nvidia_smi(nvml: NvmlBackend, report: dict[str, Any]) -> None:
+    rows = _smi(report)
+    versions = nvml.versions()
+    header = subprocess.run(
+        ["nvidia-smi"], check=False, capture_output=True, text=True, timeout=60
+    ).stdout
+    report["versions"] = asdict(versions)
+    assert versions.driver == rows[0]["driver_version"]
+    assert f"CUDA Version: {versions.cuda}" in header
+
+
+def test_a_healthy_gpu_reports_no_problem(nvml: NvmlBackend, gpus: list[Gpu]) -> None:
+    for gpu in gpus:
+        assert nvml.query(gpu.uuid) is None
+    # the XID event set registers on the real driver and waits quietly
+    assert nvml.wait_events(2.0) == []
+    assert nvml.query("GPU-00000000-0000-0000-0000-000000000000") is not None
+
+
+def test_the_agent_prints_the_real_inventory(gpus: list[Gpu], report: dict[str, Any]) -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "deviceplugin.cli",
+        "--backend",
+        "nvml",
+        "--rdma",
+        "off",
+        "--print-inventory",
+        "--node-name",
+        "gpu-check",
+    ]
+    done = subprocess.run(
+        argv, check=False, capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    report["print-inventory"] = printed
+    assert printed["errors"] == []
+    assert [g["uuid"] for g in printed["spec"]["gpus"]] == [g.uuid for g in gpus]
+    assert printed["units"][GPU_CORE] == 100 * len(gpus)
+    assert printed["units"][GPU_MEMORY] == sum(g.memory_mib // 1024 for g in gpus)
+
+
+def test_the_agent_serves_a_kubelet_on_real_gpus(gpus: list[Gpu]) -> None:
+    # a short directory: a unix socket path has at most 107 bytes, pytest's tmp_path is long
+    plugin_dir = Path(tempfile.mkdtemp(prefix="tessera-gpu-"))
+    argv = [
+        *(sys.executable, "-m", "deviceplugin.cli", "--backend", "nvml", "--rdma", "off"),
+        *("--no-inventory", "--device-plugin-dir", str(plugin_dir), "--node-name", "gpu-check"),
+    ]
+    with KubeletSimulator(plugin_dir) as kubelet:
+        proc = subprocess.Popen(argv, env=_env(), stderr=subprocess.PIPE, text=True)
+        try:
+            kubelet.wait_registered([GPU_CORE, GPU_MEMORY], timeout_s=60)
+            core = kubelet.endpoint(GPU_CORE).wait_for(lambda m: len(m.devices) > 0)
+            assert len(core.devices) == 100 * len(gpus)
+            assert {d.ID.split("::")[0] for d in core.devices} == {g.uuid for g in gpus}
+            assert {d.health for d in core.devices} == {"Healthy"}
+            ids = [f"{gpus[0].uuid}::{n}" for n in range(4)]
+            answer = kubelet.allocate(GPU_CORE, ids)
+            assert answer.annotations["tessera.dev/dp-units-gpu-core"] == f"{gpus[0].uuid}:4"
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+            print(err[-4000:])
+            shutil.rmtree(plugin_dir, ignore_errors=True)
+        assert proc.returncode == 0, err
+
+
+def test_the_node_check_passes_the_driver_checks(nvml: NvmlBackend, report: dict[str, Any]) -> None:
+    argv = [sys.executable, "-m", "deviceplugin.preflight", "--backend", "nvml", "-o", "json"]
+    done = subprocess.run(
+        argv, check=False, capture_output=True, text=True, env=_env(), timeout=120
+    )
+    checks = {c["name"]: c for c in json.loads(done.stdout)}
+    report["node-check"] = checks
+    for name in ("nvidia-driver", "/dev/nvidiactl", "/dev/nvidia-uvm", "nvml"):
+        assert checks[name]["status"] == "ok", checks[name]
+
+
+# --- a CUDA program in a /dev built from the plan ---------------------------------------------
+
+
+def _torch_python() -> str:
+    """An interpreter with PyTorch for the probe: $TESSERA_CUDA_PYTHON, else this one, else
+    python3 on the PATH (the project's virtual environment has no PyTorch)."""
+    choices = [os.environ.get("TESSERA_CUDA_PYTHON", ""), sys.executable, "python3"]
+    for python in filter(None, choices):
+        probe = [python, "-c", "import torch"]
+        if shutil.which(python) and subprocess.run(probe, check=False).returncode == 0:
+            return python
+    pytest.skip("no interpreter with PyTorch ($TESSERA_CUDA_PYTHON)")
+
+
+def _plan(gpu: Gpu, core: int, memory_mib: int, settings: Settings) -> Adjustment:
+    grant = GpuGrant(gpu.uuid, gpu.index, gpu.minor, core, memory_mib)
+    pod = PodAllocation(
+        "uid-1", "team-a", "train", "gpu-check", (ContainerAllocation("main", (grant,)),)
+    )
+    plan = plan_container(pod, "main", settings, HostDevices("/"))
+    assert plan is not None
+    return plan
+
+
+def _probe(
+    *args: str, nodes: list[dict[str, Any]] | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    argv = [_torch_python(), str(PROBE), *args]
+    if nodes is not None:
+        if shutil.which("unshare") is None:
+            pytest.skip("unshare (util-linux) is not installed")
+        argv = [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            *argv,
+            "--dev-nodes",
+            json.dumps(nodes),
+        ]
+    done = subprocess.run(
+        argv,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **(env or {})),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads(done.stdout.splitlines()[-1]))
+
+
+def _nodes(plan: Adjustment, leave_out: str = "") -> list[dict[str, Any]]:
+    return [
+        {"path": d.path, "major": d.major, "minor": d.minor, "file_mode": d.file_mode}
+        for d in plan.devices
+        if d.path != leave_out
+    ]
+
+
+def test_cuda_runs_with_the_planned_devices(gpus: list[Gpu], report: dict[str, Any]) -> None:
+    gpu = gpus[-1]
+    plan = _plan(gpu, 100, gpu.memory_mib, Settings())
+    report["plan-devices"] = [asdict(d) for d in plan.devices]
+    seen = _probe("--alloc-mib", "1024", nodes=_nodes(plan))
+    report["container-probe"] = seen
+    assert seen.get("available"), seen
+    assert len(seen["uuids"]) == 1 and gpu.uuid.endswith(seen["uuids"][0]), seen
+    assert seen["alloc"] == {"1024": "ok"}
+
+
+def test_without_its_device_node_a_container_sees_no_gpu(
+    gpus: list[Gpu], report: dict[str, Any]
+) -> None:
+    gpu = gpus[-1]
+    plan = _plan(gpu, 100, gpu.memory_mib, Settings())
+    seen = _probe(nodes=_nodes(plan, leave_out=gpu_device_path(gpu.minor)))
+    report["container-probe-without-gpu-node"] = seen
+    assert not seen.get("uuids"), seen
+
+
+@pytest.fixture
+def mps_daemon(tmp_path: Path) -> Iterator[Path]:
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        pytest.skip("nvidia-cuda-mps-control is not installed")
+    pipe, logs = tmp_path / "pipe", tmp_path / "log"
+    pipe.mkdir()
+    logs.mkdir()
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(logs))
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    deadline = time.monotonic() + 10
+    while not (pipe / "nvidia-cuda-mps-control.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        yield pipe
+    finally:
+        subprocess.run([control], check=False, input="quit\n", text=True, env=env, timeout=30)
+        for f in sorted(logs.iterdir()):
+            print(f"--- {f.name}\n{f.read_text()[-3000:]}")
+
+
+def test_mps_holds_a_share_to_the_planned_memory(
+    gpus: list[Gpu], mps_daemon: Path, report: dict[str, Any]
+) -> None:
+    gpu = gpus[-1]
+    plan = _plan(gpu, 50, 4096, Settings(isolation=ISOLATION_MPS, mps_pipe_dir=str(mps_daemon)))
+    env = dict(plan.env)
+    sizes = ("--alloc-mib", "1024", "--alloc-mib", "8192")
+    full = _probe(*sizes, env={"CUDA_MPS_PIPE_DIRECTORY": str(mps_daemon)})
+    planned = _probe(*sizes, env=env)
+    by_index = _probe(*sizes, env=dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=4096M"))
+    report["mps"] = {"env": env, "no-limit": full, "planned": planned, "by-index": by_index}
+    assert full["alloc"] == {"1024": "ok", "8192": "ok"}, full
+    assert planned["alloc"]["1024"] == "ok", planned
+    assert planned["alloc"]["8192"] != "ok", planned
+    # the compute share: MPS reports the multiprocessors a client may use
+    assert planned["sms"][0] < full["sms"][0], (planned, full)
