@@ -12,7 +12,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from nri_hook.adjust import (
     plan_container,
 )
 from nri_hook.devices import HostDevices
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import Gpu, normalize_bus_id
 from tessera.resources import GPU_CORE, GPU_MEMORY
@@ -159,30 +161,81 @@ def test_the_agent_prints_the_real_inventory(gpus: list[Gpu], report: dict[str, 
     assert printed["units"][GPU_MEMORY] == sum(g.memory_mib // 1024 for g in gpus)
 
 
-def test_the_agent_serves_a_kubelet_on_real_gpus(gpus: list[Gpu]) -> None:
+@contextmanager
+def _agent(*flags: str) -> Iterator[KubeletSimulator]:
+    """The node agent on the real GPUs as its own process, registered with a simulated
+    kubelet; it must stop cleanly on SIGTERM."""
     # a short directory: a unix socket path has at most 107 bytes, pytest's tmp_path is long
     plugin_dir = Path(tempfile.mkdtemp(prefix="tessera-gpu-"))
     argv = [
         *(sys.executable, "-m", "deviceplugin.cli", "--backend", "nvml", "--rdma", "off"),
         *("--no-inventory", "--device-plugin-dir", str(plugin_dir), "--node-name", "gpu-check"),
+        *flags,
     ]
     with KubeletSimulator(plugin_dir) as kubelet:
         proc = subprocess.Popen(argv, env=_env(), stderr=subprocess.PIPE, text=True)
         try:
             kubelet.wait_registered([GPU_CORE, GPU_MEMORY], timeout_s=60)
-            core = kubelet.endpoint(GPU_CORE).wait_for(lambda m: len(m.devices) > 0)
-            assert len(core.devices) == 100 * len(gpus)
-            assert {d.ID.split("::")[0] for d in core.devices} == {g.uuid for g in gpus}
-            assert {d.health for d in core.devices} == {"Healthy"}
-            ids = [f"{gpus[0].uuid}::{n}" for n in range(4)]
-            answer = kubelet.allocate(GPU_CORE, ids)
-            assert answer.annotations["tessera.dev/dp-units-gpu-core"] == f"{gpus[0].uuid}:4"
+            yield kubelet
         finally:
             proc.terminate()
             _, err = proc.communicate(timeout=30)
             print(err[-4000:])
             shutil.rmtree(plugin_dir, ignore_errors=True)
         assert proc.returncode == 0, err
+
+
+def test_the_agent_serves_a_kubelet_on_real_gpus(gpus: list[Gpu]) -> None:
+    with _agent() as kubelet:
+        core = kubelet.endpoint(GPU_CORE).wait_for(lambda m: len(m.devices) > 0)
+        assert len(core.devices) == 100 * len(gpus)
+        assert {d.ID.split("::")[0] for d in core.devices} == {g.uuid for g in gpus}
+        assert {d.health for d in core.devices} == {"Healthy"}
+        ids = [f"{gpus[0].uuid}::{n}" for n in range(4)]
+        answer = kubelet.allocate(GPU_CORE, ids)
+        assert answer.annotations["tessera.dev/dp-units-gpu-core"] == f"{gpus[0].uuid}:4"
+
+
+FAULT = """
+import cupy
+kernel = cupy.RawKernel('extern "C" __global__ void f(int *p) { *(volatile int *)16 = *p; }', "f")
+kernel((1,), (1,), (cupy.zeros(1, dtype=cupy.int32),))
+cupy.cuda.Device().synchronize()
+"""
+
+
+def _health(uuid: str) -> Callable[[pb.ListAndWatchResponse], set[str]]:
+    return lambda m: {d.health for d in m.devices if d.ID.startswith(uuid)}
+
+
+def test_an_xid_makes_the_gpu_unhealthy_until_it_recovers(
+    gpus: list[Gpu], report: dict[str, Any]
+) -> None:
+    """Opt-in (TESSERA_GPU_FAULT=1): a kernel writes to an unmapped address, the driver
+    reports an XID (an MMU fault, 31), and with no XID ignored the GPU's units go Unhealthy,
+    then Healthy again after the recovery period."""
+    if not os.environ.get("TESSERA_GPU_FAULT"):
+        pytest.skip("makes the GPU fault on purpose: set TESSERA_GPU_FAULT=1")
+    python = _torch_python()
+    if subprocess.run([python, "-c", "import cupy"], check=False).returncode != 0:
+        pytest.skip("CuPy is not installed")
+    gpu = gpus[-1]
+    health = _health(gpu.uuid)
+    flags = ("--health-ignore-xids", "none", "--health-recovery-seconds", "10")
+    with _agent(*flags, "--health-query-interval", "1") as kubelet:
+        endpoint = kubelet.endpoint(GPU_CORE)
+        healthy = endpoint.wait_for(lambda m: health(m) == {"Healthy"})
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid)
+        fault = subprocess.run(
+            [python, "-c", FAULT], check=False, capture_output=True, text=True, env=env
+        )
+        faulted_at = time.monotonic()
+        report["fault"] = {"rc": fault.returncode, "stderr": fault.stderr[-1500:]}
+        assert fault.returncode != 0, "the faulting kernel ran without an error"
+        sick = endpoint.wait_for(lambda m: health(m) == {"Unhealthy"}, 30, after=healthy)
+        report["unhealthy-after-s"] = time.monotonic() - faulted_at
+        endpoint.wait_for(lambda m: health(m) == {"Healthy"}, 60, after=sick)
+        report["healthy-again-after-s"] = time.monotonic() - faulted_at
 
 
 def test_the_node_check_passes_the_driver_checks(nvml: NvmlBackend, report: dict[str, Any]) -> None:
