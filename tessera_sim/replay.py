@@ -15,7 +15,6 @@ allocated GPU are recorded, and the cluster's fragmentation rate (the paper's me
 
 from __future__ import annotations
 
-import copy
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -130,10 +129,13 @@ class Replayer:
             base = pod.request(uid, self.memory_mode, self.reference_mib)
             self._requests[key] = base
         # a copy with the pod's own name and UID (dataclasses.replace would re-run
-        # __init__ for every arrival; the parsed fields are shared and immutable)
-        request = copy.copy(base)
-        object.__setattr__(request, "name", pod.name)
-        object.__setattr__(request, "uid", uid)
+        # __init__ for every arrival, copy.copy goes through pickling's protocol; the
+        # parsed fields are shared and immutable)
+        request: PodRequest = object.__new__(PodRequest)
+        fields = request.__dict__
+        fields.update(base.__dict__)
+        fields["name"] = pod.name
+        fields["uid"] = uid
         return request
 
     def run(

@@ -71,7 +71,8 @@ class PackingValues:
         """`loss` of a share of `size` over an array of rooms (0 where it does not fit)."""
         if not 0 < size < FULL:
             return np.zeros(np.shape(room))
-        out: FloatArray = self._by_room(size)[np.clip(room, 0, FULL)]
+        # mode="clip" reads rooms outside 0..FULL as the nearest end, in one call
+        out: FloatArray = np.take(self._by_room(size), room, mode="clip")
         return out
 
     def _by_room(self, size: int) -> FloatArray:
