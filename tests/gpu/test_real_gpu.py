@@ -1,7 +1,7 @@
 """The node side of tessera on a real NVIDIA GPU: discovery against nvidia-smi and the
-driver's own files, health on a healthy GPU, the node agent serving a kubelet, the node
-check, and a CUDA program in a /dev built from the NRI plugin's plan (and, with MPS, held
-to the memory the plan asks for)."""
+driver's own files, health on a healthy GPU (and, opt-in, an XID making it unhealthy),
+the node agent serving a kubelet, the node check, and a CUDA program in a /dev built from
+the NRI plugin's plan (and, with MPS, held to the memory and compute the plan asks for)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,7 @@ def _env() -> dict[str, str]:
 
 def test_discovery_agrees_with_nvidia_smi(gpus: list[Gpu], report: dict[str, Any]) -> None:
     rows = _smi(report)
+    assert report["discovery"]["errors"] == []
     assert len(gpus) == len(rows)
     by_uuid = {row["uuid"]: row for row in rows}
     for gpu in gpus:
