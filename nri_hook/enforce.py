@@ -40,6 +40,7 @@ from nri_hook.adjust import (
     decode_record,
     plan_container,
 )
+from nri_hook.device_access import ANY_GPU, NVIDIA_GPU_MAJOR, named_minors, open_gpus
 from nri_hook.errors import RejectError, status_of
 from nri_hook.netdev import NetdevError, NetdevMove, NetdevMover, network_namespace, plan_moves
 from nri_hook.plugin import Handler
@@ -172,10 +173,40 @@ class Enforcer(Handler):
     ) -> api.CreateContainerResponse:
         started = time.perf_counter()
         try:
-            return self._create(pod, container)
+            response = self._create(pod, container)
+            self._audit_gpu_access(pod, container, response)
+            return response
         finally:
             if self.metrics is not None:
                 self.metrics.observe_create(time.perf_counter() - started)
+
+    def _audit_gpu_access(
+        self, pod: api.PodSandbox, container: api.Container, response: api.CreateContainerResponse
+    ) -> None:
+        """Warn when the container's own device rules open GPUs it was not given (see
+        nri_hook.device_access): the allocation does not bind such a container."""
+        rules = container.linux.resources.devices
+        if not rules:
+            return
+        known = self.host.gpu_minors()
+        # without the driver's list of GPUs, ANY_GPU stands for those no rule names
+        minors = set(known.values()) if known is not None else named_minors(rules) | {ANY_GPU}
+        given = {d.minor for d in response.adjust.linux.devices if d.major == NVIDIA_GPU_MAJOR}
+        opened = [m for m in open_gpus(rules, sorted(minors)) if m not in given]
+        if not opened:
+            return
+        log.warning(
+            "pod=%s container=%s: its own device rules open %s of this node, which tessera "
+            "did not give it (a privileged container, or a device rule for major %d); the "
+            "scheduler's allocation does not bind it",
+            _pod_key(pod),
+            container.name,
+            ", ".join("its GPUs" if m == ANY_GPU else f"/dev/nvidia{m}" for m in opened),
+            NVIDIA_GPU_MAJOR,
+            extra={"pod": _pod_key(pod), "container": container.name},
+        )
+        if self.metrics is not None:
+            self.metrics.unmanaged_gpu_access()
 
     def _create(self, pod: api.PodSandbox, container: api.Container) -> api.CreateContainerResponse:
         text = pod.annotations.get(ALLOCATION_ANNOTATION)
@@ -520,12 +551,21 @@ class Metrics:
             "GPU shares (below a whole GPU) given to containers with no isolation layer",
             registry=self.registry,
         )
+        self._unmanaged = Counter(
+            "tessera_nri_unmanaged_gpu_access",
+            "Containers created whose own device rules open GPUs tessera did not give them "
+            "(privileged, or a device rule for the NVIDIA major)",
+            registry=self.registry,
+        )
 
     def isolation(self, layer: str) -> None:
         self._layer.labels(layer).set(1)
 
     def unisolated(self, shares: int) -> None:
         self._unisolated.inc(shares)
+
+    def unmanaged_gpu_access(self) -> None:
+        self._unmanaged.inc()
 
     def count(self, operation: str, result: str) -> None:
         self._results.labels(operation, result).inc()

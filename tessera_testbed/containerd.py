@@ -371,9 +371,15 @@ def make_pod(
 
 
 def make_container(
-    pod: api.PodSandbox, name: str, *, container_id: str | None = None, env: Iterable[str] = ()
+    pod: api.PodSandbox,
+    name: str,
+    *,
+    container_id: str | None = None,
+    env: Iterable[str] = (),
+    privileged: bool = False,
 ) -> api.Container:
-    """A Container as containerd describes it at CreateContainer."""
+    """A Container as containerd describes it at CreateContainer: its device rules deny
+    every device (the runtime then allows its defaults), or, privileged, allow every one."""
     container_id = container_id or (pod.id[:32] + name.encode().hex())[:64].ljust(64, "0")
     return api.Container(
         id=container_id,
@@ -423,6 +429,7 @@ def make_container(
                     shares=api.OptionalUInt64(value=2), period=api.OptionalUInt64(value=100000)
                 ),
                 memory=api.LinuxMemory(),
+                devices=[api.LinuxDeviceCgroup(allow=privileged, access="rwm")],
             ),
             oom_score_adj=api.OptionalInt(value=1000),
             cgroups_path=f"/kubepods/besteffort/pod{pod.uid}/{container_id}",

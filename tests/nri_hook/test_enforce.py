@@ -592,3 +592,47 @@ def test_an_unisolated_share_is_warned_and_counted(
     assert unisolated() == 1
     (warning,) = [r for r in caplog.records if "WITHOUT isolation" in r.getMessage()]
     assert warning.levelname == "WARNING" and "team-a/train" in warning.getMessage()
+
+
+def test_containers_whose_own_rules_open_gpus_are_warned_and_counted(
+    hook: Hook, device_root: Path, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A privileged container reaches every GPU whatever the record says: the hook says
+    which GPUs it was not given, over the real socket as containerd asks; a container
+    with containerd's usual deny-all rule is not mentioned."""
+    if os.major(os.stat(device_root / "dev" / "nvidia0").st_rdev) != 195:
+        pytest.skip("device nodes cannot be made here (no mknod): the given GPU is not known")
+    for minor, uuid in ((0, GPU0.uuid), (1, GPU1.uuid)):
+        info = device_root / "proc" / "driver" / "nvidia" / "gpus" / f"0000:0{minor}:00.0"
+        info.mkdir(parents=True)
+        (info / "information").write_text(f"GPU UUID:\t{uuid}\nDevice Minor:\t{minor}\n")
+    metrics = Metrics()
+
+    def counted() -> float | None:
+        return metrics.registry.get_sample_value("tessera_nri_unmanaged_gpu_access_total")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "own device rules" in r.getMessage()]
+
+    async def body() -> None:
+        h = await hook()
+        h.enforcer.metrics = metrics
+        pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
+        await h.conn.event(api.RUN_POD_SANDBOX, pod)
+        await h.conn.create_container(pod, make_container(pod, "main"))
+        plain = make_pod("plain", uid="0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c12")
+        await h.conn.create_container(plain, make_container(plain, "main"))
+        assert counted() == 0 and warnings() == []
+        given = make_container(pod, "main", container_id="c-given", privileged=True)
+        response = await h.conn.create_container(pod, given)
+        assert ("/dev/nvidia0", "c", 195, 0) in [t[:4] for t in _devices(response)]
+        privileged = make_container(plain, "tools", privileged=True)
+        await h.conn.create_container(plain, privileged)
+        await h.close()
+
+    _run(body)
+    assert counted() == 2
+    given_warning, plain_warning = warnings()
+    assert "team-a/train" in given_warning and "/dev/nvidia1" in given_warning
+    assert "/dev/nvidia0" not in given_warning  # the one the record gives it
+    assert "/dev/nvidia0, /dev/nvidia1" in plain_warning and "container=tools" in plain_warning
