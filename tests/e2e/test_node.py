@@ -326,6 +326,30 @@ def test_forged_garbage_and_unsigned_records_fail_container_creation(node: Node)
         P.delete_now(cp.admin, name)
 
 
+def test_the_hook_reports_a_privileged_container(node: Node) -> None:
+    """The device rules real containerd gives a privileged container open every device,
+    GPUs included, whatever tessera decided: the hook says so for that container."""
+    cp = node.cp
+    name = f"x-privileged-{node.name}"
+    obj = _pinned(node, name)
+    obj["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    cp.admin.create(pod_path(P.NS), obj)
+    try:
+        _running(cp, name)
+        log = node.procs["nri-hook"].log
+
+        def warned() -> str | None:
+            lines = log.read_text(errors="replace").splitlines()
+            return next((x for x in lines if "own device rules" in x and name in x), None)
+
+        line = wait_for(warned, 30, "the NRI hook's warning for the privileged container", every=1)
+        assert "container=main" in line and "did not give it" in line, line
+        plain = f"n-plain-{node.name}"
+        assert not any(plain in x for x in log.read_text().splitlines() if "own device" in x)
+    finally:
+        P.delete_now(cp.admin, name)
+
+
 def test_kubelet_and_containerd_restarts_lose_nothing(node: Node) -> None:
     cp = node.cp
     names = [f"{w}-{node.name}" for w in WORKLOADS]
