@@ -32,8 +32,10 @@ ISOLATION_MPS: Final = "mps"
 ISOLATION_HAMI_CORE: Final = "hami-core"
 ISOLATION_LAYERS: Final = (ISOLATION_NONE, ISOLATION_MPS, ISOLATION_HAMI_CORE)
 
+NVIDIA_CONTROL_DEVICE: Final = "/dev/nvidiactl"
+"""Present wherever the NVIDIA driver is loaded."""
 NVIDIA_CONTROL_DEVICES: Final = (
-    "/dev/nvidiactl",
+    NVIDIA_CONTROL_DEVICE,
     "/dev/nvidia-uvm",
     "/dev/nvidia-uvm-tools",
     "/dev/nvidia-modeset",

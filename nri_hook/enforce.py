@@ -34,10 +34,12 @@ from typing import Final, Literal
 
 from nri_hook.adjust import (
     ISOLATION_NONE,
+    NVIDIA_CONTROL_DEVICE,
     Adjustment,
     HostView,
     Settings,
     decode_record,
+    gpu_device_path,
     plan_container,
 )
 from nri_hook.device_access import ANY_GPU, NVIDIA_GPU_MAJOR, named_minors, open_gpus
@@ -189,8 +191,14 @@ class Enforcer(Handler):
         if not rules:
             return
         known = self.host.gpu_minors()
-        # without the driver's list of GPUs, ANY_GPU stands for those no rule names
-        minors = set(known.values()) if known is not None else named_minors(rules) | {ANY_GPU}
+        if known is not None:
+            minors = set(known.values())
+        elif self.host.exists(NVIDIA_CONTROL_DEVICE):
+            # the driver is there but its list of GPUs is not visible: ANY_GPU stands for
+            # the GPUs no rule names
+            minors = named_minors(rules) | {ANY_GPU}
+        else:
+            return  # no NVIDIA driver on this node: no GPU to open
         given = {d.minor for d in response.adjust.linux.devices if d.major == NVIDIA_GPU_MAJOR}
         opened = [m for m in open_gpus(rules, sorted(minors)) if m not in given]
         if not opened:
@@ -201,7 +209,7 @@ class Enforcer(Handler):
             "scheduler's allocation does not bind it",
             _pod_key(pod),
             container.name,
-            ", ".join("its GPUs" if m == ANY_GPU else f"/dev/nvidia{m}" for m in opened),
+            ", ".join("every GPU" if m == ANY_GPU else gpu_device_path(m) for m in opened),
             NVIDIA_GPU_MAJOR,
             extra={"pod": _pod_key(pod), "container": container.name},
         )

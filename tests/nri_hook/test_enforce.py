@@ -636,3 +636,28 @@ def test_containers_whose_own_rules_open_gpus_are_warned_and_counted(
     assert "team-a/train" in given_warning and "/dev/nvidia1" in given_warning
     assert "/dev/nvidia0" not in given_warning  # the one the record gives it
     assert "/dev/nvidia0, /dev/nvidia1" in plain_warning and "container=tools" in plain_warning
+
+
+def test_without_the_drivers_gpu_list_a_privileged_container_is_reported_only_with_a_driver(
+    tmp_path: Path, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No NVIDIA driver on the node: nothing to open, nothing said. The driver without its
+    /proc list of GPUs: the warning speaks of the node's GPUs as a whole."""
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    metrics = Metrics()
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE, settings=Settings()),
+        KeyringSource(key_file),
+        HostDevices(root),
+        metrics=metrics,
+    )
+    pod = make_pod("tools", uid="0c5e3a52-7d0f-4a53-9a54-0d7f2b7b1c13")
+    asyncio.run(enforcer.create_container(pod, make_container(pod, "main", privileged=True)))
+    count = "tessera_nri_unmanaged_gpu_access_total"
+    assert metrics.registry.get_sample_value(count) == 0
+    (root / "dev" / "nvidiactl").touch()
+    asyncio.run(enforcer.create_container(pod, make_container(pod, "main", privileged=True)))
+    assert metrics.registry.get_sample_value(count) == 1
+    (warning,) = [r.getMessage() for r in caplog.records if "own device rules" in r.getMessage()]
+    assert "open every GPU of this node" in warning and "/dev/nvidia" not in warning
