@@ -42,7 +42,8 @@ def open_gpus(rules: Sequence[api.LinuxDeviceCgroup], minors: Iterable[int]) -> 
     """The GPU minors among `minors` that `rules` let the container read or write.
 
     The runtime's rule order: the last rule that matches a device decides, and a device
-    no rule matches is denied."""
+    no rule matches is denied (runc's device filter checks the rules from the last one
+    back and takes the first match; containerd puts its deny-all rule first)."""
     opened = []
     for minor in minors:
         allowed = False

@@ -5,6 +5,7 @@ the NRI plugin's plan (and, with MPS, held to the memory and compute the plan as
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from nri_hook.adjust import (
     gpu_device_path,
     plan_container,
 )
+from nri_hook.device_access import NVIDIA_GPU_MAJOR
 from nri_hook.devices import HostDevices
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
@@ -42,7 +44,9 @@ PROBE = Path(__file__).with_name("cuda_probe.py")
 SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id,driver_version"
 
 
-def _smi(report: dict[str, Any]) -> list[dict[str, str]]:
+@pytest.fixture(scope="session")
+def smi(nvml: NvmlBackend, report: dict[str, Any]) -> list[dict[str, str]]:
+    """nvidia-smi's answer per GPU (the fields of SMI_FIELDS)."""
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi is not installed")
     out = subprocess.run(
@@ -77,8 +81,10 @@ def _env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
 
 
-def test_discovery_agrees_with_nvidia_smi(gpus: list[Gpu], report: dict[str, Any]) -> None:
-    rows = _smi(report)
+def test_discovery_agrees_with_nvidia_smi(
+    gpus: list[Gpu], smi: list[dict[str, str]], report: dict[str, Any]
+) -> None:
+    rows = smi
     assert report["discovery"]["errors"] == []
     assert len(gpus) == len(rows)
     by_uuid = {row["uuid"]: row for row in rows}
@@ -99,27 +105,26 @@ def test_minors_and_device_nodes_are_the_drivers(gpus: list[Gpu], report: dict[s
         assert minors[gpu.uuid] == gpu.minor
         node = host.device(gpu_device_path(gpu.minor))
         assert node is not None and node.type == "c"
-        assert (node.major, node.minor) == (195, gpu.minor)  # the nvidia driver's major
+        assert (node.major, node.minor) == (NVIDIA_GPU_MAJOR, gpu.minor)
 
 
 def test_numa_node_is_the_one_sysfs_gives(gpus: list[Gpu], report: dict[str, Any]) -> None:
-    seen = {}
+    seen: dict[str, dict[str, object]] = {}
+    mismatched = []
     for gpu in gpus:
         path = Path("/sys/bus/pci/devices") / gpu.pci_bus_id / "numa_node"
-        raw = path.read_text().strip() if path.exists() else None
-        seen[gpu.uuid] = {
-            "sysfs": raw,
-            "ours": gpu.numa_node,
-            "root": gpu.pcie_root,
-            "switch": gpu.pcie_switch,
-        }
-        if raw is not None:
-            assert gpu.numa_node == int(raw)  # -1: the platform has no NUMA information
+        raw = int(path.read_text())  # every PCI device has one (-1: no NUMA information)
+        seen[gpu.uuid] = {"sysfs": raw, "ours": gpu.numa_node, "root": gpu.pcie_root}
+        if gpu.numa_node != raw:
+            mismatched.append(gpu.uuid)
     report["numa"] = seen
+    assert mismatched == [], seen
 
 
-def test_driver_versions_match_nvidia_smi(nvml: NvmlBackend, report: dict[str, Any]) -> None:
-    rows = _smi(report)
+def test_driver_versions_match_nvidia_smi(
+    nvml: NvmlBackend, smi: list[dict[str, str]], report: dict[str, Any]
+) -> None:
+    rows = smi
     versions = nvml.versions()
     header = subprocess.run(
         ["nvidia-smi"], check=False, capture_output=True, text=True, timeout=60
@@ -253,6 +258,7 @@ def test_the_node_check_passes_the_driver_checks(nvml: NvmlBackend, report: dict
 # --- a CUDA program in a /dev built from the plan ---------------------------------------------
 
 
+@functools.cache
 def _torch_python() -> str:
     """An interpreter with PyTorch for the probe: $TESSERA_CUDA_PYTHON, else this one, else
     python3 on the PATH (the project's virtual environment has no PyTorch)."""
@@ -367,5 +373,6 @@ def test_mps_holds_a_share_to_the_planned_memory(
     assert full["alloc"] == {"1024": "ok", "8192": "ok"}, full
     assert planned["alloc"]["1024"] == "ok", planned
     assert planned["alloc"]["8192"] != "ok", planned
+    assert by_index["alloc"]["1024"] == "ok" and by_index["alloc"]["8192"] != "ok", by_index
     # the compute share: MPS reports the multiprocessors a client may use
     assert planned["sms"][0] < full["sms"][0], (planned, full)
