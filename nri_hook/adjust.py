@@ -48,7 +48,18 @@ MPS_PIPE_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 HAMI_MEMORY_ENV_PREFIX: Final = "CUDA_DEVICE_MEMORY_LIMIT_"
-HAMI_SM_ENV: Final = "CUDA_DEVICE_SM_LIMIT"
+HAMI_SM_ENV_PREFIX: Final = "CUDA_DEVICE_SM_LIMIT_"
+HAMI_CACHE_ENV: Final = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+HAMI_CACHE_DIR: Final = "/run/tessera-vgpu"
+"""Where the container's own HAMi-core region lives: a tmpfs the hook mounts per container.
+HAMi-core's default, /tmp/cudevshr.cache, is shared by every container that shares /tmp (an
+emptyDir), which then share one set of limits and one usage count, and cannot be created at
+all under readOnlyRootFilesystem (the library then exits the process)."""
+HAMI_CACHE_FILE: Final = f"{HAMI_CACHE_DIR}/cudevshr.cache"
+HAMI_CACHE_TMPFS_OPTIONS: Final = ("nosuid", "nodev", "noexec", "mode=1777", "size=8m")
+"""The region is about 2 MiB (1,024 process slots); mode 1777 lets any user of the
+container create it, as /tmp would."""
+CUDA_ORDER_ENV: Final = "CUDA_DEVICE_ORDER"
 PRELOAD_ENV: Final = "LD_PRELOAD"
 
 # gRPC status codes the runtime gets back (tessera_ttrpc.Code, repeated here so that this
@@ -287,6 +298,13 @@ def _layer_evidence(settings: Settings) -> list[tuple[str, str]]:
     return []
 
 
+def container_gpu_order(gpus: tuple[GpuGrant, ...]) -> tuple[GpuGrant, ...]:
+    """The container's GPUs in the order CUDA numbers them there: by PCI bus ID, which is
+    the host's NVML index order, given CUDA_DEVICE_ORDER=PCI_BUS_ID (the layer's per-device
+    limits are keyed by that number)."""
+    return tuple(sorted(gpus, key=lambda g: g.index))
+
+
 def isolation_env(
     gpus: tuple[GpuGrant, ...], settings: Settings
 ) -> tuple[list[tuple[str, str]], list[Mount]]:
@@ -295,27 +313,36 @@ def isolation_env(
     - mps: CUDA_MPS_PIPE_DIRECTORY plus a bind mount of that host directory, so the
       container reaches the node's MPS control daemon; CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
       with `<uuid>=<MiB>M` per GPU; CUDA_MPS_ACTIVE_THREAD_PERCENTAGE from the compute
-      share when it is a real limit (1..99; the smallest if the GPUs differ).
-    - hami-core: CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m per GPU, i being the container-visible
-      index (the order of NVIDIA_VISIBLE_DEVICES); CUDA_DEVICE_SM_LIMIT from the compute
-      share as for MPS; with a library configured, LD_PRELOAD and a read-only mount of it.
+      share when it is a real limit (1..99; the smallest if the GPUs differ: MPS has one
+      percentage per client).
+    - hami-core: CUDA_DEVICE_ORDER=PCI_BUS_ID, then per GPU, numbered as CUDA numbers them
+      in the container (`container_gpu_order`), CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m and,
+      when the share limits compute (1..99), CUDA_DEVICE_SM_LIMIT_<i>; the library's region
+      in a tmpfs of the container's own (CUDA_DEVICE_MEMORY_SHARED_CACHE); with a library
+      configured, LD_PRELOAD and a read-only mount of it.
     - none: nothing.
     """
     env: list[tuple[str, str]] = []
     mounts: list[Mount] = []
-    shares = [g.core for g in gpus if 0 < g.core < 100]
-    compute = str(min(shares)) if shares else None
     if settings.isolation == ISOLATION_MPS:
+        shares = [g.core for g in gpus if 0 < g.core < 100]
         env.append((MPS_PIPE_ENV, settings.mps_pipe_dir))
         env.append((MPS_MEMORY_ENV, ",".join(f"{g.uuid}={g.memory_mib}M" for g in gpus)))
-        if compute is not None:
-            env.append((MPS_THREADS_ENV, compute))
+        if shares:
+            env.append((MPS_THREADS_ENV, str(min(shares))))
         mounts.append(Mount(destination=settings.mps_pipe_dir, source=settings.mps_pipe_dir))
     elif settings.isolation == ISOLATION_HAMI_CORE:
-        for i, g in enumerate(gpus):
+        ordered = container_gpu_order(gpus)
+        env.append((CUDA_ORDER_ENV, "PCI_BUS_ID"))
+        for i, g in enumerate(ordered):
             env.append((f"{HAMI_MEMORY_ENV_PREFIX}{i}", f"{g.memory_mib}m"))
-        if compute is not None:
-            env.append((HAMI_SM_ENV, compute))
+        for i, g in enumerate(ordered):
+            if 0 < g.core < 100:
+                env.append((f"{HAMI_SM_ENV_PREFIX}{i}", str(g.core)))
+        env.append((HAMI_CACHE_ENV, HAMI_CACHE_FILE))
+        mounts.append(
+            Mount(HAMI_CACHE_DIR, "tmpfs", type="tmpfs", options=HAMI_CACHE_TMPFS_OPTIONS)
+        )
         if settings.hami_core_library:
             lib = settings.hami_core_library
             env.append((PRELOAD_ENV, lib))

@@ -518,8 +518,11 @@ def _report_injections(say: Printer, outcomes: Sequence[Outcome]) -> None:
                         else ",".join(memory)
                     )
                 )
-            if "CUDA_DEVICE_SM_LIMIT" in env:
-                limits.append(f"SM {env['CUDA_DEVICE_SM_LIMIT']}%")
+            compute = [
+                f"{v}%" for k, v in sorted(env.items()) if k.startswith("CUDA_DEVICE_SM_LIMIT")
+            ]
+            if compute:
+                limits.append(f"SM {','.join(compute)}")
             say(
                 f"  {outcome.pod.name + '/' + container:<24} {_compact_devices(devices):<44}"
                 f" {n_visible} UUID{'s' if n_visible > 1 else ''} visible"

@@ -259,20 +259,49 @@ def test_mps_whole_gpus_get_memory_limits_but_no_thread_limit() -> None:
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
 
 
-def test_hami_core_limits_by_container_visible_index() -> None:
-    alloc = _alloc(ContainerAllocation("main", gpus=(GPU_C, GPU_B)))
+HAMI_REGION = (("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/run/tessera-vgpu/cudevshr.cache"),)
+HAMI_REGION_MOUNT = Mount(
+    "/run/tessera-vgpu",
+    "tmpfs",
+    "tmpfs",
+    ("nosuid", "nodev", "noexec", "mode=1777", "size=8m"),
+)
+
+
+def test_hami_core_limits_by_the_number_cuda_gives_each_gpu_in_the_container() -> None:
+    """CUDA numbers a container's GPUs by PCI bus ID (the order the plan asks for), which is
+    the host's index order, whatever order the record lists them in."""
+    small = GpuGrant(GPU_B.uuid, 3, 3, 100, 40960)
+    alloc = _alloc(ContainerAllocation("main", gpus=(GPU_C, small)))
     plan = plan_container(alloc, "main", Settings(isolation="hami-core"), FULL_HOST)
     assert plan is not None
     assert plan.env == (
         ("NVIDIA_VISIBLE_DEVICES", f"{GPU_C.uuid},{GPU_B.uuid}"),
-        ("CUDA_DEVICE_MEMORY_LIMIT_0", "81920m"),
-        ("CUDA_DEVICE_MEMORY_LIMIT_1", "81920m"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "40960m"),  # GPU_B, index 3
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "81920m"),  # GPU_C, index 5
+        *HAMI_REGION,
     )
+    assert plan.mounts == (HAMI_REGION_MOUNT,)
     share = _alloc(ContainerAllocation("main", gpus=(GPU_A,)))
     plan = plan_container(share, "main", Settings(isolation="hami-core"), FULL_HOST)
     assert plan is not None
-    assert _env(plan.env)["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert _env(plan.env)["CUDA_DEVICE_SM_LIMIT_0"] == "30"
     assert _env(plan.env)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8192m"
+
+
+def test_hami_core_compute_limits_are_per_gpu() -> None:
+    """A whole GPU beside a share keeps all of its compute: each GPU gets its own limit,
+    not the smallest of them."""
+    half = GpuGrant(GPU_C.uuid, 5, 5, 50, 40960)
+    alloc = _alloc(ContainerAllocation("main", gpus=(half, GPU_A, GPU_B)))
+    plan = plan_container(alloc, "main", Settings(isolation="hami-core"), FULL_HOST)
+    assert plan is not None
+    env = _env(plan.env)
+    assert {k: v for k, v in env.items() if k.startswith("CUDA_DEVICE_SM_LIMIT")} == {
+        "CUDA_DEVICE_SM_LIMIT_0": "30",  # GPU_A, index 0
+        "CUDA_DEVICE_SM_LIMIT_2": "50",  # GPU_C, index 5; GPU_B (index 3) is whole
+    }
 
 
 def test_hami_core_memory_only_share_and_library() -> None:
@@ -283,9 +312,10 @@ def test_hami_core_memory_only_share_and_library() -> None:
     )
     assert plan is not None
     env = _env(plan.env)
-    assert "CUDA_DEVICE_SM_LIMIT" not in env
+    assert not [k for k in env if k.startswith("CUDA_DEVICE_SM_LIMIT")]
     assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
     assert plan.mounts == (
+        HAMI_REGION_MOUNT,
         Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", "bind", ("rbind", "ro")),
     )
 
