@@ -2,8 +2,10 @@
 
 A backend discovers the node's GPUs once, then feeds health: `wait_events` blocks for XID
 events (NVML's event set, or injected ones in the fake), and `query` asks one GPU whether it
-still answers normally. RDMA NICs come from a `NicSource`: sysfs on a real node, the topology
-file for the fake backend.
+still answers normally. `processes` says which processes use each GPU, with their memory
+and, where the driver samples it, their share of the GPU's time (the usage loop's input).
+RDMA NICs come from a `NicSource`: sysfs on a real node, the topology file for the fake
+backend.
 """
 
 from __future__ import annotations
@@ -38,6 +40,30 @@ class XidEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process with a context on a GPU, as the driver reports it (host PID namespace)."""
+
+    pid: int
+    used_bytes: int | None
+    """GPU memory the driver attributes to it; None where it does not say (MIG, WDDM)."""
+    sm_percent: int | None = None
+    """Its share of the GPU's time running kernels, in percent, over the last sample
+    period; None where the driver took no sample of it."""
+    mps_client: bool = False
+    """A client of the MPS server (its memory is its own, its kernels run in the server)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcesses:
+    """What one GPU is running."""
+
+    uuid: str
+    processes: tuple[GpuProcess, ...] = ()
+    error: str = ""
+    """Why the list could not be read (then `processes` is empty and says nothing)."""
+
+
 @dataclass
 class GpuDiscovery:
     gpus: list[Gpu] = field(default_factory=list)
@@ -57,6 +83,11 @@ class GpuBackend(Protocol):
 
     def query(self, uuid: str) -> str | None:
         """None if the GPU answers normally, else why not."""
+        ...
+
+    def processes(self) -> list[GpuProcesses]:
+        """Per discovered GPU, the processes using it now; SM shares are those sampled since
+        the previous call."""
         ...
 
     def close(self) -> None: ...

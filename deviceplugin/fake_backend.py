@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.backend import GpuDiscovery, TopologyError, XidEvent
+from deviceplugin.backend import GpuDiscovery, GpuProcess, GpuProcesses, TopologyError, XidEvent
 from tessera.errors import InventoryError
 from tessera.model import Gpu, NodeInventory, RdmaNic
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, builtin_topology_text, load_document
@@ -108,6 +108,8 @@ class FakeBackend:
         self._load_errors = list(errors or [])
         self._silent: dict[str, str] = {}
         self._events: list[XidEvent] = []
+        self._processes: dict[str, tuple[GpuProcess, ...]] = {}
+        self._process_errors: dict[str, str] = {}
         self._cond = threading.Condition()
         self._closed = False
 
@@ -135,6 +137,17 @@ class FakeBackend:
     def query(self, uuid: str) -> str | None:
         with self._cond:
             return self._silent.get(uuid)
+
+    def processes(self) -> list[GpuProcesses]:
+        with self._cond:
+            return [
+                GpuProcesses(
+                    g.uuid,
+                    () if g.uuid in self._process_errors else self._processes.get(g.uuid, ()),
+                    self._process_errors.get(g.uuid, ""),
+                )
+                for g in self._gpus
+            ]
 
     def close(self) -> None:
         with self._cond:
@@ -171,6 +184,18 @@ class FakeBackend:
                 self._silent.pop(uuid, None)
             else:
                 self._silent[uuid] = reason
+
+    def set_processes(
+        self, uuid: str, processes: tuple[GpuProcess, ...] = (), error: str = ""
+    ) -> None:
+        """What the GPU runs from now on, as NVML would list it (host PIDs); with `error`,
+        the list cannot be read."""
+        with self._cond:
+            self._processes[uuid] = tuple(processes)
+            if error:
+                self._process_errors[uuid] = error
+            else:
+                self._process_errors.pop(uuid, None)
 
     def set_port_states(self, ibdev: str, states: tuple[str, ...]) -> None:
         with self._cond:

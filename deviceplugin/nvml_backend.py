@@ -23,7 +23,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.backend import BackendError, GpuDiscovery, XidEvent
+from deviceplugin.backend import (
+    BackendError,
+    GpuDiscovery,
+    GpuProcess,
+    GpuProcesses,
+    XidEvent,
+)
 from deviceplugin.inventory import DriverVersions
 from deviceplugin.sysfs import Sysfs
 from tessera.errors import InventoryError
@@ -71,6 +77,8 @@ class NvmlBackend:
         self._sysfs = Sysfs(sysfs_root)
         self._handles: dict[str, Any] = {}
         self._event_set: Any = None
+        self._sm_seen: dict[str, int] = {}
+        """Per GPU, the driver's timestamp (µs) of the newest SM sample read."""
         self._closed = False
 
     # --- helpers ------------------------------------------------------------------------------
@@ -259,6 +267,67 @@ class NvmlBackend:
                 return None
             return f"NVML query failed: {exc}"
         return None
+
+    # --- usage --------------------------------------------------------------------------------
+
+    def _listed(self, fn: str, handle: Any) -> list[Any]:
+        """An optional process list: [] where the driver or the library lacks it."""
+        call = getattr(self._nvml, fn, None)
+        if call is None:
+            return []
+        try:
+            return list(call(handle) or [])
+        except self._error:
+            return []
+
+    def _sm_shares(self, uuid: str, handle: Any) -> dict[int, int]:
+        """pid -> mean SM share (%) of the samples newer than the last read. The driver
+        answers NOT_FOUND when there is no new sample, which is not an error."""
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(handle, self._sm_seen.get(uuid, 0))
+        except (self._error, AttributeError):
+            return {}
+        sums: dict[int, list[int]] = {}
+        newest = self._sm_seen.get(uuid, 0)
+        for sample in samples or []:
+            pid, stamp, share = int(sample.pid), int(sample.timeStamp), int(sample.smUtil)
+            newest = max(newest, stamp)
+            if 0 <= share <= 100:
+                total = sums.setdefault(pid, [0, 0])
+                total[0] += share
+                total[1] += 1
+        self._sm_seen[uuid] = newest
+        return {pid: round(total / n) for pid, (total, n) in sums.items()}
+
+    def processes(self) -> list[GpuProcesses]:
+        out: list[GpuProcesses] = []
+        for uuid, handle in self._handles.items():
+            try:
+                compute = list(self._call("nvmlDeviceGetComputeRunningProcesses", handle) or [])
+            except _CallError as exc:
+                out.append(GpuProcesses(uuid, error=str(exc)))
+                continue
+            shares = self._sm_shares(uuid, handle)
+            seen: dict[int, GpuProcess] = {}
+            lists = (
+                (compute, False),
+                (self._listed("nvmlDeviceGetGraphicsRunningProcesses", handle), False),
+                (self._listed("nvmlDeviceGetMPSComputeRunningProcesses", handle), True),
+            )
+            for entries, listed_as_client in lists:
+                for entry in entries:
+                    client = listed_as_client
+                    pid = int(entry.pid)
+                    raw = getattr(entry, "usedGpuMemory", None)
+                    used = int(raw) if isinstance(raw, int) and 0 <= raw < 1 << 63 else None
+                    before = seen.get(pid)
+                    if before is not None:  # the same process in two lists: one context
+                        known = [u for u in (used, before.used_bytes) if u is not None]
+                        used = max(known) if known else None
+                        client = client or before.mps_client
+                    seen[pid] = GpuProcess(pid, used, shares.get(pid), client)
+            out.append(GpuProcesses(uuid, tuple(seen[p] for p in sorted(seen))))
+        return out
 
     def versions(self) -> DriverVersions:
         """Driver and supported CUDA versions (for the GFD labels); "" where NVML fails."""

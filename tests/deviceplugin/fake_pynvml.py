@@ -105,6 +105,27 @@ class EventData:
 
 
 @dataclass
+class ProcessInfo:
+    """pynvml's friendly object for c_nvmlProcessInfo_v3_t (usedGpuMemory None where the
+    driver does not say)."""
+
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+@dataclass
+class ProcessUtilizationSample:
+    pid: int
+    timeStamp: int  # noqa: N815
+    smUtil: int  # noqa: N815
+    memUtil: int = 0  # noqa: N815
+    encUtil: int = 0  # noqa: N815
+    decUtil: int = 0  # noqa: N815
+
+
+@dataclass
 class FakeGpu:
     uuid: str
     name: str
@@ -120,6 +141,12 @@ class FakeGpu:
     supported_events: int = nvmlEventTypeXidCriticalError | nvmlEventTypeDoubleBitEccError
     fail: dict[str, int] = field(default_factory=dict)
     """Function name -> NVML error code it raises for this GPU."""
+    compute: list[ProcessInfo] = field(default_factory=list)
+    graphics: list[ProcessInfo] = field(default_factory=list)
+    mps: list[ProcessInfo] = field(default_factory=list)
+    samples: list[ProcessUtilizationSample] = field(default_factory=list)
+    """What the driver sampled; a call returns those newer than its timestamp, and
+    NOT_FOUND when there are none, as the driver does."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +182,28 @@ class FakeNvml:
         if call in gpu.fail:
             raise NVMLError(gpu.fail[call])
         return gpu
+
+    # --- processes ------------------------------------------------------------------------
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:
+        return list(self._gpu(handle, "nvmlDeviceGetComputeRunningProcesses").compute)
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:
+        return list(self._gpu(handle, "nvmlDeviceGetGraphicsRunningProcesses").graphics)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Handle) -> list[ProcessInfo]:
+        return list(self._gpu(handle, "nvmlDeviceGetMPSComputeRunningProcesses").mps)
+
+    def nvmlDeviceGetProcessUtilization(
+        self,
+        handle: Handle,
+        timeStamp: int,  # noqa: N803
+    ) -> list[ProcessUtilizationSample]:
+        gpu = self._gpu(handle, "nvmlDeviceGetProcessUtilization")
+        newer = [s for s in gpu.samples if s.timeStamp > timeStamp]
+        if not newer:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return newer
 
     # --- library --------------------------------------------------------------------------
 

@@ -42,6 +42,8 @@ STRUCTURES: list[tuple[type[Any], type[ctypes.Structure]]] = [
     (nv.PciInfo, pynvml.nvmlPciInfo_t),
     (nv.Memory, pynvml.c_nvmlMemory_t),
     (nv.EventData, pynvml.c_nvmlEventData_t),
+    (nv.ProcessInfo, pynvml.c_nvmlProcessInfo_v3_t),
+    (nv.ProcessUtilizationSample, pynvml.c_nvmlProcessUtilizationSample_t),
 ]
 
 
