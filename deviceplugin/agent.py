@@ -7,7 +7,10 @@ Threads (all daemons, all stopped by `stop()`):
   is ACTIVE again;
 - the plugin manager's watcher and registration threads (server.py);
 - `inventory`: writes the NodeDevices object and labels when the inventory changed (and
-  re-checks them every `resync_interval_s`), and renews the heartbeat Lease.
+  re-checks them every `resync_interval_s`), and renews the heartbeat Lease, which carries
+  the last usage reading;
+- `usage` (usage_monitor.py): every `usage_interval_s`, which processes use each GPU, whose
+  they are and what their containers were granted.
 
 Every health change produces a new immutable NodeInventory; from it the unit snapshots are
 rebuilt, and only resources whose snapshot changed wake their ListAndWatch streams.
@@ -46,6 +49,7 @@ from tessera.model import NodeInventory
 
 if TYPE_CHECKING:
     from deviceplugin.record_pods import RecordChooser
+    from deviceplugin.usage_monitor import UsageMonitor
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +79,8 @@ class Agent:
     clock: Callable[[], float] = time.monotonic
     chooser: RecordChooser | None = None
     """GetPreferredAllocation's record-based choice, if any."""
+    usage: UsageMonitor | None = None
+    """The usage loop, if on (started and stopped with the agent)."""
 
     def __post_init__(self) -> None:
         config = self.config
@@ -180,6 +186,12 @@ class Agent:
             self._spawn("health-query", self._query_loop)
         if self.publisher is not None:
             self._spawn("inventory", self._inventory_loop)
+        if self.usage is not None:
+            self.usage.start()
+
+    def gpu_indexes(self) -> dict[str, int]:
+        """GPU UUID -> index, for the usage loop."""
+        return {g.uuid: g.index for g in self._base.gpus}
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -189,6 +201,8 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
+        if self.usage is not None:
+            self.usage.stop()
         for thread in self._threads:
             thread.join(5)
         self.backend.close()
@@ -284,7 +298,7 @@ class Agent:
             now = time.monotonic()
             if now >= next_heartbeat:
                 try:
-                    publisher.heartbeat()
+                    publisher.heartbeat(self.usage.annotation() if self.usage else None)
                     self.heartbeat_error = ""
                     next_heartbeat = now + publisher.config.heartbeat_interval_s
                 except Exception as exc:

@@ -37,6 +37,7 @@ from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent
     from deviceplugin.record_pods import RecordChooser
+    from deviceplugin.usage_monitor import UsageMonitor
     from kube_edge.client import KubeClient
 
 log = logging.getLogger("deviceplugin")
@@ -221,7 +222,48 @@ def _run(config: DevicePluginConfig) -> int:
             ),
         )
         agent.chooser = _record_chooser(config, api, agent)
+    else:
+        api = None
+    try:
+        agent.usage = _usage_monitor(config, agent, api)
+    except ConfigError:
+        backend.close()
+        raise
     return _serve(agent, config.metrics_port, config.metrics_address)
+
+
+def _usage_monitor(
+    config: DevicePluginConfig, agent: Agent, api: KubeClient | None
+) -> UsageMonitor | None:
+    """The usage loop, unless --usage-interval is 0. Without a cluster (--no-inventory) it
+    cannot name pods: container processes then count as no tessera container's."""
+    if config.usage_interval <= 0:
+        return None
+    from deviceplugin.record_pods import list_node_pods
+    from deviceplugin.usage_monitor import ApiPods, UsageMonitor
+    from tessera.record_keys import KeyFileError
+    from tessera_edge.keyfiles import KeyringSource
+
+    check_directory("--proc-root", Path(config.proc_root))
+    pods = None
+    if api is not None:
+        client = api
+        try:
+            keys: KeyringSource | None = KeyringSource(config.integrity_key_file)
+        except KeyFileError:
+            keys = None  # the record chooser has said so; grants are read unverified
+        pods = ApiPods(
+            lambda: list_node_pods(client, config.node_name, timeout_s=5.0),
+            config.node_name,
+            keys,
+        )
+    return UsageMonitor(
+        agent.backend,
+        agent.gpu_indexes,
+        pods,
+        proc_root=config.proc_root,
+        interval_s=config.usage_interval,
+    )
 
 
 def _record_chooser(

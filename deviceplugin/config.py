@@ -24,6 +24,7 @@ from deviceplugin.server import (
     DEFAULT_POD_RESOURCES_SOCKET,
     DEFAULT_SOCKET_POLL_S,
 )
+from deviceplugin.usage_monitor import DEFAULT_USAGE_INTERVAL_S
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
@@ -40,6 +41,7 @@ _DISCOVERY = FlagGroup("discovery")
 _KUBELET = FlagGroup("kubelet")
 _HEALTH = FlagGroup("health")
 _INVENTORY = FlagGroup("inventory")
+_USAGE = FlagGroup("usage")
 _OUTPUT = LOGS_AND_METRICS
 
 
@@ -193,6 +195,21 @@ class DevicePluginConfig:
         "how often the NodeDevices object and labels are compared with the API server even "
         "when nothing changed. Default: %(default)s.",
         default=DEFAULT_RESYNC_INTERVAL_S,
+    )
+
+    usage_interval: float = _USAGE.duration(
+        "how often the agent reads which processes use each GPU (NVML), puts each on its pod "
+        "and container (its cgroup in --proc-root) beside what the container was granted, "
+        "and exports it (metrics, the heartbeat's tessera.dev/gpu-usage annotation); 0 "
+        "turns it off. Default: %(default)s.",
+        default=DEFAULT_USAGE_INTERVAL_S,
+        allow_zero=True,
+    )
+    proc_root: str = _USAGE.flag(
+        "the host's /proc, where NVML's process IDs are found (the DaemonSet runs in the "
+        "host's PID namespace, so its own /proc is the host's). Default: %(default)s.",
+        default="/proc",
+        metavar="DIR",
     )
 
     print_inventory: bool = _OUTPUT.switch(

@@ -9,7 +9,8 @@ heartbeat Lease.
 - Node labels: GPU model, count and memory (MiB), sanitized to valid label values; patched
   only when they differ.
 - Heartbeat: a `coordination.k8s.io/v1` Lease per node agent, renewed every few seconds, so the
-  scheduler can tell a live agent from a dead one.
+  scheduler can tell a live agent from a dead one. It carries the agent's last usage reading
+  (which container uses how much of each GPU) as the `tessera.dev/gpu-usage` annotation.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tessera.resources import (
     INVENTORY_KIND,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
+    USAGE_ANNOTATION,
 )
 
 MAX_ANSWER_BYTES = 4 * 1024 * 1024
@@ -311,7 +313,9 @@ class InventoryPublisher:
 
     # --- heartbeat --------------------------------------------------------------------------
 
-    def _lease_body(self, now: str, previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _lease_body(
+        self, now: str, previous: Mapping[str, Any] | None, usage: str | None = None
+    ) -> dict[str, Any]:
         cfg = self.config
         spec = dict((previous or {}).get("spec") or {})
         if spec.get("holderIdentity") != cfg.node_name or "acquireTime" not in spec:
@@ -335,10 +339,23 @@ class InventoryPublisher:
                 metadata["ownerReferences"] = [node_owner(cfg.node_name, self._node_uid)]
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata}
         body["spec"] = spec
+        metadata = dict(body.get("metadata") or {})
+        annotations = dict(metadata.get("annotations") or {})
+        if usage is None:
+            annotations.pop(USAGE_ANNOTATION, None)
+        else:
+            annotations[USAGE_ANNOTATION] = usage
+        if annotations:
+            metadata["annotations"] = annotations
+        else:
+            metadata.pop("annotations", None)
+        body["metadata"] = metadata
         return body
 
-    def heartbeat(self) -> None:
-        """Renew (or create) this agent's Lease."""
+    def heartbeat(self, usage: str | None = None) -> None:
+        """Renew (or create) this agent's Lease, carrying `usage` (the GPU use the agent
+        last read, tessera.usage) as an annotation: the reading rides on a write the
+        heartbeat makes anyway."""
         cfg = self.config
         path = lease_path(cfg.heartbeat_namespace, cfg.lease_name)
         for _ in range(self.config.conflict_retries + 1):
@@ -351,7 +368,9 @@ class InventoryPublisher:
                         raise
                     try:
                         self._lease = self.api.request(
-                            "POST", lease_path(cfg.heartbeat_namespace), self._lease_body(now, None)
+                            "POST",
+                            lease_path(cfg.heartbeat_namespace),
+                            self._lease_body(now, None, usage),
                         )
                     except ApiError as exc2:
                         if exc2.status == 409:
@@ -359,7 +378,9 @@ class InventoryPublisher:
                         raise
                     return
             try:
-                self._lease = self.api.request("PUT", path, self._lease_body(now, self._lease))
+                self._lease = self.api.request(
+                    "PUT", path, self._lease_body(now, self._lease, usage)
+                )
                 return
             except ApiError as exc:
                 self._lease = None

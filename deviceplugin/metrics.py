@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent
+    from deviceplugin.usage_monitor import UsageMonitor
 
 DEFAULT_METRICS_PORT = 9465
 """The agent's metrics port on the node (the DaemonSet runs in the host network); 9400 is
@@ -96,6 +97,93 @@ class AgentCollector(Collector):
             answers.add_metric([node, "record"], agent.chooser.chosen)
             answers.add_metric([node, "default"], agent.chooser.fallbacks)
             yield answers
+        if agent.usage is not None:
+            yield from _usage_families(node, agent.usage)
+
+
+_CONTAINER_GPU = ["namespace", "pod", "container", "gpu", "uuid"]
+
+
+def _usage_families(
+    node: str, usage: UsageMonitor
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Each tessera container's use of each GPU beside its grant, and what no tessera
+    container owns, from the usage loop's last reading (docs/metrics.md)."""
+    snapshot = usage.latest
+    used = _per_node(
+        "tessera_container_gpu_memory_used_bytes",
+        "GPU memory the driver counts for the container's processes on the GPU",
+        _CONTAINER_GPU,
+    )
+    granted = _per_node(
+        "tessera_container_gpu_memory_granted_bytes",
+        "GPU memory the container's allocation record grants it on the GPU",
+        _CONTAINER_GPU,
+    )
+    sm = _per_node(
+        "tessera_container_gpu_sm_used_ratio",
+        "Share of the GPU's time the container's kernels ran, over the driver's last "
+        "samples (0-1); absent where the driver samples none (MPS clients)",
+        _CONTAINER_GPU,
+    )
+    core = _per_node(
+        "tessera_container_gpu_core_granted_ratio",
+        "Compute share of the GPU the container's record grants it (0-1)",
+        _CONTAINER_GPU,
+    )
+    processes = _per_node(
+        "tessera_container_gpu_processes",
+        "The container's processes with a context on the GPU",
+        _CONTAINER_GPU,
+    )
+    for u in snapshot.containers:
+        labels = [node, u.namespace, u.pod, u.container, str(u.gpu_index), u.gpu]
+        used.add_metric(labels, u.used_bytes)
+        granted.add_metric(labels, u.granted_memory_mib * _MIB)
+        core.add_metric(labels, u.granted_core / 100)
+        processes.add_metric(labels, u.processes)
+        if u.sm_percent is not None:
+            sm.add_metric(labels, min(u.sm_percent, 100) / 100)
+    other_used = _per_node(
+        "tessera_gpu_unattributed_memory_used_bytes",
+        "GPU memory of processes that are no tessera container's, by owner: host (outside "
+        "any pod), other-pod (a pod without a tessera record), mps-server",
+        ["gpu", "uuid", "owner"],
+    )
+    other_procs = _per_node(
+        "tessera_gpu_unattributed_processes",
+        "Processes on the GPU that are no tessera container's, by owner",
+        ["gpu", "uuid", "owner"],
+    )
+    for o in snapshot.other:
+        labels = [node, str(o.gpu_index), o.gpu, o.owner]
+        other_used.add_metric(labels, o.used_bytes)
+        other_procs.add_metric(labels, o.processes)
+    over = CounterMetricFamily(
+        "tessera_gpu_over_grant",
+        "Containers found using more of a GPU than their record grants (each container, "
+        "GPU and kind once; logged with pod, GPU and figures)",
+        labels=["node", "kind"],
+    )
+    for kind, count in sorted(usage.watch.counts.items()):
+        over.add_metric([node, kind], count)
+    readings = CounterMetricFamily(
+        "tessera_gpu_usage_readings", "Usage readings taken", labels=["node"]
+    )
+    readings.add_metric([node], usage.readings)
+    cpu = CounterMetricFamily(
+        "tessera_gpu_usage_cpu_seconds",
+        "CPU time the usage readings took (NVML, /proc, attribution)",
+        labels=["node"],
+    )
+    cpu.add_metric([node], usage.cpu_seconds)
+    unreadable = _per_node(
+        "tessera_gpu_usage_unreadable_gpus",
+        "GPUs whose process list could not be read in the last reading",
+    )
+    unreadable.add_metric([node], len(snapshot.errors))
+    yield from (used, granted, sm, core, processes, other_used, other_procs)
+    yield from (over, readings, cpu, unreadable)
 
 
 def agent_registry(agent: Agent) -> CollectorRegistry:

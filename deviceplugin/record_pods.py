@@ -102,6 +102,29 @@ def _limits(pod: Mapping[str, Any], resource: str) -> tuple[tuple[str, int], ...
     return tuple(out)
 
 
+def list_node_pods(client: KubeClient, node: str, timeout_s: float) -> list[dict[str, Any]]:
+    """Every pod bound to `node`, page by page (raises PodLookupError)."""
+    out: list[dict[str, Any]] = []
+    token = ""
+    for _ in range(MAX_PAGES):
+        query: dict[str, Any] = {"fieldSelector": f"spec.nodeName={node}", "limit": PAGE_SIZE}
+        if token:
+            query["continue"] = token
+        try:
+            page = client.request("GET", "/api/v1/pods", query=query, timeout=timeout_s)
+        except ApiError as exc:
+            raise PodLookupError(f"cannot list this node's pods: {exc}") from None
+        if not isinstance(page, dict):
+            raise PodLookupError("the pod list is not an object")
+        items = page.get("items") or []
+        out.extend(i for i in items if isinstance(i, dict))
+        meta = page.get("metadata")
+        token = str(meta.get("continue") or "") if isinstance(meta, dict) else ""
+        if not token:
+            return out
+    raise PodLookupError(f"more than {MAX_PAGES * PAGE_SIZE} pods on this node")
+
+
 class RecordChooser:
     """GetPreferredAllocation's record-based answer for every resource of this node."""
 
@@ -131,30 +154,7 @@ class RecordChooser:
 
     def pods(self) -> list[dict[str, Any]]:
         """Every pod bound to this node (raises PodLookupError)."""
-        out: list[dict[str, Any]] = []
-        token = ""
-        for _ in range(MAX_PAGES):
-            query: dict[str, Any] = {
-                "fieldSelector": f"spec.nodeName={self.node}",
-                "limit": PAGE_SIZE,
-            }
-            if token:
-                query["continue"] = token
-            try:
-                page = self.client.request(
-                    "GET", "/api/v1/pods", query=query, timeout=self.timeout_s
-                )
-            except ApiError as exc:
-                raise PodLookupError(f"cannot list this node's pods: {exc}") from None
-            if not isinstance(page, dict):
-                raise PodLookupError("the pod list is not an object")
-            items = page.get("items") or []
-            out.extend(i for i in items if isinstance(i, dict))
-            meta = page.get("metadata")
-            token = str(meta.get("continue") or "") if isinstance(meta, dict) else ""
-            if not token:
-                return out
-        raise PodLookupError(f"more than {MAX_PAGES * PAGE_SIZE} pods on this node")
+        return list_node_pods(self.client, self.node, self.timeout_s)
 
     def assigned(self, resource: str) -> dict[tuple[str, str], set[str]]:
         """(namespace, pod name) -> containers the kubelet gave units of `resource`."""

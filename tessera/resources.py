@@ -70,6 +70,9 @@ INVENTORY_API_VERSION: Final = f"{INVENTORY_GROUP}/{INVENTORY_VERSION}"
 HEARTBEAT_LEASE_PREFIX: Final = "tessera-node-"
 """Lease name = prefix + node name, in the heartbeat namespace."""
 DEFAULT_HEARTBEAT_NAMESPACE: Final = "tessera-system"
+USAGE_ANNOTATION: Final = f"{DOMAIN}/gpu-usage"
+"""On the heartbeat Lease: what each container really uses of its GPUs (tessera.usage), as
+the node agent last read it; written with each renewal, so it costs no write of its own."""
 
 # --- Allocation record integrity ---------------------------------------------------------------
 DEFAULT_INTEGRITY_KEY_FILE: Final = "/etc/tessera/record-keys"

@@ -96,6 +96,9 @@ CASES = [
     bad("kube context", ["--kube-context", " "], "may not be empty"),
     bad("unknown flag", ["--metrics-prot", "9465"], "unrecognized"),
     bad("port out of range", ["--metrics-port", "99999"], "0..65535"),
+    bad("proc root missing", ["--proc-root", "{f}/nope"], "is not a directory"),
+    bad("proc root is a file", ["--proc-root", "{f}/a-file"], "not a dir"),
+    bad("usage interval", ["--usage-interval", "-5"], "0 or above"),
 ]
 
 
