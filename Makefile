@@ -19,7 +19,7 @@ help:
 	@echo "make bench-scale - pods/s at 5,000 nodes, tessera vs kube-scheduler alone (\$$TESSERA_E2E_BIN)"
 	@echo "make sim-table - the fragmentation table over every openb trace (slow)"
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
-	@echo "make gpu-check - on a GPU node: NVML, device nodes, CUDA and MPS checks (opt-in)"
+	@echo "make gpu-check - on a GPU node: NVML, device nodes, CUDA, HAMi-core and MPS limits, usage (opt-in)"
 	@echo "make fuzz   - long attack runs on every input surface (figures go to docs/security.md)"
 
 $(STAMP): pyproject.toml
@@ -69,10 +69,15 @@ fuzz: $(PROTO_STAMP)
 e2e: $(PROTO_STAMP)
 	$(PY) -m pytest -m e2e -s -rA --timeout=1800 tests/e2e
 
-# on a node with an NVIDIA GPU: NVML, the driver's device nodes, CUDA in a /dev built from the
-# NRI plugin's plan, MPS limits; a missing GPU fails instead of skipping
+# on a node with an NVIDIA GPU (as root): NVML, the driver's device nodes, CUDA in a /dev built
+# from the NRI plugin's plan, what each isolation layer holds (HAMi-core at
+# $$TESSERA_HAMI_CORE_LIBRARY, default /usr/local/vgpu/libvgpu.so; MPS), the usage loop on real
+# processes; a missing GPU or HAMi-core library fails instead of skipping. The figures go to
+# $(GPU_REPORT), and its table rows are printed at the end (docs/isolation.md)
+GPU_REPORT ?= gpu-check.json
 gpu-check: $(PROTO_STAMP)
-	TESSERA_REQUIRE_GPU=1 $(PY) -m pytest -m gpu -rA tests/gpu
+	TESSERA_REQUIRE_GPU=1 TESSERA_GPU_REPORT=$(abspath $(GPU_REPORT)) $(PY) -m pytest -m gpu -rA tests/gpu; \
+	status=$$?; $(PY) -m tools.gpu_table --print $(GPU_REPORT); exit $$status
 
 clean:
 	rm -rf $(VENV) $(PROTO_STAMP) .mypy_cache .ruff_cache .pytest_cache

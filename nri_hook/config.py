@@ -110,7 +110,8 @@ class NriHookConfig:
     isolation: str | None = _DEVICES.flag(
         "GPU sharing layer that limits each GPU share: 'mps' sets "
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS "
-        "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT; "
+        "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and "
+        "CUDA_DEVICE_SM_LIMIT_<i> per GPU and mounts a tmpfs for the library's region; "
         "'none' only gives the devices and needs --allow-unisolated-sharing (default: none "
         "chosen, and the hook refuses to start)",
         choices=ISOLATION_LAYERS,

@@ -1,12 +1,26 @@
-"""What a CUDA program sees, run as its own process (a stand-in for a container's workload).
+"""What a CUDA program sees, run as its own process: a stand-in for a container's workload.
 
-Prints one JSON object: whether CUDA is usable, the GPUs it enumerates (UUID and
-multiprocessor count), and for each size asked with --alloc-mib whether a device buffer of
-that many MiB could be allocated and written. With --dev-nodes it first replaces /dev with a
-fresh tmpfs holding only the listed device nodes, read-only (it must run in its own mount
-namespace, `unshare --mount`), as a container runtime builds a container's /dev: run as
-root, the CUDA driver library creates a device node it misses, which the device cgroup
-stops in a container and the read-only /dev stops here.
+Prints one JSON object (the last line of its output):
+- whether CUDA is usable, the GPUs it enumerates (UUID, multiprocessor count) and, per GPU,
+  the free and total memory CUDA reports (an isolation layer reports its limit as total);
+- for each size asked with --alloc-mib, whether a buffer that large could be allocated and
+  written;
+- with --largest CAP, the largest single buffer (64 MiB steps, up to CAP MiB) on each GPU,
+  the error the first refused size gave, and whether a small buffer still works after it
+  (a layer must refuse with CUDA's out-of-memory error, not end the process);
+- with --compute SECONDS, the rate of a compute-bound loop (bf16 matrix products) in
+  TFLOP/s per one-second window, after --warmup seconds or, with --start-at, from that
+  wall-clock time (so that several probes measure the same seconds), holding --hold-mib
+  MiB meanwhile (with --fill, the largest buffer found); with --linger, it then keeps its
+  context that many seconds more.
+
+The container: --dev-nodes replaces /dev with a fresh read-only tmpfs holding only the
+listed device nodes (as a runtime builds a container's /dev: run as root, the CUDA library
+creates a node it misses, which the device cgroup stops in a container and the read-only
+/dev stops here); --mounts applies a plan's tmpfs mounts; --private-tmp gives it a /tmp of
+its own; --env is the plan's environment. All of that needs its own mount namespace
+(`unshare --mount`); the probe sets the namespace up, then re-executes itself with the
+environment, so that a preloaded library (LD_PRELOAD) sees only the CUDA program.
 
 Needs PyTorch with CUDA; the GPU checks run it with the interpreter that has it.
 """
@@ -19,6 +33,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from typing import Any
 
 # what a container runtime gives every container besides the devices a plugin adds
@@ -30,6 +45,12 @@ RUNTIME_DEVICES = [
     ("/dev/urandom", 1, 9),
     ("/dev/tty", 5, 0),
 ]
+MIB = 1 << 20
+STEP_MIB = 64
+MATRIX = 8192
+"""bf16 products of this size take about 1.5 ms on an H100 or H200: long enough to be
+compute-bound, short enough for a layer that throttles launches to act many times a
+second."""
 
 
 def private_dev(nodes: list[dict[str, Any]]) -> None:
@@ -43,14 +64,142 @@ def private_dev(nodes: list[dict[str, Any]]) -> None:
     subprocess.run(["mount", "-o", "remount,ro", "/dev"], check=True)
 
 
+def apply_mounts(mounts: list[dict[str, Any]]) -> None:
+    """The plan's tmpfs mounts; a bind mount of a host path to the same path is already
+    in place here."""
+    for m in mounts:
+        if m["type"] == "tmpfs":
+            os.makedirs(m["destination"], exist_ok=True)
+            options = ",".join(m.get("options", []))
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", options, "tmpfs", m["destination"]], check=True
+            )
+        elif m["source"] != m["destination"]:
+            raise SystemExit(f"cannot stand in for mount {m}")
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def _try_alloc(torch: Any, mib: int, device: int) -> str:
+    try:
+        buf = torch.empty(mib * MIB, dtype=torch.uint8, device=f"cuda:{device}")
+        buf.fill_(7)
+        torch.cuda.synchronize(device)
+        ok = int(buf[-1].item()) == 7
+        del buf
+        return "ok" if ok else "wrong value"
+    except Exception as exc:
+        return _error(exc)
+    finally:
+        torch.cuda.empty_cache()
+
+
+def largest(torch: Any, cap_mib: int, device: int) -> dict[str, Any]:
+    """The largest buffer (a multiple of STEP_MIB) that allocates, by bisection."""
+    low, high = 0, cap_mib // STEP_MIB + 1  # low fits (0 trivially), high does not (assumed)
+    refused = ""
+    if _try_alloc(torch, high * STEP_MIB, device) == "ok":
+        return {"largest_mib": high * STEP_MIB, "capped": True}
+    while high - low > 1:
+        mid = (low + high) // 2
+        answer = _try_alloc(torch, mid * STEP_MIB, device)
+        if answer == "ok":
+            low = mid
+        else:
+            high, refused = mid, answer
+    refused = refused or _try_alloc(torch, high * STEP_MIB, device)
+    return {
+        "largest_mib": low * STEP_MIB,
+        "refused_mib": high * STEP_MIB,
+        "refused_with": refused,
+        "small_after": _try_alloc(torch, 256, device),
+    }
+
+
+def compute(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    a = torch.randn(MATRIX, MATRIX, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(MATRIX, MATRIX, device="cuda", dtype=torch.bfloat16)
+    held = (
+        torch.empty(args.hold_mib * MIB, dtype=torch.uint8, device="cuda")
+        if args.hold_mib
+        else None
+    )
+    if held is not None:
+        held.fill_(1)
+    flops = 2 * MATRIX**3
+    start = args.start_at or (time.time() + args.warmup)
+    late = max(0.0, time.time() - start)
+    while time.time() < start:
+        torch.mm(a, b)
+        torch.cuda.synchronize()
+    windows: list[float] = []
+    for _ in range(int(args.compute)):
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 1.0:
+            for _ in range(4):
+                torch.mm(a, b)
+            torch.cuda.synchronize()
+            n += 4
+        windows.append(n * flops / (time.perf_counter() - t0) / 1e12)
+    out: dict[str, Any] = {"tflops": windows, "late_s": round(late, 2)}
+    if args.linger:
+        time.sleep(args.linger)
+    del held
+    return out
+
+
+def container(args: argparse.Namespace) -> None:
+    """Become the container: namespace set-up, then this probe again with its environment."""
+    if args.dev_nodes is not None:
+        private_dev(json.loads(args.dev_nodes))
+    if args.private_tmp:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
+    if args.mounts:
+        apply_mounts(json.loads(args.mounts))
+    env = dict(os.environ, **json.loads(args.env or "{}"))
+    argv = [sys.executable, os.path.abspath(__file__), "--inside", *args.rest]
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, env)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dev-nodes", help="JSON list of {path, major, minor, file_mode}")
+    parser.add_argument("--mounts", help="JSON list of the plan's mounts")
+    parser.add_argument("--private-tmp", action="store_true")
+    parser.add_argument("--env", help="JSON object: the plan's environment")
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--alloc-mib", type=int, action="append", default=[])
-    args = parser.parse_args()
-    out: dict[str, Any] = {}
-    if args.dev_nodes is not None:
-        private_dev(json.loads(args.dev_nodes))
+    parser.add_argument("--largest", type=int, default=0, metavar="CAP_MIB")
+    parser.add_argument("--compute", type=float, default=0, metavar="SECONDS")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--start-at", type=float, default=0.0)
+    parser.add_argument("--hold-mib", type=int, default=0)
+    parser.add_argument(
+        "--fill", action="store_true", help="with --largest: hold the largest buffer found"
+    )
+    parser.add_argument("--linger", type=float, default=0.0)
+    args, _ = parser.parse_known_args()
+    contained = args.dev_nodes is not None or args.mounts or args.private_tmp or args.env
+    if contained and not args.inside:
+        skip = {"--dev-nodes", "--mounts", "--env"}
+        rest: list[str] = []
+        it = iter(sys.argv[1:])
+        for word in it:
+            if word in skip:
+                next(it)
+            elif word != "--private-tmp":
+                rest.append(word)
+        args.rest = rest
+        container(args)
+    out: dict[str, Any] = {"pid": os.getpid()}
+    out["env"] = {
+        k: v for k, v in os.environ.items() if k.startswith(("CUDA_", "NVIDIA_", "LD_PRELOAD"))
+    }
+    if args.inside or args.dev_nodes is not None:
         out["dev"] = sorted(os.listdir("/dev"))
     try:
         import torch  # type: ignore[import-not-found]
@@ -60,23 +209,29 @@ def main() -> int:
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
         out["uuids"] = [str(p.uuid) for p in props]
         out["sms"] = [int(p.multi_processor_count) for p in props]
-        allocs: dict[str, str] = {}
-        for mib in args.alloc_mib:
-            try:
-                buf = torch.empty(mib * 1024 * 1024, dtype=torch.uint8, device="cuda")
-                buf.fill_(7)
-                torch.cuda.synchronize()
-                allocs[str(mib)] = "ok" if int(buf[-1].item()) == 7 else "wrong value"
-                del buf
-                torch.cuda.empty_cache()
-            except Exception as exc:
-                allocs[str(mib)] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        out["alloc"] = allocs
-        if args.dev_nodes is not None:
+        out["memory_mib"] = [
+            [v // MIB for v in torch.cuda.mem_get_info(i)] for i in range(count)
+        ]  # [free, total] per GPU
+        out["alloc"] = {str(mib): _try_alloc(torch, mib, 0) for mib in args.alloc_mib}
+        if args.largest:
+            out["largest"] = [largest(torch, args.largest, i) for i in range(count)]
+            if args.fill:
+                args.hold_mib = out["largest"][0]["largest_mib"]
+        if args.compute:
+            out["compute"] = compute(torch, args)
+        elif args.hold_mib:
+            held = torch.empty(args.hold_mib * MIB, dtype=torch.uint8, device="cuda")
+            held.fill_(1)
+            torch.cuda.synchronize()
+            out["held_mib"] = args.hold_mib
+            print(json.dumps({"holding": args.hold_mib}), flush=True)
+            time.sleep(args.linger)
+            del held
+        if args.inside or args.dev_nodes is not None:
             out["dev-after"] = sorted(os.listdir("/dev"))
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
     return 0
 
 

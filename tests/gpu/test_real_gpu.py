@@ -5,7 +5,6 @@ the NRI plugin's plan (and, with MPS, held to the memory and compute the plan as
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -22,58 +21,19 @@ from typing import Any
 import pytest
 
 from deviceplugin.nvml_backend import NvmlBackend
-from nri_hook.adjust import (
-    ISOLATION_MPS,
-    Adjustment,
-    Settings,
-    gpu_device_path,
-    plan_container,
-)
+from nri_hook.adjust import ISOLATION_MPS, Settings, gpu_device_path
 from nri_hook.device_access import NVIDIA_GPU_MAJOR
 from nri_hook.devices import HostDevices
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
-from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import Gpu, normalize_bus_id
 from tessera.resources import GPU_CORE, GPU_MEMORY
 from tessera_testbed.kubelet import KubeletSimulator
+from tests.gpu import containers
+from tests.gpu.containers import Share
 
 pytestmark = pytest.mark.gpu
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-PROBE = Path(__file__).with_name("cuda_probe.py")
-SMI_FIELDS = "index,uuid,name,memory.total,pci.bus_id,driver_version"
-
-
-@pytest.fixture(scope="session")
-def smi(nvml: NvmlBackend, report: dict[str, Any]) -> list[dict[str, str]]:
-    """nvidia-smi's answer per GPU (the fields of SMI_FIELDS)."""
-    if shutil.which("nvidia-smi") is None:
-        pytest.skip("nvidia-smi is not installed")
-    out = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    rows = [
-        dict(zip(SMI_FIELDS.split(","), (c.strip() for c in line.split(",")), strict=True))
-        for line in out.splitlines()
-        if line.strip()
-    ]
-    report["nvidia-smi"] = rows
-    return rows
-
-
-@pytest.fixture(scope="session")
-def gpus(nvml: NvmlBackend, report: dict[str, Any]) -> list[Gpu]:
-    found = nvml.discover()
-    report["discovery"] = {
-        "gpus": [asdict(g) for g in found.gpus],
-        "errors": [str(e) for e in found.errors],
-    }
-    assert found.gpus, "NVML initialised but discovery found no GPU"
-    return list(found.gpus)
 
 
 def _env() -> dict[str, str]:
@@ -222,7 +182,7 @@ def test_an_xid_makes_the_gpu_unhealthy_until_it_recovers(
     then Healthy again after the recovery period."""
     if not os.environ.get("TESSERA_GPU_FAULT"):
         pytest.skip("makes the GPU fault on purpose: set TESSERA_GPU_FAULT=1")
-    python = _torch_python()
+    python = containers.torch_python()
     if subprocess.run([python, "-c", "import cupy"], check=False).returncode != 0:
         pytest.skip("CuPy is not installed")
     gpu = gpus[-1]
@@ -258,70 +218,11 @@ def test_the_node_check_passes_the_driver_checks(nvml: NvmlBackend, report: dict
 # --- a CUDA program in a /dev built from the plan ---------------------------------------------
 
 
-@functools.cache
-def _torch_python() -> str:
-    """An interpreter with PyTorch for the probe: $TESSERA_CUDA_PYTHON, else this one, else
-    python3 on the PATH (the project's virtual environment has no PyTorch)."""
-    choices = [os.environ.get("TESSERA_CUDA_PYTHON", ""), sys.executable, "python3"]
-    for python in filter(None, choices):
-        probe = [python, "-c", "import torch"]
-        if shutil.which(python) and subprocess.run(probe, check=False).returncode == 0:
-            return python
-    pytest.skip("no interpreter with PyTorch ($TESSERA_CUDA_PYTHON)")
-
-
-def _plan(gpu: Gpu, core: int, memory_mib: int, settings: Settings) -> Adjustment:
-    grant = GpuGrant(gpu.uuid, gpu.index, gpu.minor, core, memory_mib)
-    pod = PodAllocation(
-        "uid-1", "team-a", "train", "gpu-check", (ContainerAllocation("main", (grant,)),)
-    )
-    plan = plan_container(pod, "main", settings, HostDevices("/"))
-    assert plan is not None
-    return plan
-
-
-def _probe(
-    *args: str, nodes: list[dict[str, Any]] | None = None, env: dict[str, str] | None = None
-) -> dict[str, Any]:
-    argv = [_torch_python(), str(PROBE), *args]
-    if nodes is not None:
-        if shutil.which("unshare") is None:
-            pytest.skip("unshare (util-linux) is not installed")
-        argv = [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            *argv,
-            "--dev-nodes",
-            json.dumps(nodes),
-        ]
-    done = subprocess.run(
-        argv,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, **(env or {})),
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return dict(json.loads(done.stdout.splitlines()[-1]))
-
-
-def _nodes(plan: Adjustment, leave_out: str = "") -> list[dict[str, Any]]:
-    return [
-        {"path": d.path, "major": d.major, "minor": d.minor, "file_mode": d.file_mode}
-        for d in plan.devices
-        if d.path != leave_out
-    ]
-
-
 def test_cuda_runs_with_the_planned_devices(gpus: list[Gpu], report: dict[str, Any]) -> None:
     gpu = gpus[-1]
-    plan = _plan(gpu, 100, gpu.memory_mib, Settings())
+    plan = containers.plan([Share(gpu, 100, gpu.memory_mib)], Settings())
     report["plan-devices"] = [asdict(d) for d in plan.devices]
-    seen = _probe("--alloc-mib", "1024", nodes=_nodes(plan))
+    seen = containers.run(containers.argv(plan, "--alloc-mib", "1024"))
     report["container-probe"] = seen
     assert seen.get("available"), seen
     assert len(seen["uuids"]) == 1 and gpu.uuid.endswith(seen["uuids"][0]), seen
@@ -332,43 +233,24 @@ def test_without_its_device_node_a_container_sees_no_gpu(
     gpus: list[Gpu], report: dict[str, Any]
 ) -> None:
     gpu = gpus[-1]
-    plan = _plan(gpu, 100, gpu.memory_mib, Settings())
-    seen = _probe(nodes=_nodes(plan, leave_out=gpu_device_path(gpu.minor)))
+    plan = containers.plan([Share(gpu, 100, gpu.memory_mib)], Settings())
+    seen = containers.run(containers.argv(plan, leave_out=gpu_device_path(gpu.minor)))
     report["container-probe-without-gpu-node"] = seen
     assert not seen.get("uuids"), seen
-
-
-@pytest.fixture
-def mps_daemon(tmp_path: Path) -> Iterator[Path]:
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None:
-        pytest.skip("nvidia-cuda-mps-control is not installed")
-    pipe, logs = tmp_path / "pipe", tmp_path / "log"
-    pipe.mkdir()
-    logs.mkdir()
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(logs))
-    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
-    deadline = time.monotonic() + 10
-    while not (pipe / "nvidia-cuda-mps-control.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    try:
-        yield pipe
-    finally:
-        subprocess.run([control], check=False, input="quit\n", text=True, env=env, timeout=30)
-        for f in sorted(logs.iterdir()):
-            print(f"--- {f.name}\n{f.read_text()[-3000:]}")
 
 
 def test_mps_holds_a_share_to_the_planned_memory(
     gpus: list[Gpu], mps_daemon: Path, report: dict[str, Any]
 ) -> None:
     gpu = gpus[-1]
-    plan = _plan(gpu, 50, 4096, Settings(isolation=ISOLATION_MPS, mps_pipe_dir=str(mps_daemon)))
+    settings = Settings(isolation=ISOLATION_MPS, mps_pipe_dir=str(mps_daemon))
+    plan = containers.plan([Share(gpu, 50, 4096)], settings)
     env = dict(plan.env)
     sizes = ("--alloc-mib", "1024", "--alloc-mib", "8192")
-    full = _probe(*sizes, env={"CUDA_MPS_PIPE_DIRECTORY": str(mps_daemon)})
-    planned = _probe(*sizes, env=env)
-    by_index = _probe(*sizes, env=dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=4096M"))
+    probe = containers.argv(None, *sizes)
+    full = containers.run(probe, {"CUDA_MPS_PIPE_DIRECTORY": str(mps_daemon)})
+    planned = containers.run(probe, env)
+    by_index = containers.run(probe, dict(env, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=4096M"))
     report["mps"] = {"env": env, "no-limit": full, "planned": planned, "by-index": by_index}
     assert full["alloc"] == {"1024": "ok", "8192": "ok"}, full
     assert planned["alloc"]["1024"] == "ok", planned
