@@ -20,12 +20,14 @@ def _registries() -> dict[str, CollectorRegistry]:
     from deviceplugin.agent import Agent, AgentConfig
     from deviceplugin.fake_backend import FakeBackend
     from deviceplugin.metrics import agent_registry
+    from deviceplugin.usage_monitor import UsageMonitor
     from nri_hook.enforce import Metrics as HookMetrics
     from scheduler_plugin.metrics import Metrics as SchedulerMetrics
 
     backend = FakeBackend.from_topology("h100-sxm-8x")
     agent = Agent(AgentConfig("node-a"), backend, backend)
     agent.discover()  # reads the fake devices only; nothing is served
+    agent.usage = UsageMonitor(backend, agent.gpu_indexes)  # as the shipped agent runs
     return {
         "scheduler": SchedulerMetrics().registry,
         "nri-hook": HookMetrics().registry,
@@ -90,6 +92,9 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "tessera_scheduler_node_failures_total",
         "tessera_scheduler_fenced_nodes",
         "tessera_nri_unisolated_gpu_shares_total",
+        "tessera_container_gpu_memory_used_bytes",
+        "tessera_container_gpu_memory_granted_bytes",
+        "tessera_gpu_over_grant_total",
     ):
         assert metric in text
 
