@@ -25,8 +25,11 @@ MAX_CGROUP_TEXT: Final = 64 * 1024
 """/proc/<pid>/cgroup has one line per hierarchy (about a dozen under cgroup v1)."""
 
 _POD = re.compile(
-    r"^(?:kubepods(?:-(?:besteffort|burstable))?-)?pod"
-    r"([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+    # the systemd driver prefixes a slice with its parents' names (kubepods-burstable-,
+    # or kubelet-kubepods-burstable- for a kubelet under kubelet.slice, as kind runs it)
+    r"^(?:[a-z0-9_]+(?:-[a-z0-9_]+)*-)?pod"
+    r"([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+    r"|[0-9a-f]{32})"  # a static pod's UID is its config hash
     r"(?:\.slice)?$"
 )
 _CONTAINER = re.compile(r"^(?:(?:cri-containerd|crio|docker)-)?([0-9a-f]{64})(?:\.scope)?$")

@@ -146,6 +146,7 @@ def attribute(
     """
     mine: dict[tuple[str, str, str], list[tuple[int | None, int | None]]] = {}
     other: dict[tuple[str, str], list[int | None]] = {}
+    views: dict[str, PodView] = {}
     errors: list[str] = []
     for reading in readings:
         if reading.error:
@@ -159,12 +160,13 @@ def attribute(
                 kind = owner.kind if owner.kind != OWNER_CONTAINER else OWNER_OTHER_POD
                 other.setdefault((reading.uuid, kind), []).append(proc.used_bytes)
                 continue
+            views[pod.uid] = pod
             mine.setdefault((pod.uid, name, reading.uuid), []).append(
                 (proc.used_bytes, proc.sm_percent)
             )
     uses = []
     for (uid, name, gpu), procs in sorted(mine.items()):
-        pod = pods[uid]
+        pod = views[uid]
         grant = (pod.grants or {}).get(name, {}).get(gpu)
         uses.append(
             GpuUse(

@@ -47,7 +47,9 @@ def _constant(text: str) -> Any:
 
 def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None = None) -> Any:
     """Parse `raw` (at most `max_bytes`, nested at most `max_depth` deep when given)."""
-    size = len(raw.encode() if isinstance(raw, str) else raw)
+    # surrogatepass: a lone surrogate (a JSON string's "\ud800", once decoded) is counted,
+    # not an encoding error that would escape as something else than JsonLimitError
+    size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
     if size > max_bytes:
         raise JsonLimitError(what, f"{size} bytes, over the {max_bytes}-byte limit")
     try:

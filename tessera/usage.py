@@ -28,8 +28,8 @@ from tessera.errors import InputError
 
 USAGE_SCHEMA_VERSION: Final = 1
 MAX_USAGE_BYTES: Final = 64 * 1024
-"""A node runs at most a few hundred containers on its GPUs; 64 KiB holds about 500 rows
-and keeps a Lease far below etcd's 1.5 MiB object limit."""
+"""Keeps a Lease far below etcd's 1.5 MiB object limit; with ordinary names a row takes
+120-150 bytes, so about 450 rows fit (the encoder leaves out the smallest beyond that)."""
 MAX_USAGE_ROWS: Final = 512
 MAX_TEXT: Final = 253
 """Longest string in a row: a DNS subdomain name (pod), also enough for a UUID."""
@@ -85,24 +85,34 @@ class NodeUsage:
 
 
 def encode_usage(usage: NodeUsage) -> str:
-    """The annotation text; rows past MAX_USAGE_ROWS are left out (largest memory first)."""
-    rows = sorted(usage.containers, key=lambda c: -c.memory_mib)[:MAX_USAGE_ROWS]
-    other = sorted(usage.unattributed, key=lambda o: -o.memory_mib)[
-        : max(0, MAX_USAGE_ROWS - len(rows))
+    """The annotation text, within MAX_USAGE_ROWS rows and MAX_USAGE_BYTES bytes: the
+    containers' rows first, then what no tessera container owns, each largest memory first;
+    what does not fit is left out."""
+    containers = [
+        [
+            *(c.pod_uid, c.namespace, c.pod, c.container, c.gpu, c.memory_mib),
+            None if c.sm_percent is None else min(100, c.sm_percent),
+        ]
+        for c in sorted(usage.containers, key=lambda c: -c.memory_mib)
     ]
-    doc = {
-        "v": USAGE_SCHEMA_VERSION,
-        "at": usage.observed,
-        "c": [
-            [
-                *(c.pod_uid, c.namespace, c.pod, c.container, c.gpu, c.memory_mib),
-                None if c.sm_percent is None else min(100, c.sm_percent),
-            ]
-            for c in rows
-        ],
-        "o": [[o.gpu, o.owner, o.memory_mib, o.processes] for o in other],
-    }
-    return json.dumps(doc, separators=(",", ":"))
+    other = [
+        [o.gpu, o.owner, o.memory_mib, o.processes]
+        for o in sorted(usage.unattributed, key=lambda o: -o.memory_mib)
+    ]
+    head = json.dumps({"v": USAGE_SCHEMA_VERSION, "at": usage.observed}, separators=(",", ":"))
+    budget = MAX_USAGE_BYTES - len(head.encode()) - len(',"c":[],"o":[]')
+    rows = MAX_USAGE_ROWS
+    kept: dict[str, list[str]] = {"c": [], "o": []}
+    for kind, entries in (("c", containers), ("o", other)):
+        for row in entries:
+            text = json.dumps(row, separators=(",", ":"))
+            cost = len(text.encode()) + 1  # and its comma
+            if rows == 0 or cost > budget:
+                break
+            budget -= cost
+            rows -= 1
+            kept[kind].append(text)
+    return f'{head[:-1]},"c":[{",".join(kept["c"])}],"o":[{",".join(kept["o"])}]}}'
 
 
 def _text(value: Any, where: str) -> str:
@@ -131,8 +141,9 @@ def decode_usage(text: str) -> NodeUsage:
         raise UsageError(str(exc)) from None
     if not isinstance(doc, dict):
         raise UsageError("usage: expected a JSON object")
-    if doc.get("v") != USAGE_SCHEMA_VERSION:
-        raise UsageError(f"usage: schema version {doc.get('v')!r} (this reader knows 1)")
+    version = doc.get("v")
+    if type(version) is not int or version != USAGE_SCHEMA_VERSION:  # not true, not 1.0
+        raise UsageError(f"usage: schema version {version!r} (this reader knows 1)")
     observed = _text(doc.get("at"), "usage.at")
     rows, other = doc.get("c", []), doc.get("o", [])
     if not isinstance(rows, list) or not isinstance(other, list):
