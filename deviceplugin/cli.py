@@ -239,14 +239,15 @@ def _usage_monitor(
     cannot name pods: container processes then count as no tessera container's."""
     if config.usage_interval <= 0:
         return None
-    from deviceplugin.record_pods import list_node_pods
     from deviceplugin.usage_monitor import ApiPods, UsageMonitor
-    from tessera.record_keys import KeyFileError
-    from tessera_edge.keyfiles import KeyringSource
 
     check_directory("--proc-root", Path(config.proc_root))
     pods = None
     if api is not None:
+        from deviceplugin.record_pods import list_node_pods
+        from tessera.record_keys import KeyFileError
+        from tessera_edge.keyfiles import KeyringSource
+
         client = api
         try:
             keys: KeyringSource | None = KeyringSource(config.integrity_key_file)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from deviceplugin.backend import GpuBackend
 from deviceplugin.cgroups import container_of, runtime_container_id
@@ -33,9 +33,11 @@ from deviceplugin.usage import (
     attribute,
 )
 from tessera.allocation import GpuGrant
-from tessera.record import KeySource, decode
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera.usage import OWNER_HOST, OWNER_MPS_SERVER, encode_usage
+
+if TYPE_CHECKING:
+    from tessera.record import KeySource
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,10 @@ def pod_view(
     text = annotations.get(ALLOCATION_ANNOTATION) if isinstance(annotations, Mapping) else None
     grants: dict[str, dict[str, GpuGrant]] | None = None
     if isinstance(text, str):
+        # imported here: without a cluster the loop names no pods, and the record's
+        # signature code (the cryptography package, ~7 MB) is not loaded for nothing
+        from tessera.record import decode
+
         try:
             record = decode(
                 text,
