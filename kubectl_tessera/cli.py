@@ -135,7 +135,8 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
             if config.all_namespaces
             else f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
         )
-        pod_rows = pods_view.rows(kube.list_items(path))
+        # one list of the heartbeat Leases: the use beside each grant
+        pod_rows = pods_view.rows(kube.list_items(path), _leases(kube, config.heartbeat_namespace))
         _emit(config, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
         return 0
     pod = kube.get(

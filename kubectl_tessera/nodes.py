@@ -2,7 +2,9 @@
 
 Devices come from the NodeDevices `spec` (the node agent's inventory); allocation, fencing
 and the reason a node takes no pods from `status.allocation`, which tessera-scheduler
-writes; the heartbeat from the node agent's Lease.
+writes; the heartbeat from the node agent's Lease, and from the usage reading on it what
+no tessera container owns on each GPU (host processes, pods of no tessera record, the MPS
+server): `kubectl tessera pods` sets the rest beside each container's grant.
 """
 
 from __future__ import annotations
@@ -12,7 +14,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kubectl_tessera.objects import age, integer, mib, name_of, parse_time, text
+from kubectl_tessera.objects import (
+    LEASES_UNREADABLE,
+    age,
+    heartbeat_leases,
+    integer,
+    mib,
+    name_of,
+    parse_time,
+    text,
+    usage_of,
+)
 from kubectl_tessera.table import render
 from tessera.errors import TesseraError
 from tessera.model import NodeInventory
@@ -42,6 +54,24 @@ class NodeRow:
     heartbeat: str = "missing"
     reason: str = ""
     fenced_by: list[dict[str, str]] = field(default_factory=list)
+    unattributed: list[dict[str, Any]] = field(default_factory=list)
+    """Per GPU and owner, use that belongs to no tessera container: {index (None: a GPU
+    the inventory lacks), uuid, owner, memoryMiB, processes}."""
+    usage_observed: str = ""
+    """When the node agent read it ("" when unknown)."""
+    usage_unknown: str = ""
+    """Why it is unknown ("" when known, or when the inventory does not parse)."""
+
+    def unattributed_cell(self) -> str:
+        """`-` unknown, `none` read and empty."""
+        if not self.usage_observed:
+            return "-"
+        if not self.unattributed:
+            return "none"
+        return ", ".join(
+            f"{'?' if u['index'] is None else u['index']}:{u['owner']} {mib(u['memoryMiB'])}"
+            for u in self.unattributed
+        )
 
     def cells(self) -> list[str]:
         def pair(used: int | None, free: int | None, unit: str) -> str:
@@ -60,6 +90,7 @@ class NodeRow:
             pair(self.memory_used_mib, self.memory_free_mib, "MiB"),
             str(self.rdma),
             self.heartbeat,
+            self.unattributed_cell(),
             self.reason or "-",
         ]
 
@@ -73,6 +104,7 @@ HEADERS = [
     "MEMORY USED/FREE",
     "RDMA",
     "HEARTBEAT",
+    "NOT TESSERA (INDEX:OWNER MEMORY)",
     "REASON",
 ]
 
@@ -100,6 +132,31 @@ def _allocation(row: NodeRow, status: Mapping[str, Any]) -> None:
             return
         totals = [t + (v or 0) for t, v in zip(totals, values, strict=True)]
     row.core_used, row.core_free, row.memory_used_mib, row.memory_free_mib = totals
+
+
+def _unattributed(
+    row: NodeRow, inventory: NodeInventory, lease: Mapping[str, Any] | None, readable: bool
+) -> None:
+    """What no tessera container owns per GPU, from the agent's usage reading (hostile
+    input: what does not decode leaves the use unknown, with the reason)."""
+    usage = usage_of(lease) if readable else LEASES_UNREADABLE
+    if isinstance(usage, str):
+        row.usage_unknown = usage
+        return
+    row.usage_observed = usage.observed
+    index = {g.uuid: g.index for g in inventory.gpus}
+    row.unattributed = [
+        {
+            "index": index.get(o.gpu),
+            "uuid": o.gpu,
+            "owner": o.owner,
+            "memoryMiB": o.memory_mib,
+            "processes": o.processes,
+        }
+        for o in usage.unattributed
+    ]
+    # by GPU as the inventory numbers them (the agent writes the largest first)
+    row.unattributed.sort(key=lambda u: (u["index"] is None, u["index"] or 0, u["owner"]))
 
 
 def _heartbeat(row: NodeRow, lease: Mapping[str, Any] | None, now: float | None, where: str) -> str:
@@ -153,6 +210,7 @@ def node_row(
     row.healthy_gpus = sum(1 for g in inventory.gpus if g.healthy)
     row.rdma = len(inventory.nics)
     silent = _heartbeat(row, lease, now, where)
+    _unattributed(row, inventory, lease, now is not None)
 
     status = section(section(obj, "status"), "allocation")
     fenced = status.get("fenced")
@@ -194,11 +252,7 @@ def rows(
 ) -> list[NodeRow]:
     """One row per NodeDevices object, by node name, plus one per Node labeled for the node
     agent that has none. `leases` None: they could not be read."""
-    by_node = {
-        name_of(lease)[len(HEARTBEAT_LEASE_PREFIX) :]: lease
-        for lease in leases or ()
-        if name_of(lease).startswith(HEARTBEAT_LEASE_PREFIX)
-    }
+    by_node = heartbeat_leases(leases)
     clock = None if leases is None else now
     result = [
         node_row(obj, by_node.get(name_of(obj)), clock, lease_namespace) for obj in nodedevices

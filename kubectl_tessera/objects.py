@@ -3,11 +3,13 @@ absent, never as an exception."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from tessera.pod_fields import section
-from tessera.resources import ALLOCATION_ANNOTATION
+from tessera.resources import ALLOCATION_ANNOTATION, HEARTBEAT_LEASE_PREFIX, USAGE_ANNOTATION
+from tessera.usage import NodeUsage, UsageError, decode_usage
 
 FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -80,3 +82,30 @@ def age(seconds: float) -> str:
 
 def mib(value: int) -> str:
     return f"{value / 1024:.1f}GiB" if value >= 1024 else f"{value}MiB"
+
+
+def heartbeat_leases(leases: Iterable[Any] | None) -> dict[str, Mapping[str, Any]]:
+    """Node name -> its agent's heartbeat Lease (other Leases are left out)."""
+    return {
+        name_of(lease)[len(HEARTBEAT_LEASE_PREFIX) :]: lease
+        for lease in leases or ()
+        if isinstance(lease, Mapping) and name_of(lease).startswith(HEARTBEAT_LEASE_PREFIX)
+    }
+
+
+LEASES_UNREADABLE = "the heartbeat Leases cannot be read"
+
+
+def usage_of(lease: Mapping[str, Any] | None) -> NodeUsage | str:
+    """What the node agent last read its GPUs' processes use (the usage annotation on its
+    heartbeat Lease), or why that is unknown. The agent writes it: anything that does not
+    decode is a reason, never an exception."""
+    if lease is None:
+        return "no heartbeat Lease"
+    value = section(section(lease, "metadata"), "annotations").get(USAGE_ANNOTATION)
+    if not isinstance(value, str):
+        return f"no {USAGE_ANNOTATION} annotation on the heartbeat Lease"
+    try:
+        return decode_usage(value)
+    except UsageError as exc:
+        return f"usage annotation does not parse: {exc}"

@@ -41,6 +41,7 @@ from typing import Any
 
 from scheduler_plugin.heartbeats import HeartbeatTracker
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
+from scheduler_plugin.usage_view import UsageTexts, with_usage
 from scheduler_plugin.views import (
     AlreadyHeld,
     Assessment,
@@ -142,6 +143,8 @@ class Cache:
         "_problems_view",
         "_require_heartbeat",
         "_state",
+        "_use_listeners",
+        "_use_texts",
     )
 
     def __init__(
@@ -198,6 +201,10 @@ class Cache:
         """The last assessment: prioritize usually asks what filter just asked."""
         self._listeners: list[NodeListener] = []
         self._fence_listeners: list[FenceListener] = []
+        self._use_texts = UsageTexts()
+        """Each node's usage annotation as its Lease carries it, decoded only by a view
+        (`node_view`): the Lease watch stays O(1) a renewal."""
+        self._use_listeners: list[NodeListener] = []
         self._state.subscribe(self._bump)
 
     # --- listeners ------------------------------------------------------------------------
@@ -214,6 +221,25 @@ class Cache:
         only take note)."""
         with self._lock:
             self._fence_listeners.append(listener)
+
+    def subscribe_usage(self, listener: NodeListener) -> None:
+        """Call `listener(node)` when a node's usage annotation changes (inside the lock:
+        listeners only take note). Apart from `subscribe`: usage changes on every renewal
+        and is no part of the NodeDevices status the `subscribe` listeners write."""
+        with self._lock:
+            self._use_listeners.append(listener)
+
+    def _use_seen(self, node: str, lease: Mapping[str, Any]) -> None:
+        if self._use_texts.keep(node, lease):
+            self._use_changed(node)
+
+    def _use_gone(self, node: str) -> None:
+        if self._use_texts.drop(node):
+            self._use_changed(node)
+
+    def _use_changed(self, node: str) -> None:
+        for listener in self._use_listeners:
+            listener(node)
 
     def _notify(self, node: str) -> None:
         for listener in self._listeners:
@@ -368,12 +394,14 @@ class Cache:
             node = self._heartbeats.observe(lease, now)
             if node is not None:
                 self._update_problem(node, now)
+                self._use_seen(node, lease)
 
     def lease_gone(self, lease: Mapping[str, Any]) -> None:
         with self._lock:
             node = self._heartbeats.forget(lease)
             if node is not None:
                 self._update_problem(node)
+                self._use_gone(node)
 
     def replace_leases(self, leases: Iterable[Mapping[str, Any]]) -> None:
         """A full list of Leases: heartbeats missing from it are gone."""
@@ -389,9 +417,12 @@ class Cache:
                 if node is not None:
                     seen.add(node)
                     self._update_problem(node, now)
+                    self._use_seen(node, lease)
             for node in [n for n in self._heartbeats.nodes() if n not in seen]:
                 self._heartbeats.forget_node(node)
                 self._update_problem(node, now)
+            for node in [n for n in self._use_texts.nodes() if n not in seen]:
+                self._use_gone(node)
 
     def check_heartbeats(self) -> None:
         """Re-check every node (heartbeats expire with time, not with events)."""
@@ -834,6 +865,21 @@ class Cache:
                 ),
                 "allocated": len(state.pods),
             }
+
+    def node_view(self, name: str) -> dict[str, Any] | None:
+        """`node_summary` with what the node agent reads its containers use set beside
+        their grants (usage_view.with_usage): the debug API and page. Not the NodeDevices
+        status, which would be rewritten on every reading. The annotation is decoded
+        outside the lock, at most once per text."""
+        with self._lock:  # reentrant: one moment for both
+            summary = self.node_summary(name)
+            reading = self._use_texts.reading(name)
+        if summary is None:
+            return None
+        decoded = reading.decoded()
+        with self._lock:
+            self._use_texts.note(name, decoded)
+        return with_usage(summary, decoded)
 
     def node_summary(self, name: str) -> dict[str, Any] | None:
         """Each device's total/free/used and who holds what (debug API and CR status; a

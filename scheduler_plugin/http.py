@@ -382,7 +382,8 @@ class App:
         if path == "/debug/nodes":
             data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_nodes()))
         elif path.startswith("/debug/nodes/"):
-            summary = service.cache.node_summary(unquote(path[len("/debug/nodes/") :]))
+            name = unquote(path[len("/debug/nodes/") :])
+            summary = await loop.run_in_executor(self.pool, service.cache.node_view, name)
             if summary is None:
                 raise _ReplyError(404, "no such node")
             data = _dumps(summary)
@@ -420,10 +421,10 @@ class App:
                 if not dirty:
                     await line({"type": "PING"})
                     continue
-                for node in sorted(dirty):
-                    if only and node != only:
-                        continue
-                    summary = service.cache.node_summary(node)
+                nodes = sorted(n for n in dirty if not only or n == only)
+                # off the event loop: a view may decode a usage annotation (up to 64 KiB)
+                views = await loop.run_in_executor(self.watch_pool, _views, service, nodes)
+                for node, summary in zip(nodes, views, strict=True):
                     if summary is None:
                         await line({"type": "DELETED", "node": {"node": node}})
                     else:
@@ -431,6 +432,10 @@ class App:
             await send({"type": "http.response.body", "body": b""})
         finally:
             changes.close()
+
+
+def _views(service: Service, nodes: list[str]) -> list[dict[str, Any] | None]:
+    return [service.cache.node_view(node) for node in nodes]
 
 
 def _client_cert(scope: Scope) -> bool:

@@ -152,6 +152,7 @@ class Service:
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
+        self.cache.subscribe_usage(self._feed)  # the page redraws use beside grants
         self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
         self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
         self.authorizer = TokenAuthorizer(client)
@@ -330,8 +331,11 @@ class Service:
     # --- debug views ------------------------------------------------------------------------
 
     def debug_nodes(self) -> dict[str, Any]:
-        nodes = [self.cache.node_summary(n) for n in self.cache.node_names()]
-        return {"nodes": [n for n in nodes if n is not None]}
+        views = [self.cache.node_view(n) for n in self.cache.node_names()]
+        nodes = [n for n in views if n is not None]
+        # countable: nodes whose agent wrote a usage annotation that does not read
+        invalid = sum(1 for n in nodes if n["usage"]["invalid"])
+        return {"nodes": nodes, "usageInvalid": invalid}
 
     def debug_pods(self) -> dict[str, Any]:
         return self.cache.pods_summary()

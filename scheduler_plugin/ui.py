@@ -1,5 +1,7 @@
-"""The live allocation page (`GET /debug/ui`): every node's GPUs and RDMA devices, and which
-pod holds what share, redrawn as the scheduler's state changes.
+"""The live allocation page (`GET /debug/ui`): every node's GPUs and RDMA devices, which
+pod holds what share, and beside each grant what its container uses (memory, SM %) as the
+node agent last read it, with what no tessera container owns on each GPU on lines of its
+own; redrawn as the scheduler's state and the readings change.
 
 The page is a fixed shell with no cluster data in it; everything it shows comes from
 `/debug/nodes` and the `/debug/watch` stream, which the browser calls with the caller's
@@ -34,6 +36,8 @@ PAGE = b"""<!doctype html>
            white-space: nowrap; text-overflow: ellipsis; padding: 0 3px; box-sizing: border-box;
            border-right: 1px solid #fff; }
   .unhealthy .bar { outline: 2px solid #cf222e; }
+  .use { font-size: 12px; margin: 1px 0 0 8px; }
+  .use.other { color: #9a6700; }
 </style>
 </head>
 <body>
@@ -58,29 +62,59 @@ function el(tag, cls, text) {
   return e;
 }
 function gib(mib) { return (mib / 1024).toFixed(1) + " GiB"; }
+function pct(v) { return v === null || v === undefined ? "-" : v + "%"; }
+// used beside granted: "-" where the node's reading is unknown (n.usage says why)
+function used(u) { return u ? gib(u.memoryMiB) + ", SM " + pct(u.smPercent) : "-"; }
+function drawUse(row, g) {
+  for (const p of g.pods) {
+    row.appendChild(el("div", "use", p.namespace + "/" + p.name + " (" + p.container +
+      "): granted " + p.core + "%, " + gib(p.memoryMiB) + "; used " + used(p.usage)));
+  }
+  // never under a pod: processes of no tessera container, and tessera containers the
+  // scheduler holds no grant for on this GPU
+  for (const o of g.unattributed || []) {
+    row.appendChild(el("div", "use other", "not tessera: " + o.owner + " " +
+      gib(o.memoryMiB) + " (" + o.processes + " processes)"));
+  }
+  for (const u of g.ungranted || []) {
+    row.appendChild(el("div", "use other", "no grant here: " + u.namespace + "/" + u.name +
+      " (" + u.container + ") " + used(u)));
+  }
+}
+function usageLine(n) {
+  const u = n.usage;
+  if (!u) return el("div", "label", "use: -");
+  if (!u.known) return el("div", u.invalid ? "problem" : "label", "use: - (" + u.reason + ")");
+  return el("div", "label", "use read " + u.observed +
+    (u.elsewhere ? " (" + u.elsewhere + " rows on GPUs not in the inventory)" : ""));
+}
 function drawNode(n) {
   const box = el("div", "node" + (n.usable ? "" : " unusable"));
   box.dataset.node = n.node;
   box.appendChild(el("h2", "", n.node));
   if (n.problem) box.appendChild(el("div", "problem", n.problem));
   for (const f of n.fenced || []) box.appendChild(el("div", "problem", "fenced: " + f.problem));
+  box.appendChild(usageLine(n));
   for (const g of n.gpus) {
     const row = el("div", "gpu" + (g.healthy ? "" : " unhealthy"));
     row.dataset.gpu = g.uuid;
     row.appendChild(el("div", "label",
       "GPU " + g.index + " " + g.model + ": " + g.core.used + "% compute, " +
-      gib(g.memoryMiB.used) + " of " + gib(g.memoryMiB.total) + (g.healthy ? "" : " (unhealthy)")));
+      gib(g.memoryMiB.used) + " of " + gib(g.memoryMiB.total) + " granted; in use " +
+      (g.inUse ? gib(g.inUse.memoryMiB) : "-") + (g.healthy ? "" : " (unhealthy)")));
     const bar = el("div", "bar");
     for (const p of g.pods) {
       const who = p.namespace + "/" + p.name;
       const s = el("div", "share", who + " " + p.core + "%");
       s.dataset.pod = who;
-      s.title = who + " (" + p.container + "): " + p.core + "% compute, " + gib(p.memoryMiB);
+      s.title = who + " (" + p.container + "): " + p.core + "% compute, " + gib(p.memoryMiB) +
+        "; used " + used(p.usage);
       s.style.width = Math.max(p.core, 1) + "%";
       s.style.background = color(who);
       bar.appendChild(s);
     }
     row.appendChild(bar);
+    drawUse(row, g);
     box.appendChild(row);
   }
   for (const r of n.rdma) {
@@ -98,6 +132,11 @@ function render() {
   document.getElementById("status").textContent = nodes.size + " nodes, " + gpus + " GPUs, " +
     (gpus ? (used / gpus).toFixed(1) : "0") + "% of GPU compute allocated; updated " +
     new Date().toLocaleTimeString();
+}
+// readings change every node every ~10 s: redraw at most twice a second, not per event
+let pending = null;
+function scheduleRender() {
+  if (pending === null) pending = setTimeout(() => { pending = null; render(); }, 500);
 }
 async function load() {
   const answer = await fetch("/debug/nodes", { headers });
@@ -123,7 +162,7 @@ async function watch() {
       if (event.type === "MODIFIED") nodes.set(event.node.node, event.node);
       else if (event.type === "DELETED") nodes.delete(event.node.node);
       else continue;
-      render();
+      scheduleRender();
     }
   }
 }

@@ -110,19 +110,19 @@ class ProcessInfo:
     driver does not say)."""
 
     pid: int
-    usedGpuMemory: int | None  # noqa: N815
-    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
-    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
 
 
 @dataclass
 class ProcessUtilizationSample:
     pid: int
-    timeStamp: int  # noqa: N815
-    smUtil: int  # noqa: N815
-    memUtil: int = 0  # noqa: N815
-    encUtil: int = 0  # noqa: N815
-    decUtil: int = 0  # noqa: N815
+    timeStamp: int
+    smUtil: int
+    memUtil: int = 0
+    encUtil: int = 0
+    decUtil: int = 0
 
 
 @dataclass

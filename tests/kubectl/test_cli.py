@@ -12,6 +12,7 @@ import pytest
 
 from kubectl_tessera.cli import main
 from tessera import resources as rn
+from tessera.usage import ContainerUsage, NodeUsage, UnattributedUsage, encode_usage
 from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
 from tests.scheduler.helpers import Served, pod, serving, share, wait_for
@@ -204,6 +205,112 @@ def test_pods_lists_grants_per_container_and_invalid_records(
     assert "40%" in out and a["gpus"][0]["uuid"][:12] in out
     code, out, _ = run(capsys, "pods", "--kubeconfig", kubeconfig, "-n", "train")
     assert "mlx5_" in out and "default" not in out
+
+
+USAGE_AT = "2026-11-22T04:20:00Z"
+
+
+def annotate(fake: FakeApiServer, node: str, text: str) -> None:
+    """`node`'s agent renews its heartbeat Lease with this usage reading."""
+    patch = {"metadata": {"annotations": {rn.USAGE_ANNOTATION: text}}}
+    name = rn.HEARTBEAT_LEASE_PREFIX + node
+    fake.patch("leases", name, patch, namespace=rn.DEFAULT_HEARTBEAT_NAMESPACE)
+
+
+def test_pods_show_use_beside_grants_and_nodes_what_no_tessera_container_owns(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = cluster
+    nic_pod = pod("b", WHOLE | {rn.RDMA: 100}, namespace="train")
+    with scheduling(fake, (pod("a", share(40, 50)), "t4"), (nic_pod, "h100")) as served:
+        served.wait_settled()
+    before = run_json(capsys, "pods", "--kubeconfig", kubeconfig, "-A")["pods"]
+    granted = {(r["namespace"], r["name"]): r for r in before}
+    a_gpu = granted["default", "a"]["gpus"][0]
+    t4 = fake.get("nodedevices", "t4")["spec"]["gpus"]
+    other_gpu = next(g for g in t4 if g["uuid"] != a_gpu["uuid"])
+    reading = NodeUsage(
+        USAGE_AT,
+        (
+            ContainerUsage(
+                fake.get("pods", "a")["metadata"]["uid"],
+                "default",
+                "a",
+                "main",
+                a_gpu["uuid"],
+                3000,
+                35,
+            ),
+        ),
+        (
+            UnattributedUsage(a_gpu["uuid"], "host", 512, 1),
+            UnattributedUsage(other_gpu["uuid"], "other-pod", 2048, 2),
+            UnattributedUsage("GPU-not-here", "host", 1, 1),
+        ),
+    )
+    annotate(fake, "t4", encode_usage(reading))
+    annotate(fake, "h100", '{"v": 1, "at": "x", "c": [["forged"]]}')  # hostile: one node only
+
+    doc = run_json(capsys, "pods", "--kubeconfig", kubeconfig, "-A")
+    rows = {(r["namespace"], r["name"]): r for r in doc["pods"]}
+    a, b = rows["default", "a"], rows["train", "b"]
+    assert a["gpus"][0]["used"] == {"memoryMiB": 3000, "smPercent": 35}
+    assert (a["usage_observed"], a["usage_unknown"]) == (USAGE_AT, "")
+    assert a["gpus"][0]["memoryMiB"] == a_gpu["memoryMiB"]  # the grant, unchanged
+    assert all(g["used"] is None for g in b["gpus"]) and b["usage_observed"] == ""
+    assert b["usage_unknown"].startswith("usage annotation does not parse")
+    # what no tessera container owns is never put on a pod
+    assert "other-pod" not in json.dumps(doc) and "512" not in json.dumps(a)
+
+    code, out, _ = run(capsys, "pods", "--kubeconfig", kubeconfig, "-A")
+    header, *lines = out.splitlines()[1:]
+    assert code == 0 and "MEMORY USED/GRANTED" in header and "SM USED" in header
+    line_a = next(line for line in lines if " a " in line)
+    index = a_gpu["index"]
+    assert f"{index}:2.9GiB/{a_gpu['memoryMiB'] / 1024:.1f}GiB" in line_a
+    assert f"{index}:35%" in line_a
+    line_b = next(line for line in lines if line.startswith("train"))
+    # unknown, beside a grant that still shows (the RDMA cell is two words)
+    assert line_b.split()[6:8] == ["-", "-"] and "100%" in line_b
+
+    nodes = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+    assert nodes["t4"]["unattributed"] == [
+        {
+            "index": a_gpu["index"],
+            "uuid": a_gpu["uuid"],
+            "owner": "host",
+            "memoryMiB": 512,
+            "processes": 1,
+        },
+        {
+            "index": other_gpu["index"],
+            "uuid": other_gpu["uuid"],
+            "owner": "other-pod",
+            "memoryMiB": 2048,
+            "processes": 2,
+        },
+        {"index": None, "uuid": "GPU-not-here", "owner": "host", "memoryMiB": 1, "processes": 1},
+    ]
+    assert (
+        nodes["h100"]["unattributed"] == [] and "does not parse" in nodes["h100"]["usage_unknown"]
+    )
+    assert rn.USAGE_ANNOTATION in nodes["a100"]["usage_unknown"]
+    assert nodes["h100"]["state"] == "ready"  # a reading never changes the node's state
+    code, out, _ = run(capsys, "nodes", "--kubeconfig", kubeconfig)
+    t4_line = next(line for line in out.splitlines() if line.startswith("t4 "))
+    assert f"{index}:host 512MiB, {other_gpu['index']}:other-pod 2.0GiB, ?:host 1MiB" in t4_line
+    assert "NOT TESSERA" in out.splitlines()[0]
+
+
+def test_pods_print_without_readable_leases(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with scheduling(cluster, (pod("a", share(40, 50)), "t4")) as served:
+        served.wait_settled()
+    cluster.fail("/leases", status=403, times=10)
+    (row,) = run_json(capsys, "pods", "--kubeconfig", kubeconfig)["pods"]
+    assert row["gpus"][0]["core"] == 40 and row["gpus"][0]["used"] is None
+    assert row["usage_unknown"] == "the heartbeat Leases cannot be read"
 
 
 def test_explain_agrees_with_the_scheduler_node_by_node(

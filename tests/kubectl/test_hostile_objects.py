@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from hypothesis import given, settings
@@ -12,6 +13,13 @@ from kubectl_tessera import explain, nodes, pods
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
+from tessera.usage import (
+    MAX_USAGE_BYTES,
+    ContainerUsage,
+    NodeUsage,
+    UnattributedUsage,
+    encode_usage,
+)
 from tests.kubectl.conftest import nodedevices
 
 JSON = st.recursive(
@@ -126,3 +134,57 @@ def test_a_valid_record_counts_and_a_bound_pod_is_not_explained() -> None:
         "already bound"
         in explain.explain(GOOD_POD, [GOOD_NODE], [], None, 0.0, policy=rn.DEFAULT_POLICY).summary
     )
+
+
+GPU0 = GOOD_NODE["spec"]["gpus"][0]["uuid"]
+NAMES = st.sampled_from(["uid-1", "main", "other", GPU0, "GPU-x"])
+CONTAINER_ROWS = st.builds(
+    ContainerUsage,
+    NAMES,
+    st.just("default"),
+    st.just("p"),
+    NAMES,
+    NAMES,
+    st.integers(0, 1 << 20),
+    st.none() | st.integers(0, 100),
+)
+OTHER_ROWS = st.builds(
+    UnattributedUsage,
+    st.sampled_from([GPU0, "GPU-x"]),
+    st.sampled_from(["host", "other-pod", "mps-server"]),
+    st.integers(0, 1 << 20),
+    st.integers(0, 9),
+)
+READINGS = st.builds(
+    NodeUsage,
+    st.just("2026-01-01T00:00:00Z"),
+    st.tuples(*[CONTAINER_ROWS] * 3),
+    st.tuples(OTHER_ROWS),
+)
+USAGE_VALUES = st.one_of(
+    READINGS.map(encode_usage),
+    JSON,
+    JSON.map(lambda v: json.dumps({"v": 1, "at": "t", "c": [v], "o": []})),
+    st.just("x" * (MAX_USAGE_BYTES + 1)),
+    st.text(max_size=16),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(USAGE_VALUES)
+def test_any_usage_reading_prints_and_only_its_own_rows_land_beside_a_grant(value: Any) -> None:
+    lease = {"metadata": {"name": "tessera-node-n", "annotations": {rn.USAGE_ANNOTATION: value}}}
+    (row,) = pods.rows([GOOD_POD], [lease])
+    pods.render_rows([row])
+    (used,) = [g["used"] for g in row.gpus]
+    assert bool(row.usage_observed) != bool(row.usage_unknown)
+    (node,) = nodes.rows([GOOD_NODE], [lease], 1.7e9)
+    nodes.render_rows([node])
+    if row.usage_unknown:
+        assert used is None and node.usage_unknown == row.usage_unknown
+        assert node.unattributed == [] and node.unattributed_cell() == "-"
+        return
+    reading = json.loads(value)
+    mine = [c for c in reading["c"] if c[0] == "uid-1" and c[3] == "main" and c[4] == GPU0]
+    assert used is not None and used["memoryMiB"] == sum(c[5] for c in mine)
+    assert len(node.unattributed) == len(reading["o"])

@@ -180,3 +180,42 @@ def test_the_shell_carries_no_cluster_data_and_the_data_calls_need_credentials()
             # the page's colour rule is the one this test looks for in screenshots
             assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in page
             assert json.dumps(_COLORS).replace(" ", "").encode() in page.replace(b" ", b"")
+
+
+def test_the_page_shows_use_beside_grants_and_unknown_for_an_unreadable_reading(
+    browser: Browser,
+) -> None:
+    from tessera import resources as rn
+    from tessera.usage import ContainerUsage, NodeUsage, UnattributedUsage, encode_usage
+
+    def annotate(fake: FakeApiServer, node: str, text: str) -> None:
+        patch = {"metadata": {"annotations": {rn.USAGE_ANNOTATION: text}}}
+        name = rn.HEARTBEAT_LEASE_PREFIX + node
+        fake.patch("leases", name, patch, namespace=rn.DEFAULT_HEARTBEAT_NAMESPACE)
+
+    with FakeApiServer() as fake:
+        populate(fake, ["node-a", "node-b"], gpus=1)
+        with serving(fake) as served:
+            assert served.schedule(pod("train-1", share(50, 50)), ["node-a"])
+            assert served.schedule(pod("train-2", share(50, 50)), ["node-b"])
+            uid = fake.get("pods", "train-1")["metadata"]["uid"]
+            gpu = served.node_summary("node-a")["gpus"][0]["uuid"]
+            reading = NodeUsage(
+                "2026-11-22T04:20:00Z",
+                (ContainerUsage(uid, "default", "train-1", "main", gpu, 3072, 40),),
+                (UnattributedUsage(gpu, "host", 1024, 1),),
+            )
+            annotate(fake, "node-a", encode_usage(reading))
+            annotate(fake, "node-b", "{hostile")
+            port = served.service.server.port
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/debug/ui")
+            text = wait_for(lambda: "not tessera" in (t := browser.text()) and t, timeout=20)
+    assert "default/train-1 (main): granted 50%" in text
+    assert "used 3.0 GiB, SM 40%" in text
+    assert "not tessera: host 1.0 GiB (1 processes)" in text
+    assert "use read 2026-11-22T04:20:00Z" in text
+    # node-b: its grant is drawn, its use is unknown with the reason
+    assert "default/train-2 (main): granted 50%" in text and "used -" in text
+    assert "use: - (usage annotation does not parse" in text
+    # the unattributed line is its own, never part of a pod's line
+    assert not any("train-1" in line and "host" in line for line in text.splitlines())
