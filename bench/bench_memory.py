@@ -9,6 +9,9 @@ running scheduler does at that size: filter and prioritize calls over HTTP, ever
 status summary rendered for writing, one /metrics scrape. The figure is the peak resident
 memory of that process (VmHWM), the interpreter and libraries included.
 
+Every node's heartbeat Lease carries a usage reading, as its agent writes it (each of its
+pods on a GPU and a host process), which the scheduler keeps for its page.
+
 Then churn cycles: 250 nodes and their pods are deleted (Node, NodeDevices, Lease and pod
 DELETED events), then loaded again with new pods (new UIDs), every pod's and node's object
 going through the handlers as a watch delivers it, with the status-only echoes of the
@@ -184,6 +187,30 @@ def write_pods(out: IO[bytes]) -> None:
         out.close()
 
 
+def usage_lease(obj: dict[str, Any], node: str, tag: str, pods: int) -> dict[str, Any]:
+    """`obj` carrying the usage reading its agent would write: each of the node's pods on
+    its GPU, and one process of the host."""
+    from tessera import resources as rn
+    from tessera.usage import ContainerUsage, NodeUsage, UnattributedUsage, encode_usage
+
+    n = sum(node.encode()) & 0xFFFFFFFF
+    rows = tuple(  # UIDs and UUIDs as long as real ones (36 and 40 characters)
+        ContainerUsage(
+            f"{n:08x}-{len(tag):04x}-4000-8000-{i:012d}",
+            "default",
+            f"{node}-{tag}-{i}",
+            "main",
+            f"GPU-{n:08x}-0000-4000-8000-{i % GPUS:012d}",
+            12_000 + i,
+            30 + i,
+        )
+        for i in range(pods)
+    )
+    reading = NodeUsage("2026-11-27T14:10:03Z", rows, (UnattributedUsage("GPU-x", "host", 500, 1),))
+    obj["metadata"]["annotations"] = {rn.USAGE_ANNOTATION: encode_usage(reading)}
+    return obj
+
+
 def memory_child() -> None:
     """Reads the pods from stdin (`write_pods`); prints the peak KiB after loading, the RSS
     KiB after each churn cycle, and the peak KiB at the end."""
@@ -191,7 +218,11 @@ def memory_child() -> None:
     from itertools import islice
 
     from bench.bench_scheduler import filter_prioritize_rounds
-    from tessera_testbed.inventory import heartbeat_lease as lease
+    from tessera_testbed.inventory import heartbeat_lease
+
+    def lease(name: str, tag: str = "a") -> dict[str, Any]:
+        """The node's Lease as its agent renews it: with its last usage reading."""
+        return usage_lease(heartbeat_lease(name), name, tag, PODS // NODES)
 
     pods_in = (json.loads(line) for line in sys.stdin.buffer)
     keyring = bench_keyring()
@@ -221,12 +252,12 @@ def memory_child() -> None:
                 handlers["pods"].event("DELETED", {"metadata": meta})
             handlers["nodedevices"].event("DELETED", node_object(name, cycle + 2))
             handlers["nodes"].event("DELETED", {"metadata": {"name": name}})
-            handlers["leases"].event("DELETED", lease(name))
+            handlers["leases"].event("DELETED", lease(name, tags.get(name, "a")))
         _scrape_and_status(service)
         for name in churned(cycle, names):
             handlers["nodes"].event("ADDED", {"metadata": {"name": name}})
             handlers["nodedevices"].event("ADDED", node_object(name, cycle + 2))
-            handlers["leases"].event("ADDED", lease(name))
+            handlers["leases"].event("ADDED", lease(name, tag))
             for obj in islice(pods_in, per_node):
                 handlers["pods"].event("ADDED", obj)
             tags[name] = tag
