@@ -485,7 +485,20 @@ class Node:
             PYTHON_ENV,
         )
 
+    @property
+    def hami_core_library(self) -> Path:
+        """A stand-in for HAMi-core's library: the hook mounts and preloads it as it would
+        the real one (the containers' static busybox ignores the preload)."""
+        return self.work / "vgpu" / "libvgpu.so"
+
     def start_hook(self, devices: Path) -> None:
+        # the shipped layer: runc must take the hook's mounts (the library, read-only, and a
+        # tmpfs for its region) from the real containerd; the library must be on the host
+        # and, where the hook looks, under its device root
+        lib = self.hami_core_library
+        for path in (lib, devices / str(lib).lstrip("/")):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
         self._spawn(
             "nri-hook",
             [
@@ -496,9 +509,8 @@ class Node:
                 f"--node-name={self.name}",
                 f"--integrity-key-file={self.cp.integrity_dir / 'public'}",
                 f"--device-root={devices}",
-                # the node has no isolation layer: what the e2e checks is the devices
-                "--isolation=none",
-                "--allow-unisolated-sharing",
+                "--isolation=hami-core",
+                f"--hami-core-library={lib}",
                 "--log-level=info",
             ],
             PYTHON_ENV,

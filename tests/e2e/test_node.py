@@ -7,10 +7,11 @@ multi-GPU pod, exactly each container's record GPUs (the agent's preferred alloc
 follows the record); pods asking for a share, for whole GPUs with an RDMA NIC, with
 several containers, and with nothing, all reach Running; every container's OCI spec (read
 back from containerd) holds exactly the device nodes its record grants and exactly its
-record's GPU UUIDs in the environment; a VF's netdev moves into the pod's network
-namespace and comes back when the pod goes; forged, garbage and unsigned records end in
-CreateContainerError saying why; restarting the kubelet and containerd loses no pod and
-no device. Needs root (mknod, runc, ip links).
+record's GPU UUIDs in the environment, and HAMi-core's limits, region tmpfs and library
+mount as the hook plans them (runc takes them, the container runs); a VF's netdev moves
+into the pod's network namespace and comes back when the pod goes; forged, garbage and
+unsigned records end in CreateContainerError saying why; restarting the kubelet and
+containerd loses no pod and no device. Needs root (mknod, runc, ip links).
 """
 
 from __future__ import annotations
@@ -132,6 +133,27 @@ def _check_env(env: list[tuple[str, str]], c: ContainerAllocation | None) -> Non
     assert {u for _, v in env for u in GPU_UUID.findall(v)} == set(uuids)
 
 
+def _check_isolation(spec: dict[str, Any], c: ContainerAllocation | None, lib: str) -> None:
+    """HAMi-core's environment and mounts as the hook plans them, taken by the real runtime:
+    each GPU's limits numbered in host index order, the region's tmpfs, the library
+    read-only; nothing of it for a container without GPUs."""
+    env = dict(_oci_env(spec))
+    mounts = {m["destination"]: m for m in spec.get("mounts") or []}
+    hami = {k for k in env if k.startswith("CUDA_DEVICE_") or k == "LD_PRELOAD"}
+    if c is None or not c.gpus:
+        assert not hami and "/run/tessera-vgpu" not in mounts and lib not in mounts
+        return
+    ordered = sorted(c.gpus, key=lambda g: g.index)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["LD_PRELOAD"] == lib
+    for i, g in enumerate(ordered):
+        assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{g.memory_mib}m"
+        assert env.get(f"CUDA_DEVICE_SM_LIMIT_{i}") == (str(g.core) if 0 < g.core < 100 else None)
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/run/tessera-vgpu/cudevshr.cache"
+    region = mounts["/run/tessera-vgpu"]
+    assert region["type"] == "tmpfs" and "size=8m" in region["options"], region
+    assert mounts[lib]["source"] == lib and "ro" in mounts[lib]["options"], mounts[lib]
+
+
 def _granted(c: ContainerAllocation | None) -> set[str]:
     if c is None:
         return set()
@@ -246,6 +268,7 @@ def test_pods_run_with_exactly_their_devices(node: Node) -> None:
             where = (name, status["name"])
             assert _oci_devices(spec) == _granted(granted), where
             _check_env(_oci_env(spec), granted)
+            _check_isolation(spec, granted, str(node.hami_core_library))
 
 
 def _vf_pod(node: Node) -> tuple[str, list[str], str]:
