@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.errors import ErrorTable, TesseraError
+from tools.generated import replace_between
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "errors.md"
@@ -217,11 +218,7 @@ def render() -> str:
 
 def page_with(text: str, generated: str) -> str:
     """`text` with its generated part replaced."""
-    head, sep, rest = text.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
-    return f"{head}{BEGIN}\n{generated}{END}{tail}"
+    return replace_between(text, BEGIN, END, generated, DOC)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.generated import replace_between
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "isolation.md"
 REPORTS = ROOT / "docs" / "gpu-check"
@@ -66,11 +68,7 @@ def table(reports: Iterable[Path]) -> str:
 
 
 def render(page: str, generated: str) -> str:
-    head, begin, rest = page.partition(BEGIN)
-    _, end, tail = rest.partition(END)
-    if not begin or not end:
-        raise SystemExit(f"{DOC}: the markers {BEGIN!r} and {END!r} are missing")
-    return f"{head}{BEGIN}\n{generated}\n{END}{tail}"
+    return replace_between(page, BEGIN, END, generated + "\n", DOC)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,12 +6,10 @@ heartbeat's annotation and the agent's /metrics."""
 from __future__ import annotations
 
 import logging
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.backend import GpuProcess
 from deviceplugin.fake_backend import FakeBackend
@@ -31,7 +29,7 @@ from tessera_edge.keyfiles import KeyringSource
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin import fake_pynvml as nv
 from tests.deviceplugin.helpers import make_agent, running
-from tests.deviceplugin.test_metrics import _free_port
+from tests.deviceplugin.test_metrics import _free_port, _scrape
 
 NODE = "node-a"
 POD_UID = "8d3e5b1c-2f4a-4b6c-9d0e-1f2a3b4c5d6e"
@@ -320,16 +318,6 @@ def test_a_failing_gpu_list_is_reported_and_the_others_still_read(tmp_path: Path
 
 
 # --- what the agent exports -------------------------------------------------------------------
-
-
-def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_the_agents_metrics_show_used_beside_granted(tmp_path: Path) -> None:

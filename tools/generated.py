@@ -1,0 +1,15 @@
+"""The generated part of a page: what lies between two marker lines, rewritten from code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def replace_between(text: str, begin: str, end: str, generated: str, page: Path) -> str:
+    """`text` with the part between `begin` and `end` replaced by `generated` (which ends
+    with a newline)."""
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
+    if not sep or not sep2:
+        raise ValueError(f"{page}: the markers {begin!r} and {end!r} are missing")
+    return f"{head}{begin}\n{generated}{end}{tail}"
