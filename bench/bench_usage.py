@@ -24,17 +24,10 @@ from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.usage import PodView
 from deviceplugin.usage_monitor import DEFAULT_USAGE_INTERVAL_S, UsageMonitor
 from tessera.allocation import GpuGrant
+from tests.deviceplugin.helpers import StaticPods
 
 MIB = 1 << 20
 PER_GPU = 8
-
-
-class _Pods:
-    def __init__(self, views: dict[str, PodView]) -> None:
-        self.views = views
-
-    def pods(self, wanted: set[str]) -> dict[str, PodView]:
-        return {uid: self.views[uid] for uid in wanted if uid in self.views}
 
 
 def _node(proc: Path) -> tuple[UsageMonitor, int]:
@@ -63,12 +56,11 @@ def _node(proc: Path) -> tuple[UsageMonitor, int]:
             )
             procs.append(GpuProcess(pid, 6000 * MIB, 9))
         backend.set_processes(g.uuid, tuple(procs))
-    views = {
-        uid: PodView(uid, "ml", f"job-{uid[-4:]}", containers[uid], grants[uid])
-        for uid in containers
-    }
+    views = [
+        PodView(uid, "ml", f"job-{uid[-4:]}", containers[uid], grants[uid]) for uid in containers
+    ]
     index = {g.uuid: g.index for g in gpus}
-    return UsageMonitor(backend, lambda: index, _Pods(views), proc_root=proc), pid - 1000
+    return UsageMonitor(backend, lambda: index, StaticPods(views), proc_root=proc), pid - 1000
 
 
 def run(ctx: BenchContext) -> list[Result]:

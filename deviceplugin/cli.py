@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from deviceplugin.record_pods import RecordChooser
     from deviceplugin.usage_monitor import UsageMonitor
     from kube_edge.client import KubeClient
+    from tessera.record import KeySource
 
 log = logging.getLogger("deviceplugin")
 
@@ -221,11 +222,12 @@ def _run(config: DevicePluginConfig) -> int:
                 gfd_labels=_driver_versions(backend) if config.gfd_labels else None,
             ),
         )
-        agent.chooser = _record_chooser(config, api, agent)
+        keys = _record_keys(config)
+        agent.chooser = _record_chooser(config, api, agent, keys) if keys else None
     else:
-        api = None
+        api, keys = None, None
     try:
-        agent.usage = _usage_monitor(config, agent, api)
+        agent.usage = _usage_monitor(config, agent, api, keys)
     except ConfigError:
         backend.close()
         raise
@@ -233,10 +235,11 @@ def _run(config: DevicePluginConfig) -> int:
 
 
 def _usage_monitor(
-    config: DevicePluginConfig, agent: Agent, api: KubeClient | None
+    config: DevicePluginConfig, agent: Agent, api: KubeClient | None, keys: KeySource | None
 ) -> UsageMonitor | None:
     """The usage loop, unless --usage-interval is 0. Without a cluster (--no-inventory) it
-    cannot name pods: container processes then count as no tessera container's."""
+    cannot name pods: container processes then count as no tessera container's. Without
+    record keys, grants are read from records unverified (shown, never acted on)."""
     if config.usage_interval <= 0:
         return None
     from deviceplugin.usage_monitor import ApiPods, UsageMonitor
@@ -245,14 +248,8 @@ def _usage_monitor(
     pods = None
     if api is not None:
         from deviceplugin.record_pods import list_node_pods
-        from tessera.record_keys import KeyFileError
-        from tessera_edge.keyfiles import KeyringSource
 
         client = api
-        try:
-            keys: KeyringSource | None = KeyringSource(config.integrity_key_file)
-        except KeyFileError:
-            keys = None  # the record chooser has said so; grants are read unverified
         pods = ApiPods(
             lambda: list_node_pods(client, config.node_name, timeout_s=5.0),
             config.node_name,
@@ -267,25 +264,31 @@ def _usage_monitor(
     )
 
 
-def _record_chooser(
-    config: DevicePluginConfig, api: KubeClient, agent: Agent
-) -> RecordChooser | None:
-    """GetPreferredAllocation by the allocation record, when the record keys are there; the
-    default choice (and one warning) when they are not: records that cannot be verified must
-    not steer the kubelet's units."""
-    from deviceplugin.record_pods import RecordChooser
+def _record_keys(config: DevicePluginConfig) -> KeySource | None:
+    """The record keys (public), read once for everything that verifies records; None, with
+    one warning, when they cannot be read."""
     from tessera.record_keys import KeyFileError
     from tessera_edge.keyfiles import KeyringSource
 
     try:
-        keys = KeyringSource(config.integrity_key_file)
+        return KeyringSource(config.integrity_key_file)
     except KeyFileError as exc:
         log.warning(
             "GetPreferredAllocation does not follow allocation records: %s "
-            "(--integrity-key-file); the kubelet's units may name other GPUs than the records",
+            "(--integrity-key-file); the kubelet's units may name other GPUs than the "
+            "records, and the usage loop reads grants from records unverified",
             exc,
         )
         return None
+
+
+def _record_chooser(
+    config: DevicePluginConfig, api: KubeClient, agent: Agent, keys: KeySource
+) -> RecordChooser:
+    """GetPreferredAllocation by the allocation record (only with record keys: records
+    that cannot be verified must not steer the kubelet's units)."""
+    from deviceplugin.record_pods import RecordChooser
+
     return RecordChooser(
         api,
         config.node_name,

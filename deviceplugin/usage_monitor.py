@@ -1,7 +1,8 @@
 """The usage loop: every interval, which processes use each GPU and whose they are.
 
 One reading: the backend's process lists (NVML), each PID's cgroup and command name from
-`/proc` (the agent runs in the host's PID namespace, so NVML's PIDs are its own), the pods
+the host's `/proc` (`proc_root`; NVML gives host PIDs, and the DaemonSet mounts the host's
+`/proc` read-only rather than joining its PID namespace), the pods
 that own them (listed from the API server only when a pod not yet known appears, at most
 every `POD_REFRESH_S`), then `usage.attribute`. The reading feeds the metrics, the
 over-grant warnings (logged once per container) and the heartbeat's usage annotation.
@@ -33,6 +34,7 @@ from deviceplugin.usage import (
     attribute,
 )
 from tessera.allocation import GpuGrant
+from tessera.pod_fields import section
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera.usage import OWNER_HOST, OWNER_MPS_SERVER, encode_usage
 
@@ -79,21 +81,18 @@ def pod_view(
     pod: Mapping[str, Any], node: str, keys: KeySource | None, require_integrity: bool
 ) -> PodView | None:
     """A pod object (as the API server lists it) as the usage loop needs it; None when it
-    is not a pod. With `require_integrity` the record must verify with `keys`."""
-    meta, status = pod.get("metadata"), pod.get("status")
-    if not isinstance(meta, Mapping):
-        return None
+    names no UID. With `require_integrity` the record must verify with `keys`."""
+    meta, status = section(pod, "metadata"), section(pod, "status")
     uid, ns, name = (str(meta.get(k) or "") for k in ("uid", "namespace", "name"))
     if not uid:
         return None
     containers: dict[str, str] = {}
-    statuses = status if isinstance(status, Mapping) else {}
     for key in ("initContainerStatuses", "containerStatuses"):
-        for entry in statuses.get(key) or []:
+        entries = status.get(key)
+        for entry in entries if isinstance(entries, list) else []:
             if isinstance(entry, Mapping) and isinstance(entry.get("containerID"), str):
                 containers[runtime_container_id(entry["containerID"])] = str(entry.get("name"))
-    annotations = meta.get("annotations")
-    text = annotations.get(ALLOCATION_ANNOTATION) if isinstance(annotations, Mapping) else None
+    text = section(meta, "annotations").get(ALLOCATION_ANNOTATION)
     grants: dict[str, dict[str, GpuGrant]] | None = None
     if isinstance(text, str):
         # imported here: without a cluster the loop names no pods, and the record's

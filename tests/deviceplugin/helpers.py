@@ -8,6 +8,7 @@ from typing import Any
 from deviceplugin.agent import Agent, AgentConfig
 from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.units import UnitConfig
+from deviceplugin.usage import PodView
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 
 
@@ -50,3 +51,14 @@ def health_by_device(message: pb.ListAndWatchResponse) -> dict[str, set[str]]:
         key = device.ID.split("::")[0]  # where dcgm-exporter cuts a shared device's ID
         out.setdefault(key, set()).add(device.health)
     return out
+
+
+class StaticPods:
+    """A usage loop's pod source that knows a fixed set of pods (as the API server would
+    list them)."""
+
+    def __init__(self, views: list[PodView]) -> None:
+        self.views = {v.uid: v for v in views}
+
+    def pods(self, wanted: set[str]) -> dict[str, PodView]:
+        return {uid: self.views[uid] for uid in wanted if uid in self.views}

@@ -275,7 +275,7 @@ def test_pods_of_other_nodes_are_not_waiting_here(node: Node) -> None:
 def test_without_record_keys_the_agent_does_not_follow_records(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from deviceplugin.cli import _record_chooser, build_parser
+    from deviceplugin.cli import _record_chooser, _record_keys, build_parser
     from deviceplugin.config import DevicePluginConfig
     from tessera_cli import config_from
 
@@ -288,7 +288,7 @@ def test_without_record_keys_the_agent_does_not_follow_records(
         client = KubeClient.for_host(api.url)
         missing = config(tmp_path / "none")
         with caplog.at_level(logging.WARNING, logger="deviceplugin.cli"):
-            assert _record_chooser(missing, client, agent) is None
+            assert _record_keys(missing) is None
         assert "does not follow allocation records" in caplog.text
         keys = tmp_path / "keys"
         keys.mkdir()
@@ -299,7 +299,9 @@ def test_without_record_keys_the_agent_does_not_follow_records(
             public.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo)
         )
         present = config(keys)
-        assert isinstance(_record_chooser(present, client, agent), RecordChooser)
+        found = _record_keys(present)
+        assert found is not None
+        assert isinstance(_record_chooser(present, client, agent, found), RecordChooser)
 
 
 def test_a_pod_the_kubelet_already_runs_is_not_waiting(node: Node) -> None:

@@ -28,7 +28,7 @@ from tessera_cli.metrics import serve_metrics
 from tessera_edge.keyfiles import KeyringSource
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin import fake_pynvml as nv
-from tests.deviceplugin.helpers import make_agent, running
+from tests.deviceplugin.helpers import StaticPods, make_agent, running
 from tests.deviceplugin.test_metrics import _free_port, _scrape
 
 NODE = "node-a"
@@ -235,20 +235,12 @@ def _fake_node(tmp_path: Path) -> tuple[FakeBackend, str, Path]:
     return backend, gpu, proc
 
 
-def _views(gpu: str) -> dict[str, PodView]:
+def _views(gpu: str) -> list[PodView]:
     grant = GpuGrant(gpu, 2, 2, 30, 4096)
-    return {
-        POD_UID: PodView(POD_UID, "ml", "trainer-3", {CID: "main"}, {"main": {gpu: grant}}),
-        OTHER_UID: PodView(OTHER_UID, "other", "theirs", {OTHER_CID: "app"}, None),
-    }
-
-
-class Pods:
-    def __init__(self, views: dict[str, PodView]) -> None:
-        self.views = views
-
-    def pods(self, wanted: set[str]) -> dict[str, PodView]:
-        return {u: self.views[u] for u in wanted if u in self.views}
+    return [
+        PodView(POD_UID, "ml", "trainer-3", {CID: "main"}, {"main": {gpu: grant}}),
+        PodView(OTHER_UID, "other", "theirs", {OTHER_CID: "app"}, None),
+    ]
 
 
 def test_a_reading_puts_each_process_where_it_belongs_and_warns_once(
@@ -256,7 +248,7 @@ def test_a_reading_puts_each_process_where_it_belongs_and_warns_once(
 ) -> None:
     backend, gpu, proc = _fake_node(tmp_path)
     index = {g.uuid: g.index for g in backend.discover().gpus}
-    monitor = UsageMonitor(backend, lambda: index, Pods(_views(gpu)), proc_root=proc)
+    monitor = UsageMonitor(backend, lambda: index, StaticPods(_views(gpu)), proc_root=proc)
     with caplog.at_level(logging.WARNING, logger="deviceplugin.usage_monitor"):
         for _ in range(4):
             snapshot = monitor.read_once()
@@ -312,7 +304,9 @@ def test_a_failing_gpu_list_is_reported_and_the_others_still_read(tmp_path: Path
     broken = backend.gpu(0).uuid
     backend.set_processes(broken, error="nvmlDeviceGetComputeRunningProcesses: GPU is lost")
     index = {g.uuid: g.index for g in backend.discover().gpus}
-    snapshot = UsageMonitor(backend, lambda: index, Pods(_views(gpu)), proc_root=proc).read_once()
+    snapshot = UsageMonitor(
+        backend, lambda: index, StaticPods(_views(gpu)), proc_root=proc
+    ).read_once()
     assert snapshot.errors == (f"{broken}: nvmlDeviceGetComputeRunningProcesses: GPU is lost",)
     assert len(snapshot.containers) == 1
 
@@ -325,7 +319,7 @@ def test_the_agents_metrics_show_used_beside_granted(tmp_path: Path) -> None:
     backend, gpu, proc = _fake_node(tmp_path)
     agent.backend = backend
     agent.usage = UsageMonitor(
-        backend, agent.gpu_indexes, Pods(_views(gpu)), proc_root=proc, interval_s=60
+        backend, agent.gpu_indexes, StaticPods(_views(gpu)), proc_root=proc, interval_s=60
     )
     port = _free_port()
     with running(agent):

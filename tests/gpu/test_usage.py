@@ -23,6 +23,7 @@ from deviceplugin.usage_monitor import UsageMonitor
 from nri_hook.adjust import ISOLATION_HAMI_CORE, Settings
 from tessera.allocation import GpuGrant
 from tessera.model import Gpu
+from tests.deviceplugin.helpers import StaticPods
 from tests.gpu import containers
 from tests.gpu.containers import Share
 
@@ -127,16 +128,6 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError as exc:
         return f"unreadable: {exc}"
-
-
-class StaticPods:
-    """The pods the check made up, as the API server would list them."""
-
-    def __init__(self, views: list[PodView]) -> None:
-        self.views = {v.uid: v for v in views}
-
-    def pods(self, wanted: set[str]) -> dict[str, PodView]:
-        return {uid: self.views[uid] for uid in wanted if uid in self.views}
 
 
 def _in_cgroup(proc: Any, cgroup: Path | None) -> None:
