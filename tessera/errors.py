@@ -57,6 +57,11 @@ class RecordError(InputError):
     """An allocation record is malformed, from an unknown schema, or fails integrity."""
 
 
+class RecordVersionError(RecordError):
+    """An allocation record of a schema major version this build does not read (written by
+    a newer or an unknown release), or whose version fields are not integers."""
+
+
 class RecordMismatchError(RecordError):
     """A well-formed record that belongs to another pod UID or another node (copied)."""
 

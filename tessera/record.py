@@ -5,7 +5,8 @@ its state from it. Its JSON is canonical (sorted keys, no spaces) so the same al
 always encodes to the same string, and an Ed25519 signature covers every field, the pod UID
 and node included. Only the scheduler holds the private key; nodes hold public keys, so
 neither a pod's author nor a node can mint a record another node accepts. Schema, keys,
-rotation and the upgrade from HMAC records: docs/record.md.
+rotation, the upgrade from HMAC records and the compatibility rule between releases
+(`v` and `minor`): docs/record.md.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.boundedjson import JsonLimitError, loads
-from tessera.errors import IntegrityError, RecordError, RecordMismatchError
+from tessera.errors import IntegrityError, RecordError, RecordMismatchError, RecordVersionError
 from tessera.model import MAX_DEVICE_NUMBER, MAX_GPU_MEMORY_MIB, MAX_NAME_CHARS, normalize_bus_id
 from tessera.resources import UNITS_PER_DEVICE
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
+"""The major version (`v`): a reader reads exactly the majors it knows."""
+SCHEMA_MINOR: Final = 0
+"""The newest minor version (`minor`, absent for 0) of SCHEMA_VERSION this build knows. A
+record of a newer minor may carry fields this build does not know; they are ignored (a
+minor only adds fields a reader may ignore and still apply the record rightly). A writer
+writes the lowest minor that holds the record, so an older release keeps reading it."""
+MAX_MINOR: Final = 2**31 - 1
 MAX_RECORD_BYTES: Final = 64 * 1024
 """Far above any real record (a 16-GPU pod is under 4 KiB); refuses absurd annotations."""
 MAX_RECORD_DEPTH: Final = 8
@@ -245,19 +253,14 @@ def decode(
         raise RecordError(str(exc)) from None
     if not isinstance(doc, dict):
         raise RecordError("record must be a JSON object")
-    version = doc.get("v")
-    if version != SCHEMA_VERSION:
-        raise RecordError(
-            f"record.v: unsupported record schema version {_short(version)} "
-            f"(this build reads {SCHEMA_VERSION})"
-        )
+    newer = _check_version(doc)
 
     integrity = doc.pop("integrity", None)
     must_verify = keyring is not None if require_integrity is None else require_integrity
     if must_verify:
         _verify(doc, integrity, None if keyring is None else keyring.get())
 
-    alloc = _parse(doc, (pod_uid, namespace, name, node), share or _as_is)
+    alloc = _parse(doc, (pod_uid, namespace, name, node), share or _as_is, newer)
     if pod_uid is not None and alloc.pod_uid != pod_uid:
         raise RecordMismatchError(f"record is for pod UID {alloc.pod_uid!r}, not {pod_uid!r}")
     if node is not None and alloc.node != node:
@@ -270,6 +273,23 @@ def decode(
             f"{namespace or alloc.namespace}/{name or alloc.name}"
         )
     return alloc
+
+
+def _check_version(doc: dict[str, Any]) -> bool:
+    """Whether the record is of a newer minor than this build's (its unknown fields are then
+    ignored); RecordVersionError for a major this build does not read."""
+    version = doc.get("v")
+    if type(version) is not int or version != SCHEMA_VERSION:  # not true, not 1.0
+        newer = type(version) is int and version > SCHEMA_VERSION
+        raise RecordVersionError(
+            f"record.v: unsupported record schema version {_short(version)} "
+            f"(this build reads {SCHEMA_VERSION}"
+            + (": the record is from a newer release, see docs/record.md)" if newer else ")")
+        )
+    minor = doc.get("minor", 0)
+    if type(minor) is not int or not 0 <= minor <= MAX_MINOR:
+        raise RecordVersionError(f"record.minor: {_short(minor)} is not a minor version")
+    return minor > SCHEMA_MINOR
 
 
 def _verify(doc: dict[str, Any], integrity: Any, keyring: Keyring | None) -> None:
@@ -350,11 +370,13 @@ def _short(value: Any) -> str:
 class _Fields:
     """Strict field reader: exact key sets, exact types, paths in every message."""
 
-    def __init__(self, doc: Any, path: str, required: set[str], optional: set[str]) -> None:
+    def __init__(
+        self, doc: Any, path: str, required: set[str], optional: set[str], newer: bool
+    ) -> None:
         if not isinstance(doc, dict):
             raise RecordError(f"{path}: expected an object")
         unknown = set(doc) - required - optional
-        if unknown:
+        if unknown and not newer:  # a newer minor's fields are for newer readers
             raise RecordError(f"{path}: unknown field {_short(sorted(unknown)[0])}")
         missing = required - set(doc)
         if missing:
@@ -431,17 +453,21 @@ def _as_is(text: str) -> str:
     return text
 
 
-def _parse(doc: dict[str, Any], known: Known, share: Callable[[str], str]) -> PodAllocation:
+def _parse(
+    doc: dict[str, Any], known: Known, share: Callable[[str], str], newer: bool
+) -> PodAllocation:
     """The allocation a record names; strings equal to `known` are the caller's objects,
-    the others go through `share`."""
+    the others go through `share`. `newer`: the record is of a newer minor version, whose
+    fields this build does not know are ignored."""
     f = _Fields(
         doc,
         "record",
         {"v", "podUID", "namespace", "pod", "node", "containers"},
-        {"policy", "cpuMilli", "memoryMiB"},
+        {"minor", "policy", "cpuMilli", "memoryMiB"},
+        newer,
     )
     containers = tuple(
-        _parse_container(c, f"record.containers[{i}]", share)
+        _parse_container(c, f"record.containers[{i}]", share, newer)
         for i, c in enumerate(f.items("containers"))
     )
     names = [c.name for c in containers]
@@ -462,11 +488,15 @@ def _parse(doc: dict[str, Any], known: Known, share: Callable[[str], str]) -> Po
     )
 
 
-def _parse_container(doc: Any, path: str, share: Callable[[str], str]) -> ContainerAllocation:
-    f = _Fields(doc, path, {"name"}, {"gpus", "rdma", "init", "reuses"})
+def _parse_container(
+    doc: Any, path: str, share: Callable[[str], str], newer: bool
+) -> ContainerAllocation:
+    f = _Fields(doc, path, {"name"}, {"gpus", "rdma", "init", "reuses"}, newer)
     gpus = []
     for i, g in enumerate(f.items("gpus")):
-        gf = _Fields(g, f"{path}.gpus[{i}]", {"uuid", "index", "minor", "core", "memoryMiB"}, set())
+        gf = _Fields(
+            g, f"{path}.gpus[{i}]", {"uuid", "index", "minor", "core", "memoryMiB"}, set(), newer
+        )
         gpus.append(
             GpuGrant(
                 uuid=share(gf.text("uuid", nonempty=True)),
@@ -478,7 +508,9 @@ def _parse_container(doc: Any, path: str, share: Callable[[str], str]) -> Contai
         )
     if len({g.uuid for g in gpus}) != len(gpus):
         raise RecordError(f"{path}.gpus: the same GPU is listed twice")
-    rdma = [_parse_rdma(r, f"{path}.rdma[{i}]", share) for i, r in enumerate(f.items("rdma"))]
+    rdma = [
+        _parse_rdma(r, f"{path}.rdma[{i}]", share, newer) for i, r in enumerate(f.items("rdma"))
+    ]
     init = doc.get("init", False)
     if not isinstance(init, bool):
         raise RecordError(f"{path}.init: expected true or false")
@@ -491,11 +523,11 @@ def _parse_container(doc: Any, path: str, share: Callable[[str], str]) -> Contai
     )
 
 
-def _parse_rdma(doc: Any, path: str, share: Callable[[str], str]) -> RdmaGrant:
-    f = _Fields(doc, path, {"pciBusId", "ibdev", "uverbsMinor", "share"}, {"netdev", "vfs"})
+def _parse_rdma(doc: Any, path: str, share: Callable[[str], str], newer: bool) -> RdmaGrant:
+    f = _Fields(doc, path, {"pciBusId", "ibdev", "uverbsMinor", "share"}, {"netdev", "vfs"}, newer)
     vfs = []
     for i, v in enumerate(f.items("vfs")):
-        vf = _Fields(v, f"{path}.vfs[{i}]", {"pciBusId", "ibdev", "uverbsMinor"}, {"netdev"})
+        vf = _Fields(v, f"{path}.vfs[{i}]", {"pciBusId", "ibdev", "uverbsMinor"}, {"netdev"}, newer)
         vfs.append(
             VfGrant(
                 share(vf.bus("pciBusId")),
