@@ -11,6 +11,10 @@ import yaml
 
 from tests.deploy.install_modes import CHART, DEPLOY, DOC, NAMESPACE, ROOT
 
+_UPGRADE = (
+    "tests/e2e/test_upgrade.py",
+    "test_upgrade_and_rollback_keep_every_running_container_and_record",
+)
 EXERCISED = {
     "kubectl apply -k deploy/": (
         "tests/deploy/test_install_modes.py",
@@ -53,6 +57,9 @@ EXERCISED = {
         "tests/deviceplugin/test_gfd_labels.py",
         "test_labels_in_gfds_formats",
     ),
+    "helm upgrade tessera deploy/helm/tessera --namespace tessera-system": _UPGRADE,
+    "kubectl apply --server-side --force-conflicts -k deploy/overlays/second-scheduler": _UPGRADE,
+    "helm rollback tessera --namespace tessera-system": _UPGRADE,
     "kubectl tessera explain POD": (
         "tests/kubectl/test_cli.py",
         "test_explain_agrees_with_the_scheduler_node_by_node",
