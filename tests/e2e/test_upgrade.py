@@ -382,8 +382,8 @@ def check_all(c: Cluster, before: Seen, step: str) -> Seen:
     """Every pod of the case, as the module docstring says; what each container is now."""
     cp, n = c.cp, c.node
     keys = keyring(cp.integrity_dir)
-    tasks = _tasks(n)
     objs = [running(c, name) for name in c.pods]
+    tasks = _tasks(n)
     seen: Seen = {}
     allocs: list[PodAllocation] = []
     for obj in objs:
