@@ -126,13 +126,21 @@ def testbed(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def write_section(lines: list[str], path: Path = sc.ROOT / "docs" / "benchmarks.md") -> None:
-    """Replace the Scale section of docs/benchmarks.md (kept by `make bench`)."""
+def write_section(
+    lines: list[str],
+    path: Path = sc.ROOT / "docs" / "benchmarks.md",
+    *,
+    start: str = SECTION_START,
+    end: str = SECTION_END,
+    title: str = "Scale",
+) -> None:
+    """Replace a marked section of docs/benchmarks.md (kept by `make bench`): the Scale
+    section unless told another (the soak's)."""
     text = path.read_text()
-    body = "\n".join([SECTION_START, "## Scale", "", *lines, SECTION_END])
-    if SECTION_START in text and SECTION_END in text:
-        head, rest = text.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1]
+    body = "\n".join([start, f"## {title}", "", *lines, end])
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
         text = head + body + tail
     else:
         text = text.rstrip("\n") + "\n\n" + body + "\n"
