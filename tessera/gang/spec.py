@@ -123,8 +123,15 @@ class GangSource(Protocol):
     """Where gangs come from: which gang a pod belongs to, and the gang object's path and
     reading. PodGroups are one source; kube-scheduler's Workload API can be another."""
 
-    path: str
-    """The cluster-wide collection the adapter lists and watches."""
+    @property
+    def path(self) -> str:
+        """The cluster-wide collection the adapter lists and watches."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """The pod label that names a pod's gang (the adapter watches pods that carry it)."""
+        ...
 
     def member_of(self, pod: Mapping[str, Any]) -> GangKey | None: ...
 
