@@ -730,6 +730,28 @@ class Cache:
             self._book.reserve(result, self._monotonic(), timeout)
             return result
 
+    def gang_preemption_plan(
+        self, ask: GangAsk, priority: int, spare: Collection[str], *, label_of: LabelOf
+    ) -> GangPlan | None:
+        """The plan of `ask` on the usable nodes with every pod of lower `priority` gone
+        (but those in `spare`: the gang's own members, reservations, binds in flight), or
+        None when the gang would not fit even then. Changes nothing."""
+        with self._lock:
+            spared = set(spare) | self._inflight | set(self._state.assumed)
+            nodes: dict[str, NodeState] = {}
+            for name, node in self._state.nodes.items():
+                if name in self._problems:
+                    continue
+                trial = None
+                for alloc in self._state.pods_on(name):
+                    uid = alloc.pod_uid
+                    if uid not in spared and self._pods.get(uid, 0) < priority:
+                        trial = trial or node.copy()
+                        trial.release(alloc)
+                nodes[name] = trial or node
+            result = plan_gang(ask, nodes, label_of=label_of, policy_for=self._decider.policy_for)
+            return result if isinstance(result, GangPlan) else None
+
     def gang_reserved_node(self, uid: str) -> str | None:
         """The node a gang member's reservation keeps for it, or None."""
         with self._lock:

@@ -325,10 +325,20 @@ class Extender:
         except RequestError as exc:
             raise BadArgsError(f"invalid device request: {exc}") from None
         offered = _victims_of(args)
+        gang = None
+        if self.gangs is not None and request.wants_devices:
+            gang = self.gangs.preemption(pod, request)
         result: dict[str, Any] = {}
         for node, (uids, pdb) in offered.items():
             if not request.wants_devices:
                 chosen: list[str] | None = uids
+            elif gang is not None:
+                # the gang's plan: victims on this member's planned node only, for every
+                # member planned there, or none anywhere
+                together = gang.get(node)
+                chosen = (
+                    None if together is None else self._victims_on(request, node, uids, together)
+                )
             else:
                 chosen = self._victims_on(request, node, uids)
             if chosen:
@@ -338,7 +348,15 @@ class Extender:
                 }
         return {"NodeNameToMetaVictims": result}
 
-    def _victims_on(self, request: PodRequest, node: str, uids: list[str]) -> list[str] | None:
+    def _victims_on(
+        self,
+        request: PodRequest,
+        node: str,
+        uids: list[str],
+        together: Mapping[str, PodRequest] | None = None,
+    ) -> list[str] | None:
+        """The smallest set of the offered victims on `node` whose removal lets the pod
+        (and the gang members `together` planned there with it) fit."""
         view = self.cache.preemption_view(node, request, uids)
         if view is None:
             return None
@@ -354,7 +372,12 @@ class Extender:
             for uid, alloc in held.items():
                 if uid not in gone:
                     trial.apply(alloc)
-            return isinstance(place_pod(trial, request, view.policy), Placement)
+            for other in (together or {request.uid: request}).values():
+                placed = place_pod(trial, other, view.policy)
+                if not isinstance(placed, Placement):
+                    return False
+                trial.apply(placed.allocation)
+            return True
 
         if fits(()):
             return uids  # the devices fit already: the victims were chosen for other reasons

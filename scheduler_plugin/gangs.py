@@ -306,6 +306,37 @@ class Gangs:
             self.on_reserved(pokes)
         return ""
 
+    def preemption(
+        self, pod: Mapping[str, Any], request: PodRequest
+    ) -> Mapping[str, Mapping[str, PodRequest]] | None:
+        """For a gang member kube-scheduler would preempt for: node -> the members the
+        whole gang's plan puts there (this one among them), with every lower-priority pod
+        outside the gang gone; {} when the gang is not complete or would not fit even then
+        (no victims anywhere: a gang preempts for all its members or for none); None when
+        the pod is in no gang."""
+        try:
+            key = self.source.member_of(pod)
+        except GangError:
+            return {}
+        if key is None:
+            return None
+        with self._lock:
+            readiness = self._roster.readiness(key)
+            if not isinstance(readiness, Ready):
+                return {}
+            spare = [m.uid for m in self._roster.members(key)]
+        pending = {r.uid: r for r in readiness.pending}
+        if request.uid not in pending:
+            return {}
+        ask = GangAsk(key, readiness.pending, readiness.placed, readiness.topology)
+        value = section(pod, "spec").get("priority")
+        priority = value if isinstance(value, int) and not isinstance(value, bool) else 0
+        plan = self.cache.gang_preemption_plan(ask, priority, spare, label_of=self.label_of)
+        if plan is None:
+            return {}
+        mine = next(a.node for a in plan.allocations if a.pod_uid == request.uid)
+        return {mine: {a.pod_uid: pending[a.pod_uid] for a in plan.allocations if a.node == mine}}
+
     def tick(self) -> None:
         """Release reservations past their timeout; plan complete, unreserved gangs."""
         for key in self.cache.expired_gangs():

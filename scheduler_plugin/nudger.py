@@ -26,6 +26,7 @@ from tessera.resources import GANG_RESERVED_ANNOTATION
 
 log = logging.getLogger(__name__)
 
+
 class Nudger:
     def __init__(self, client: KubeClient, *, enabled: Callable[[], bool] = lambda: True) -> None:
         self.client = client

@@ -68,6 +68,8 @@ class Cluster:
             {"metadata": {"name": n, "labels": {RACK: r}}} for n, r in NODES.items()
         )
         InventoryHandler(self.cache).replace(nodedevices(n, gpus=8) for n in NODES)
+        self.reconciler = Reconciler(self.cache, KEYRING)
+        self.binder.signed = self.reconciler.signed
         self.groups = GangGroupHandler(self.gangs)
         self.members = GangMemberHandler(self.gangs)
         self.groups.replace([])
@@ -93,8 +95,23 @@ class Cluster:
         obj = self.api.pods[name]
         args = BindArgs(name, "ml", obj["metadata"]["uid"], node).to_json()
         assert self.binder.bind(args) == {"Error": ""}
-        self.members.event("MODIFIED", copy.deepcopy(obj))
+        self.reconciler.event("MODIFIED", copy.deepcopy(obj))
+        if rn.POD_GROUP_LABEL in (obj["metadata"].get("labels") or {}):
+            self.members.event("MODIFIED", copy.deepcopy(obj))
         return node
+
+    def preempt(self, name: str, victims: dict[str, list[str]]) -> dict[str, list[str]]:
+        """kube-scheduler's preempt call offering `victims` (node -> UIDs); the answer as
+        node -> UIDs."""
+        args = {
+            "Pod": copy.deepcopy(self.api.pods[name]),
+            "NodeNameToMetaVictims": {
+                node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+                for node, uids in victims.items()
+            },
+        }
+        reply = self.extender.preempt(args)["NodeNameToMetaVictims"]
+        return {n: [p["UID"] for p in v["Pods"]] for n, v in reply.items()}
 
     def bound(self) -> dict[str, str]:
         return {
@@ -279,3 +296,69 @@ def test_a_restart_finishes_a_half_bound_gang_and_allocates_nothing_twice(cluste
     bound = fresh.bound()
     assert bound["w0"] == first["w0"] and len(set(bound.values())) == 3
     assert len(fresh.cache.snapshot().allocations) == 3  # StateError on any overlap
+
+
+def fill(cluster: Cluster, priority: int = 0) -> dict[str, list[str]]:
+    """An 8-GPU pod of `priority` on every node; node -> its pod's UID."""
+    taken: dict[str, list[str]] = {}
+    for i in range(len(NODES)):
+        obj = pod(f"low{i}", {rn.GPU: 800}, uid=f"uid-low{i}", priority=priority)
+        cluster.api.pods[f"low{i}"] = obj
+        node = cluster.schedule(f"low{i}")
+        assert node is not None
+        taken[node] = [f"uid-low{i}"]
+    return taken
+
+
+def urgent(name: str, gang: str) -> dict[str, Any]:
+    obj = member(name, gang)
+    obj["spec"]["priority"] = 100
+    return obj
+
+
+def test_a_gang_preempts_for_its_whole_plan_one_node_per_member(cluster: Cluster) -> None:
+    offered = fill(cluster)
+    cluster.groups.event("ADDED", group("hp", 2))
+    cluster.create(urgent("h0", "hp"))
+    cluster.create(urgent("h1", "hp"))
+    assert reasons(cluster.filter("h0")) == {"tessera: gang ml/hp: 2 members need 16 GPUs, 0 free"}
+    first = cluster.preempt("h0", offered)
+    second = cluster.preempt("h1", offered)
+    assert len(first) == 1 and len(second) == 1 and first.keys() != second.keys()
+    for answer in (first, second):
+        ((node, uids),) = answer.items()
+        assert uids == offered[node]
+
+
+def test_a_gang_that_would_not_fit_even_after_preemption_takes_no_victim(
+    cluster: Cluster,
+) -> None:
+    offered = fill(cluster)
+    cluster.groups.event("ADDED", group("huge", 5))
+    for i in range(5):
+        cluster.create(urgent(f"u{i}", "huge"))
+    assert cluster.preempt("u0", offered) == {}
+    # nor does an incomplete gang
+    cluster.groups.event("ADDED", group("short", 3))
+    cluster.create(urgent("s0", "short"))
+    assert cluster.preempt("s0", offered) == {}
+
+
+def test_members_never_preempt_their_own_gang(cluster: Cluster) -> None:
+    cluster.groups.event("ADDED", group("mine", 1))
+    cluster.create(member("m0", "mine"))
+    node = cluster.schedule("m0")
+    assert node is not None
+    others = [n for n in NODES if n != node]
+    offered = {n: ["uid-x"] for n in others}
+    for i, n in enumerate(others):
+        obj = pod(f"x{i}", {rn.GPU: 800}, uid=f"uid-x{i}")
+        cluster.api.pods[f"x{i}"] = obj
+        assert cluster.schedule(f"x{i}") is not None
+        offered[n] = [f"uid-x{i}"]
+    offered[node] = ["uid-m0"]  # a lower-priority member of the same gang, offered
+    cluster.groups.event("ADDED", group("mine", 2))
+    cluster.create(urgent("m1", "mine"))
+    answer = cluster.preempt("m1", offered)
+    assert answer != {} and node not in answer
+    assert all("uid-m0" not in uids for uids in answer.values())
