@@ -148,7 +148,7 @@ def measure(nodes: int, size: int, gpus: int, gangs: int) -> list[float]:
 
 def run(ctx: BenchContext) -> list[Result]:
     results = []
-    for size, target_ms in ((8, 100.0), (64, 1000.0)):
+    for size, target_ms in ((8, 50.0), (64, 500.0)):
         samples = measure(500, size, 8, ctx.sized(quick=3, full=20))
         ms = [s * 1000 for s in samples]
         results.append(

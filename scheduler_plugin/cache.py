@@ -715,7 +715,13 @@ class Cache:
                 for n, s in nodes.items()
                 if n not in problems and (names is None or n in names)
             }
-            result = plan_gang(ask, usable, label_of=label_of, policy_for=self._decider.policy_for)
+            result = plan_gang(
+                ask,
+                usable,
+                label_of=label_of,
+                policy_for=self._decider.policy_for,
+                evaluate=self._evaluate,
+            )
             if isinstance(result, GangShortfall):
                 return result
             added: list[str] = []
@@ -751,6 +757,12 @@ class Cache:
                 nodes[name] = trial or node
             result = plan_gang(ask, nodes, label_of=label_of, policy_for=self._decider.policy_for)
             return result if isinstance(result, GangPlan) else None
+
+    def _evaluate(
+        self, request: PodRequest, names: Sequence[str]
+    ) -> tuple[Mapping[str, float], Mapping[str, NoFit]]:
+        evaluation = self._decider.evaluate(request, names)
+        return evaluation.scores, evaluation.failures
 
     def gang_reserved_node(self, uid: str) -> str | None:
         """The node a gang member's reservation keeps for it, or None."""

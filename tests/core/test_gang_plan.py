@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tessera import resources as rn
+from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, plan_gang
 from tessera.gang.spec import NO_TOPOLOGY, GangKey, GangTopology
@@ -280,6 +282,22 @@ def test_a_plan_always_fits_the_live_state_and_respects_its_domain(
             )
         return
     assert len(result.allocations) == len(ask)
+    if policy != "fragmentation":  # (its workload learns from each evaluation)
+        # judging untouched nodes with the Decider's whole-cluster path gives the same plan
+        decider = Decider(state, POLICIES, policy)
+
+        def evaluate(r: PodRequest, names: Sequence[str]) -> Any:
+            ev = decider.evaluate(r, names)
+            return ev.scores, ev.failures
+
+        fast = plan_gang(
+            GangAsk(KEY, ask, (), topology),
+            state.nodes,
+            label_of=labels_of(racks),
+            policy_for=lambda r: POLICIES[policy],
+            evaluate=evaluate,
+        )
+        assert fast == result
     apply_all(state, result)  # StateError if two members (or a member and a pod) overlap
     if required:
         assert len({racks[a.node] for a in result.allocations}) == 1
