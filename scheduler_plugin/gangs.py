@@ -78,7 +78,8 @@ class Gangs:
         """Grows on every roster change."""
         self._candidates: dict[GangKey, frozenset[str]] = {}
         """Gang -> the nodes kube-scheduler last offered one of its members (its own
-        filters passed there: taints, selectors, host resources)."""
+        filters passed there: taints, selectors, host resources). A plan made in filter
+        keeps to them; the ticker's plans look at every node (the offer may be stale)."""
         self.groups_synced = threading.Event()
         self.members_synced = threading.Event()
 
@@ -249,8 +250,11 @@ class Gangs:
             if member is not None and self._roster.member(member.uid) != member:
                 self._roster.member_seen(member)
                 self._changed()
-            self._candidates[key] = frozenset(names)
-        reason = self._try(key, exclude=request.uid)
+            offered = frozenset(names)
+            if self._candidates.get(key) != offered:
+                self._candidates[key] = offered
+                self._changed()
+        reason = self._try(key, exclude=request.uid, names=offered)
         node = self.cache.gang_reserved_node(request.uid)
         if node is not None and node in names:
             return GangAnswer(node, "")
@@ -258,7 +262,7 @@ class Gangs:
 
     # --- planning -----------------------------------------------------------------------------
 
-    def _try(self, key: GangKey, exclude: str = "") -> str:
+    def _try(self, key: GangKey, exclude: str = "", names: frozenset[str] | None = None) -> str:
         """Plan and reserve the gang if it is complete and anything changed since its last
         try; the reason its members wait (or "" once reserved). Every member but `exclude`
         (the one being filtered) is nudged."""
@@ -267,10 +271,11 @@ class Gangs:
         with self._lock:
             readiness = self._roster.readiness(key)
             stamp = (self.cache.generation, self._version)
-            candidates = self._candidates.get(key)
             if isinstance(readiness, Waiting):
                 self._reasons[key] = readiness.reason
                 return readiness.reason
+            if not readiness.pending:
+                return ""  # every member that asks for devices is bound
             if self.cache.gang_reservation(key) is not None:
                 return f"gang {key}: reserved, waiting for its members to bind"
             if self._tried.get(key) == stamp and key in self._reasons:
@@ -281,7 +286,7 @@ class Gangs:
             result = self.cache.reserve_gang(
                 ask,
                 readiness.spec.timeout_seconds,
-                names=candidates,
+                names=names,
                 label_of=self.label_of,
             )
             if isinstance(result, GangShortfall):
