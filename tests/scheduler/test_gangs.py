@@ -362,3 +362,17 @@ def test_members_never_preempt_their_own_gang(cluster: Cluster) -> None:
     answer = cluster.preempt("m1", offered)
     assert answer != {} and node not in answer
     assert all("uid-m0" not in uids for uids in answer.values())
+
+
+def test_the_ticker_plans_over_every_node_not_a_stale_offer(cluster: Cluster) -> None:
+    cluster.groups.event("ADDED", group("pair", 2))
+    cluster.create(member("q0", "pair"))
+    cluster.create(member("q1", "pair"))
+    args = {"Pod": copy.deepcopy(cluster.api.pods["q0"]), "NodeNames": ["a1"], "Nodes": None}
+    reply = cluster.extender.filter(args)  # kube-scheduler offered one node (others full)
+    assert set(reply["FailedNodes"].values()) == {
+        "tessera: gang ml/pair: 2 members need 16 GPUs, 8 free"
+    }
+    cluster.gangs.tick()
+    assert cluster.cache.gang_reserved_node("uid-q0") is not None
+    assert len(cluster.nudged) == 2
