@@ -72,8 +72,9 @@ class Gangs:
         self._roster = GangRoster()
         self._labels: dict[str, dict[str, str]] = {}
         self._reasons: dict[GangKey, str] = {}
-        self._tried: dict[GangKey, tuple[int, int]] = {}
-        """Gang -> (state generation, roster version) of its last failed plan."""
+        self._tried: dict[GangKey, tuple[int, int, frozenset[str] | None]] = {}
+        """Gang -> (state generation, roster version, nodes looked at) of its last failed
+        plan: it is not tried again until one of them changes."""
         self._version = 0
         """Grows on every roster change."""
         self._candidates: dict[GangKey, frozenset[str]] = {}
@@ -270,7 +271,7 @@ class Gangs:
             return f"gang {key}: waiting for the scheduler to list gangs and their pods"
         with self._lock:
             readiness = self._roster.readiness(key)
-            stamp = (self.cache.generation, self._version)
+            stamp = (self.cache.generation, self._version, names)
             if isinstance(readiness, Waiting):
                 self._reasons[key] = readiness.reason
                 return readiness.reason
