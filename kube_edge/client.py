@@ -260,7 +260,11 @@ class KubeClient:
             yield from page_items(page, self.max_depth, path)
 
     def pages(
-        self, path: str, page_size: int = PAGE_SIZE, field_selector: str = ""
+        self,
+        path: str,
+        page_size: int = PAGE_SIZE,
+        field_selector: str = "",
+        label_selector: str = "",
     ) -> Iterator[dict[str, Any]]:
         """The pages of one list (one snapshot: every page is at the first's version)."""
         token = ""
@@ -268,6 +272,8 @@ class KubeClient:
             query: dict[str, Any] = {"limit": page_size}
             if field_selector:
                 query["fieldSelector"] = field_selector
+            if label_selector:
+                query["labelSelector"] = label_selector
             if token:
                 query["continue"] = token
             page = self.list(path, **query)

@@ -75,6 +75,8 @@ class Informer:
     field_selector: str = ""
     """Only the objects it selects, in the list and the watch (the server sends an object
     that starts matching as ADDED and one that stops as DELETED)."""
+    label_selector: str = ""
+    """Likewise, by label (e.g. `key` for every object carrying that label)."""
 
     def __post_init__(self) -> None:
         self.synced = threading.Event()
@@ -133,7 +135,9 @@ class Informer:
 
     def _items(self) -> Iterator[dict[str, Any]]:
         first = True
-        for page in self.client.pages(self.path, self.page_size, self.field_selector):
+        for page in self.client.pages(
+            self.path, self.page_size, self.field_selector, self.label_selector
+        ):
             if first:
                 # a paged list is one snapshot, at the first page's resourceVersion
                 self.resource_version = str(_metadata(page).get("resourceVersion") or "")
@@ -158,6 +162,8 @@ class Informer:
         }
         if self.field_selector:
             query["fieldSelector"] = self.field_selector
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
         lines = self.client.stream(self.path, query, read_timeout=self.watch_timeout + READ_SLACK)
         for line in lines:
             if self._stop.is_set():

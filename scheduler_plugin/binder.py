@@ -141,7 +141,9 @@ class Binder:
         if not request.wants_devices:
             self._create_binding(args)
             return
-        outcome = self.cache.assume(request, args.node)
+        gangs = self.extender.gangs
+        gang = None if gangs is None else gangs.key_of(args.uid)
+        outcome = self.cache.assume(request, args.node, gang=gang)
         if isinstance(outcome, Refused):
             raise BindRefusedError(outcome.reason)
         if isinstance(outcome, AlreadyHeld):

@@ -60,6 +60,9 @@ from tessera.allocation import PodAllocation
 from tessera.cluster_decision import Decider, Evaluation
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
+from tessera.gang.book import Reservation, ReservationBook
+from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, LabelOf, plan_gang
+from tessera.gang.spec import GangKey
 from tessera.model import NodeInventory
 from tessera.node_placement import NoFit
 from tessera.node_state import NodeState
@@ -121,6 +124,7 @@ class Cache:
 
     __slots__ = (
         "_assess_memo",
+        "_book",
         "_bound_at",
         "_clock",
         "_conflicting",
@@ -205,6 +209,9 @@ class Cache:
         """Each node's usage annotation as its Lease carries it, decoded only by a view
         (`node_view`): the Lease watch stays O(1) a renewal."""
         self._use_listeners: list[NodeListener] = []
+        self._book = ReservationBook()
+        """Gangs planned whole: each member's devices held (as assumed allocations in the
+        state) until it binds, the reservation times out, or the gang changes."""
         self._state.subscribe(self._bump)
 
     # --- listeners ------------------------------------------------------------------------
@@ -600,14 +607,17 @@ class Cache:
 
     # --- binds ------------------------------------------------------------------------------
 
-    def assume(self, request: PodRequest, node: str) -> Assumption:
+    def assume(self, request: PodRequest, node: str, *, gang: GangKey | None = None) -> Assumption:
         """Choose the pod's devices on `node` and hold them for the bind now starting (the
         one serialized step of a bind: concurrent binds see them taken). The caller
-        finishes with `bind` (the Binding exists) or `forget` (it failed)."""
+        finishes with `bind` (the Binding exists) or `forget` (it failed). A member of
+        `gang` binds only to its reserved node, with the reserved devices."""
         with self._lock:
             uid = request.uid
             if uid in self._inflight:
                 return Refused(f"a bind of {request.key} is already running")
+            if gang is not None or self._book.reserved(uid):
+                return self._assume_reserved(request, node, gang)
             held = self._state.allocation(uid)
             if held is not None:
                 return AlreadyHeld(held)
@@ -624,6 +634,22 @@ class Cache:
                 return Refused(f"internal conflict: {exc}")
             self._inflight.add(uid)
             return Assumed(alloc)
+
+    def _assume_reserved(self, request: PodRequest, node: str, gang: GangKey | None) -> Assumption:
+        uid = request.uid
+        reserved = self._book.allocation(uid)
+        if reserved is None:
+            held = self._state.allocation(uid)
+            if held is not None:
+                return AlreadyHeld(held)
+            return Refused(
+                f"gang {gang}: {request.key} has no reservation (the gang is not placed)"
+            )
+        if reserved.node != node:
+            return Refused(f"gang {gang}: {request.key} is reserved on node {reserved.node}")
+        self._book.taken(uid)
+        self._inflight.add(uid)
+        return Assumed(reserved)
 
     def bind(self, uid: str) -> None:
         """The bind of an assumed pod is done: the allocation stays assumed until the watch
@@ -665,6 +691,115 @@ class Cache:
             if uid not in self._inflight:
                 self._release(uid)
                 self._bound_at.pop(uid, None)
+
+    # --- gangs ----------------------------------------------------------------------------
+
+    def reserve_gang(
+        self,
+        ask: GangAsk,
+        timeout: float,
+        *,
+        names: Collection[str] | None = None,
+        label_of: LabelOf,
+    ) -> GangPlan | GangShortfall:
+        """Plan `ask` on the usable nodes (of `names`, when given) and hold the plan's
+        devices for its members, all at once, or say what is missing. Nothing is held
+        unless every member fits."""
+        with self._lock:
+            if self._book.get(ask.key) is not None:
+                return GangShortfall(ask.key, f"gang {ask.key} is already reserved")
+            nodes = self._state.nodes
+            problems = self._problems
+            usable = {
+                n: s
+                for n, s in nodes.items()
+                if n not in problems and (names is None or n in names)
+            }
+            result = plan_gang(
+                ask,
+                usable,
+                label_of=label_of,
+                policy_for=self._decider.policy_for,
+                evaluate=self._evaluate,
+            )
+            if isinstance(result, GangShortfall):
+                return result
+            added: list[str] = []
+            try:
+                for alloc in result.allocations:
+                    self._state.add(alloc, assumed=True)
+                    added.append(alloc.pod_uid)
+            except StateError as exc:  # a member already holds devices: plan void
+                for uid in added:
+                    self._state.remove(uid)
+                return GangShortfall(ask.key, f"gang {ask.key}: {exc}")
+            self._book.reserve(result, self._monotonic(), timeout)
+            return result
+
+    def gang_preemption_plan(
+        self, ask: GangAsk, priority: int, spare: Collection[str], *, label_of: LabelOf
+    ) -> GangPlan | None:
+        """The plan of `ask` on the usable nodes with every pod of lower `priority` gone
+        (but those in `spare`: the gang's own members, reservations, binds in flight), or
+        None when the gang would not fit even then. Changes nothing."""
+        with self._lock:
+            spared = set(spare) | self._inflight | set(self._state.assumed)
+            nodes: dict[str, NodeState] = {}
+            for name, node in self._state.nodes.items():
+                if name in self._problems:
+                    continue
+                trial = None
+                for alloc in self._state.pods_on(name):
+                    uid = alloc.pod_uid
+                    if uid not in spared and self._pods.get(uid, 0) < priority:
+                        trial = trial or node.copy()
+                        trial.release(alloc)
+                nodes[name] = trial or node
+            result = plan_gang(ask, nodes, label_of=label_of, policy_for=self._decider.policy_for)
+            return result if isinstance(result, GangPlan) else None
+
+    def _evaluate(
+        self, request: PodRequest, names: Sequence[str]
+    ) -> tuple[Mapping[str, float], Mapping[str, NoFit]]:
+        evaluation = self._decider.evaluate(request, names)
+        return evaluation.scores, evaluation.failures
+
+    def gang_reserved_node(self, uid: str) -> str | None:
+        """The node a gang member's reservation keeps for it, or None."""
+        with self._lock:
+            alloc = self._book.allocation(uid)
+            return None if alloc is None else alloc.node
+
+    def gang_reservation(self, key: GangKey) -> Reservation | None:
+        with self._lock:
+            return self._book.get(key)
+
+    def gang_may_plan(self, key: GangKey, now: float | None = None) -> bool:
+        """Not reserved, and not released too recently (ReservationBook.may_plan)."""
+        with self._lock:
+            return self._book.may_plan(key, self._monotonic() if now is None else now)
+
+    def release_gang(self, key: GangKey, now: float | None = None) -> list[PodAllocation]:
+        """End a gang's reservation: its members' held devices are free again."""
+        with self._lock:
+            freed = self._book.release(key, self._monotonic() if now is None else now)
+            for alloc in freed:
+                if self._state.allocation(alloc.pod_uid) == alloc:
+                    self._release(alloc.pod_uid)
+            return freed
+
+    def expired_gangs(self, now: float | None = None) -> list[GangKey]:
+        with self._lock:
+            return self._book.expired(self._monotonic() if now is None else now)
+
+    def gang_reservations(self) -> list[Reservation]:
+        with self._lock:
+            return self._book.gangs()
+
+    @property
+    def generation(self) -> int:
+        """Grows on every change to any node's devices or pods."""
+        return self._generation
 
     # --- node usability --------------------------------------------------------------------
 

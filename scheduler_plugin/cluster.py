@@ -20,7 +20,7 @@ back by `Reconciler.expire_assumed`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import itemgetter
 from sys import intern
 from typing import Any
@@ -29,6 +29,7 @@ from kube_edge.client import KubeClient, lease_path, pod_path
 from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer
 from scheduler_plugin.cache import INTERNAL_ERROR, Cache
+from scheduler_plugin.gangs import Gangs
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import (
     Holds,
@@ -51,6 +52,9 @@ from tessera.resources import (
 )
 
 log = logging.getLogger(__name__)
+
+LabelSink = Callable[[str, Any], None]
+"""(node, its labels, or None when the Node is gone)."""
 
 INVENTORY_PATH = f"/apis/{INVENTORY_GROUP}/{INVENTORY_VERSION}/{INVENTORY_PLURAL}"
 
@@ -127,18 +131,97 @@ class InventoryHandler(Handler):
 
 
 class NodeHandler(Handler):
-    def __init__(self, cache: Cache) -> None:
+    """Nodes -> the cache (which exist); their labels -> `on_labels` (gang topology)."""
+
+    def __init__(self, cache: Cache, on_labels: LabelSink | None = None) -> None:
         self.cache = cache
+        self.on_labels = on_labels
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        self.cache.replace_nodes([n for n in map(_name, items) if n])
+        names = []
+        for obj in items:
+            name = _name(obj)
+            if name:
+                names.append(name)
+                self._labels(name, obj)
+        self.cache.replace_nodes(names)
+
+    def _labels(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        if self.on_labels is not None:
+            labels = None if obj is None else section(obj, "metadata").get("labels")
+            self.on_labels(name, labels if labels is not None or obj is None else {})
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
         if name and kind == "DELETED":
             self.cache.node_gone(name)
+            self._labels(name, None)
         elif name:
             self.cache.node_seen(name)
+            self._labels(name, obj)
+
+
+class GangGroupHandler(Handler):
+    """Gang objects (PodGroups) -> Gangs."""
+
+    def __init__(self, gangs: Gangs) -> None:
+        self.gangs = gangs
+
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        self.gangs.groups_replaced(items)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        try:
+            if kind == "DELETED":
+                self.gangs.group_gone(obj)
+            else:
+                self.gangs.group_seen(obj)
+        except Exception:
+            _bug("gang object", obj)
+
+
+class GangMemberHandler(Handler):
+    """Pods carrying the gang label, pending or bound -> Gangs."""
+
+    def __init__(self, gangs: Gangs) -> None:
+        self.gangs = gangs
+
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        self.gangs.members_replaced(items)
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        try:
+            if kind == "DELETED":
+                self.gangs.member_gone(obj)
+            else:
+                self.gangs.member_seen(obj)
+        except Exception:
+            _bug("gang pod", obj)
+
+
+def gang_informers(
+    client: KubeClient, gangs: Gangs, *, metrics: Metrics | None = None
+) -> list[Informer]:
+    """The gang objects and the gang's pods. Not part of readiness: a cluster without the
+    PodGroup CRD serves every other pod, and gang members wait until both have listed."""
+
+    def relisted(name: str) -> None:
+        if metrics is not None:
+            metrics.watch_relists.labels(name).inc()
+
+    return [
+        Informer(
+            client, gangs.source.path, GangGroupHandler(gangs), name="gangs", on_relist=relisted
+        ),
+        Informer(
+            client,
+            "/api/v1/pods",
+            GangMemberHandler(gangs),
+            name="gang-pods",
+            on_relist=relisted,
+            label_selector=gangs.source.label,
+        ),
+    ]
 
 
 class LeaseHandler(Handler):
@@ -356,6 +439,7 @@ def informers(
     heartbeat_namespace: str,
     watch_nodes: bool = True,
     metrics: Metrics | None = None,
+    on_labels: LabelSink | None = None,
 ) -> list[Informer]:
     """The informers in sync order: nodes and inventories first, then leases, then pods."""
 
@@ -366,7 +450,13 @@ def informers(
     result = []
     if watch_nodes:
         result.append(
-            Informer(client, "/api/v1/nodes", NodeHandler(cache), name="nodes", on_relist=relisted)
+            Informer(
+                client,
+                "/api/v1/nodes",
+                NodeHandler(cache, on_labels),
+                name="nodes",
+                on_relist=relisted,
+            )
         )
     result += [
         # a NodeDevices object is ~17 KB of JSON (8 GPUs, 4 NICs): pages of 100, not 500,

@@ -127,6 +127,16 @@ class SchedulerConfig:
         choices=FILTER_ANSWERS,
         default=_SERVICE.filter_answer,
     )
+    gangs: bool = _DECISIONS.off_switch(
+        "do not place gangs (pods labelled scheduling.x-k8s.io/pod-group): each member is "
+        "then placed on its own, as any pod (docs/gangs.md)",
+        option="--no-gangs",
+    )
+    gang_timeout: float = _DECISIONS.duration(
+        "seconds a gang's reservation waits for its members to bind when its PodGroup sets "
+        "no scheduleTimeoutSeconds; then it is released and the gang planned again later",
+        default=_SERVICE.gang_timeout,
+    )
     integrity_key_file: str = _DECISIONS.flag(
         "PEM private key file, or directory of PEM keys (the Secret tessera-record-signing), "
         "that sign allocation records with Ed25519; nodes verify with the public keys. "
@@ -198,6 +208,8 @@ class SchedulerConfig:
             write_status=self.write_status,
             manage_nvidia_gpu=self.manage_nvidia_gpu,
             filter_answer=self.filter_answer,
+            gangs=self.gangs,
+            gang_timeout=self.gang_timeout,
             max_body=self.max_body_bytes,
             health_host=self.health_listen[0],
             health_port=self.health_listen[1],

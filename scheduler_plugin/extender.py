@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from scheduler_plugin.cache import Cache
+from scheduler_plugin.gangs import GangAnswer, Gangs
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import UNKNOWN_NODE
@@ -135,6 +136,8 @@ class Extender:
         self.metrics = metrics
         self.manage_nvidia_gpu = manage_nvidia_gpu
         self.answer_best = answer == "best"
+        self.gangs: Gangs | None = None
+        """Gang members are answered by their gang (scheduler_plugin/gangs.py)."""
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
         self._requests_lock = threading.Lock()
 
@@ -191,6 +194,10 @@ class Extender:
         if not request.wants_devices:
             return self._filter_reply(nodes, nodes.names, {}, {})
         self.remember(pod, request)
+        if self.gangs is not None:
+            gang = self.gangs.filter(pod, request, nodes.names)
+            if gang is not None:
+                return self._gang_reply(nodes, gang)
         assessment = self.cache.assess(request, nodes.names)
         evaluation, problems = assessment.evaluation, assessment.problems
         scores = evaluation.scores
@@ -235,6 +242,15 @@ class Extender:
             unresolvable.pop(name, None)
             failed[name] = REASON_PREFIX + problems[name]
         return self._filter_reply(nodes, passed, failed, unresolvable)
+
+    def _gang_reply(self, nodes: _Nodes, answer: GangAnswer) -> dict[str, Any]:
+        """A gang member passes on its reserved node only; until its gang is reserved,
+        every node fails with the gang's reason (resolvable: kube-scheduler retries)."""
+        if answer.node is not None:
+            return self._filter_reply(nodes, [answer.node], {}, {})
+        self._count_failures(Counter({"gang": len(nodes.names)}))
+        text = REASON_PREFIX + answer.reason
+        return self._filter_reply(nodes, [], dict.fromkeys(nodes.names, text), {})
 
     def _count_failures(self, reasons: Counter[str]) -> None:
         if self.metrics is not None and reasons:
@@ -309,10 +325,20 @@ class Extender:
         except RequestError as exc:
             raise BadArgsError(f"invalid device request: {exc}") from None
         offered = _victims_of(args)
+        gang = None
+        if self.gangs is not None and request.wants_devices:
+            gang = self.gangs.preemption(pod, request)
         result: dict[str, Any] = {}
         for node, (uids, pdb) in offered.items():
             if not request.wants_devices:
                 chosen: list[str] | None = uids
+            elif gang is not None:
+                # the gang's plan: victims on this member's planned node only, for every
+                # member planned there, or none anywhere
+                together = gang.get(node)
+                chosen = (
+                    None if together is None else self._victims_on(request, node, uids, together)
+                )
             else:
                 chosen = self._victims_on(request, node, uids)
             if chosen:
@@ -322,7 +348,15 @@ class Extender:
                 }
         return {"NodeNameToMetaVictims": result}
 
-    def _victims_on(self, request: PodRequest, node: str, uids: list[str]) -> list[str] | None:
+    def _victims_on(
+        self,
+        request: PodRequest,
+        node: str,
+        uids: list[str],
+        together: Mapping[str, PodRequest] | None = None,
+    ) -> list[str] | None:
+        """The smallest set of the offered victims on `node` whose removal lets the pod
+        (and the gang members `together` planned there with it) fit."""
         view = self.cache.preemption_view(node, request, uids)
         if view is None:
             return None
@@ -338,7 +372,12 @@ class Extender:
             for uid, alloc in held.items():
                 if uid not in gone:
                     trial.apply(alloc)
-            return isinstance(place_pod(trial, request, view.policy), Placement)
+            for other in (together or {request.uid: request}).values():
+                placed = place_pod(trial, other, view.policy)
+                if not isinstance(placed, Placement):
+                    return False
+                trial.apply(placed.allocation)
+            return True
 
         if fits(()):
             return uids  # the devices fit already: the victims were chosen for other reasons

@@ -50,6 +50,7 @@ _LATENCY_BUCKETS = (
 )
 
 _CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("tessera: gang ", "gang"),
     ("node is fenced", "fenced"),
     ("no tessera device inventory", "no_inventory"),
     ("device inventory", "inventory_invalid"),

@@ -27,17 +27,20 @@ from scheduler_plugin import limits
 from scheduler_plugin.auth import TokenAuthorizer
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
-from scheduler_plugin.cluster import Reconciler, informers
+from scheduler_plugin.cluster import Reconciler, gang_informers, informers
 from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
 from scheduler_plugin.extender import Extender
+from scheduler_plugin.gangs import Gangs
 from scheduler_plugin.heap import limit_arenas
 from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.metrics import Metrics
+from scheduler_plugin.nudger import Nudger
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
 from tessera.errors import RecordError
+from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource
-from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
+from tessera.resources import DEFAULT_GANG_TIMEOUT_SECONDS, DEFAULT_HEARTBEAT_NAMESPACE
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,10 @@ class Options:
     manage_nvidia_gpu: bool = False
     filter_answer: str = "best"
     """What filter answers when a pod fits (extender.FILTER_ANSWERS)."""
+    gangs: bool = True
+    """Place pods of one PodGroup all together or not at all (docs/gangs.md)."""
+    gang_timeout: float = float(DEFAULT_GANG_TIMEOUT_SECONDS)
+    """A reservation's wait for its members when the PodGroup sets no timeout."""
     max_body: int = limits.MAX_BODY_BYTES
     assume_ttl: float = 30.0
     health_host: str = "0.0.0.0"
@@ -114,6 +121,18 @@ class Service:
             manage_nvidia_gpu=options.manage_nvidia_gpu,
             answer=options.filter_answer,
         )
+        self.nudger = Nudger(client, enabled=self._leading)
+        self.gangs: Gangs | None = None
+        self.gang_informers: list[Informer] = []
+        if options.gangs:
+            self.gangs = Gangs(
+                self.cache,
+                self.extender.parse,
+                source=PodGroupSource(default_timeout=max(1, round(options.gang_timeout))),
+                on_reserved=self.nudger.nudge,
+            )
+            self.extender.gangs = self.gangs
+            self.gang_informers = gang_informers(client, self.gangs, metrics=self.metrics)
         self.reconciler = Reconciler(self.cache, keyring, assume_ttl=options.assume_ttl)
         self.binder = Binder(
             self.cache, self.extender, client, keyring, self.metrics, self.reconciler.signed
@@ -125,6 +144,7 @@ class Service:
             heartbeat_namespace=options.heartbeat_namespace,
             watch_nodes=options.watch_nodes,
             metrics=self.metrics,
+            on_labels=None if self.gangs is None else self.gangs.node_labels,
         )
         self.leader: LeaderElector | None = None
         if options.leader_elect:
@@ -186,7 +206,7 @@ class Service:
     # --- life cycle ---------------------------------------------------------------------
 
     def start(self) -> Service:
-        for informer in self.informers:
+        for informer in [*self.informers, *self.gang_informers]:
             informer.start()
         if self.leader is not None:
             self.leader.start()
@@ -198,6 +218,7 @@ class Service:
         if self.options.write_status:
             self.status_writer.start()
         self.events.start()
+        self.nudger.start()
         log.info(
             "tessera-scheduler serving on %s:%d%s, health on %s (policy %s)",
             self.options.host,
@@ -217,8 +238,9 @@ class Service:
             self.health_server.stop()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.watch_pool.shutdown(wait=False, cancel_futures=True)
-        for informer in self.informers:
+        for informer in [*self.informers, *self.gang_informers]:
             informer.stop()
+        self.nudger.stop()
         self.status_writer.stop()
         self.events.stop()
         if self.leader is not None:
@@ -250,6 +272,8 @@ class Service:
                         name="resign",
                     ).start()
                 self.cache.check_heartbeats()
+                if self.gangs is not None and self.answering():
+                    self.gangs.tick()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
                     last_expiry = now
@@ -338,7 +362,10 @@ class Service:
         return {"nodes": nodes, "usageInvalid": invalid}
 
     def debug_pods(self) -> dict[str, Any]:
-        return self.cache.pods_summary()
+        summary = self.cache.pods_summary()
+        if self.gangs is not None:
+            summary |= self.gangs.summary()
+        return summary
 
     def _feed(self, node: str) -> None:
         with self._feeds_lock:

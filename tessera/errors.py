@@ -53,6 +53,11 @@ class RequestError(InputError):
         super().__init__(f"{prefix}: {rule}" if prefix else rule)
 
 
+class GangError(InputError):
+    """A gang's PodGroup, or a member's gang label or annotation, is invalid; the message
+    names the gang and the field. Only that gang waits."""
+
+
 class RecordError(InputError):
     """An allocation record is malformed, from an unknown schema, or fails integrity."""
 

@@ -105,6 +105,29 @@ class NodeState:
         self.mem_free = None if mem is None else mem - u.memory_mib
         self.version += 1
 
+    def copy(self) -> NodeState:
+        """An independent copy (same inventory, usage copied): trial placements, such as a
+        gang's, change the copy and leave this node as it is."""
+        clone = NodeState.__new__(NodeState)
+        u = self._usage
+        clone._usage = _Usage(
+            dict(u.gpu_core),
+            dict(u.gpu_mem),
+            dict(u.nic_share),
+            dict(u.vfs),
+            u.cpu_milli,
+            u.memory_mib,
+        )
+        clone.version = self.version
+        clone.host = self.host
+        clone.inventory = self.inventory
+        clone.name = self.name
+        clone.total_mem = self.total_mem
+        clone.tiers = self.tiers
+        clone.nic_vf_bus = self.nic_vf_bus
+        clone._recompute_free()
+        return clone
+
     # --- accounting -------------------------------------------------------------------------
 
     def apply(self, alloc: PodAllocation) -> None:

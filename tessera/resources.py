@@ -54,6 +54,26 @@ HINT_ANNOTATIONS: Final = (
     PLACEMENT_ANNOTATION,
 )
 
+# --- Gangs (docs/gangs.md) ---------------------------------------------------------------------
+POD_GROUP_LABEL: Final = "scheduling.x-k8s.io/pod-group"
+"""On a pod: the name of its gang's PodGroup, in the pod's namespace (scheduler-plugins'
+coscheduling convention, which Kubeflow, JobSet and Kueue set up)."""
+POD_GROUP_GROUP: Final = "scheduling.x-k8s.io"
+POD_GROUP_VERSION: Final = "v1alpha1"
+POD_GROUP_KIND: Final = "PodGroup"
+POD_GROUP_PLURAL: Final = "podgroups"
+GANG_REQUIRED_TOPOLOGY_ANNOTATION: Final = f"{DOMAIN}/gang-required-topology"
+"""On a gang's pods: a node label key; every member on nodes sharing that label's value, or
+none placed."""
+GANG_PREFERRED_TOPOLOGY_ANNOTATION: Final = f"{DOMAIN}/gang-preferred-topology"
+"""On a gang's pods: a node label key; the members on as few of its values as possible."""
+GANG_RESERVED_ANNOTATION: Final = f"{DOMAIN}/gang-reserved-node"
+"""Written by the scheduler on a member whose gang is reserved: the node kept for it. The
+write itself is the point: kube-scheduler retries an unschedulable pod when it changes."""
+DEFAULT_GANG_TIMEOUT_SECONDS: Final = 60
+"""How long a gang's reservation waits for its members to bind when the PodGroup sets no
+scheduleTimeoutSeconds."""
+
 # --- Node labels written by the node agent ---------------------------------------------------
 GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
 GPU_COUNT_LABEL: Final = f"{DOMAIN}/gpu-count"

@@ -517,9 +517,16 @@ class ControlPlane:
 
     # --- nodes and their agents ----------------------------------------------------------------
 
-    def add_node(self, node: str, topology: Path, lease_duration: int = 8) -> Proc:
+    def add_node(
+        self,
+        node: str,
+        topology: Path,
+        lease_duration: int = 8,
+        labels: dict[str, str] | None = None,
+    ) -> Proc:
         """A Node as a kubelet would register it (its counts from the agent's own
-        --print-inventory), then the node agent for it with its node-bound identity."""
+        --print-inventory; `labels` beside its hostname label), then the node agent for it
+        with its node-bound identity."""
         agent_base = [
             sys.executable,
             "-m",
@@ -541,7 +548,12 @@ class ControlPlane:
         counts = {**units, "cpu": "64", "memory": "512Gi", "pods": "400"}
         self.admin.create(
             "/api/v1/nodes",
-            {"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}},
+            {
+                "metadata": {
+                    "name": node,
+                    "labels": {"kubernetes.io/hostname": node, **(labels or {})},
+                }
+            },
         )
         self.admin.merge_patch(
             f"/api/v1/nodes/{node}/status",

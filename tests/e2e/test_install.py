@@ -252,6 +252,7 @@ def test_second_scheduler_walkthrough_places_a_fractional_pod(walk: Walkthrough)
     leases = walk.kubectl("-n", im.NAMESPACE, "get", "lease", "-o", "name")
     assert "lease.coordination.k8s.io/tessera-kube-scheduler" in leases.split()
     assert "lease.coordination.k8s.io/tessera-scheduler" in leases.split()
+    _gang_in_second_scheduler_mode(walk)
     assert not cp.denials(["pod-kube-scheduler", "pod-tessera-scheduler"])
     # a pod asking for tessera resources without naming tessera's scheduler is refused
     lost = P.pod("no-scheduler-name", {rn.GPU_CORE: "20"})
@@ -269,6 +270,36 @@ def test_second_scheduler_walkthrough_places_a_fractional_pod(walk: Walkthrough)
     walk.kubectl("run", "not-tessera", "--image=busybox", "--restart=Never")
     wait_for(lambda: cp.admin.get(pod_path("default", "not-tessera")), 10, "the pod")
     assert not P.bound(cp.admin, "not-tessera")
+
+
+def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
+    """docs/gangs.md in this mode: the PodGroup CRD created where absent, a gang of two
+    waits whole for its second member, then both bind."""
+    cp = walk.cp
+    walk.kubectl("create", "-f", "deploy/crds/podgroups.yaml")
+    groups = f"/apis/{rn.POD_GROUP_GROUP}/{rn.POD_GROUP_VERSION}/namespaces/default/podgroups"
+
+    def group_created() -> bool:
+        cp.admin.create(groups, {"metadata": {"name": "pair"}, "spec": {"minMember": 2}})
+        return True
+
+    wait_for(group_created, 60, "the PodGroup CRD serving")
+
+    def member(name: str) -> None:
+        obj = P.pod(name, {rn.GPU: "200"}, labels={rn.POD_GROUP_LABEL: "pair"})
+        obj["spec"]["schedulerName"] = "tessera"
+        cp.admin.create(pod_path("default"), obj)
+
+    member("pair-0")
+    wait_for(
+        lambda: "gang default/pair: 1 of 2 members pending" in P.pending_reason(cp.admin, "pair-0"),
+        90,
+        "the gang's reason on its first member",
+    )
+    member("pair-1")
+    wait_for(
+        lambda: P.bound(cp.admin, "pair-0") and P.bound(cp.admin, "pair-1"), 60, "the pair bound"
+    )
 
 
 @pytest.mark.parametrize("mode", im.MODES)

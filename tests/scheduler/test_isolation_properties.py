@@ -4,7 +4,9 @@ and the real Binder over an in-memory API): binds (assume, bind), deferred watch
 failed binds (forget), watch events while a bind is in flight, poison / copied / restored
 records, finished and deleted pods, bad, overflowing, deleted and re-created NodeDevices,
 deleted and re-created Nodes, heartbeat renewals, deletions and expiry (a fake clock),
-assumed binds read back, relists and restarts (a rebuild from the lists).
+assumed binds read back, relists and restarts (a rebuild from the lists), and gangs: their
+reservations made by a member's filter, members binding to their reserved node (or refused
+elsewhere), deleted, or timed out.
 
 The model keeps the *truth*: what each live pod really uses (the devices its containers
 were started with, whatever its record says later). After every step:
@@ -32,8 +34,16 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fuzz.surface_reconciler import MemoryApi
 from scheduler_plugin.binder import BindArgs, Binder
 from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
+from scheduler_plugin.cluster import (
+    GangGroupHandler,
+    GangMemberHandler,
+    InventoryHandler,
+    LeaseHandler,
+    NodeHandler,
+    Reconciler,
+)
 from scheduler_plugin.extender import Extender
+from scheduler_plugin.gangs import Gangs
 from scheduler_plugin.views import Assumed
 from tessera import resources as rn
 from tessera.record import decode
@@ -87,6 +97,8 @@ class Cluster(RuleBasedStateMachine):
         """Node objects that exist."""
         self.renewed = dict.fromkeys(NODES, T0)
         """Node -> when its heartbeat Lease was last renewed (no entry: no Lease)."""
+        self.groups: dict[str, dict[str, Any]] = {}
+        """PodGroups by name."""
         self._start()
 
     def _start(self) -> None:
@@ -99,7 +111,13 @@ class Cluster(RuleBasedStateMachine):
         )
         self.reconciler = Reconciler(self.cache, KEYRING, assume_ttl=ASSUME_TTL)
         self.extender = Extender(self.cache)
+        self.gangs = Gangs(self.cache, self.extender.parse)
+        self.extender.gangs = self.gangs
         self.binder = Binder(self.cache, self.extender, self.api, KEYRING)  # type: ignore[arg-type]
+        GangGroupHandler(self.gangs).replace(copy.deepcopy(list(self.groups.values())))
+        GangMemberHandler(self.gangs).replace(
+            copy.deepcopy([p for p in self.api.pods.values() if _gang_of(p)])
+        )
         NodeHandler(self.cache).replace({"metadata": {"name": n}} for n in sorted(self.nodes))
         InventoryHandler(self.cache).replace(copy.deepcopy(list(self.inventories.values())))
         LeaseHandler(self.cache).replace(lease(n, t) for n, t in self.renewed.items())
@@ -120,6 +138,15 @@ class Cluster(RuleBasedStateMachine):
             else:
                 keep.append(obj)
         self.undelivered = keep
+
+    def _gang_event(self, kind: str, name: str, obj: dict[str, Any] | None = None) -> None:
+        obj = obj if obj is not None else self.api.pods[name]
+        if _gang_of(obj):
+            GangMemberHandler(self.gangs).event(kind, copy.deepcopy(obj))
+
+    def _reserved(self) -> dict[str, str]:
+        """Member UID -> reserved node, of every reservation."""
+        return {u: a.node for r in self.cache.gang_reservations() for u, a in r.members.items()}
 
     def _live(self, bound: bool = True) -> list[str]:
         return sorted(
@@ -232,10 +259,12 @@ class Cluster(RuleBasedStateMachine):
         if finish:
             self.api.pods[name]["status"]["phase"] = "Succeeded"
             self.reconciler.event("MODIFIED", copy.deepcopy(self.api.pods[name]))
+            self._gang_event("MODIFIED", name)
         else:
             obj = self.api.pods.pop(name)
             self.original.pop(uid, None)
             self.reconciler.event("DELETED", obj)
+            self._gang_event("DELETED", name, obj)
 
     @rule(node=st.sampled_from(NODES), overflow=st.booleans())
     def nodedevices_breaks(self, node: str, overflow: bool) -> None:
@@ -280,6 +309,7 @@ class Cluster(RuleBasedStateMachine):
         self.now += seconds
         self.cache.check_heartbeats()
         self.reconciler.expire_assumed(self.api)  # type: ignore[arg-type]
+        self.gangs.tick()  # reservations past their timeout are released
 
     @rule(node=st.sampled_from(NODES), deleted=st.booleans())
     def watch_event_during_a_bind(self, node: str, deleted: bool) -> None:
@@ -312,6 +342,74 @@ class Cluster(RuleBasedStateMachine):
         InventoryHandler(self.cache).replace(copy.deepcopy(list(self.inventories.values())))
         NodeHandler(self.cache).replace({"metadata": {"name": n}} for n in sorted(self.nodes))
         LeaseHandler(self.cache).replace(lease(n, t) for n, t in self.renewed.items())
+        GangGroupHandler(self.gangs).replace(copy.deepcopy(list(self.groups.values())))
+        GangMemberHandler(self.gangs).replace(
+            copy.deepcopy([p for p in self.api.pods.values() if _gang_of(p)])
+        )
+
+    # --- gangs ------------------------------------------------------------------------------
+
+    @rule(
+        size=st.integers(1, 3), core=st.sampled_from([30, 100]), timeout=st.sampled_from([10, 60])
+    )
+    def gang_arrives(self, size: int, core: int, timeout: int) -> None:
+        """A PodGroup and its members; the first member's filter plans and reserves the
+        gang when it fits whole."""
+        gang = f"g{next(self.names)}"
+        self.groups[gang] = {
+            "metadata": {"name": gang, "namespace": "default"},
+            "spec": {"minMember": size, "scheduleTimeoutSeconds": timeout},
+        }
+        GangGroupHandler(self.gangs).event("ADDED", copy.deepcopy(self.groups[gang]))
+        names = []
+        for i in range(size):
+            name = f"{gang}-{i}"
+            obj = pod(name, share(core, core) if core < 100 else {rn.GPU: 100}, uid=f"uid-{name}")
+            obj["metadata"]["labels"] = {rn.POD_GROUP_LABEL: gang}
+            self.api.pods[name] = obj
+            self._gang_event("ADDED", name)
+            names.append(name)
+        reply = self.extender.filter(
+            {"Pod": copy.deepcopy(self.api.pods[names[0]]), "NodeNames": NODES}
+        )
+        reserved = self._reserved()
+        if reply["NodeNames"]:
+            # reserved whole: one node per member, the filtered one answered with its own
+            assert all(f"uid-{n}" in reserved for n in names)
+            assert reply["NodeNames"] == [reserved[f"uid-{names[0]}"]]
+        else:
+            assert not any(f"uid-{n}" in reserved for n in names)
+
+    @rule(data=st.data(), elsewhere=st.booleans())
+    def gang_member_binds(self, data: st.DataObject, elsewhere: bool) -> None:
+        """A reserved member binds: on its reserved node it gets exactly the reserved
+        devices; anywhere else it is refused."""
+        reserved = self._reserved()
+        if not reserved:
+            return
+        uid = data.draw(st.sampled_from(sorted(reserved)))
+        name = uid.removeprefix("uid-")
+        node = reserved[uid]
+        if elsewhere:
+            other = next(n for n in NODES if n != node)
+            result = self.binder.bind(BindArgs(name, "default", uid, other).to_json())
+            assert "reserved on node" in result["Error"]
+            assert self._reserved()[uid] == node
+            return
+        expected = self.cache.allocation(uid)
+        result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
+        if result["Error"]:
+            return  # e.g. the node became unusable: the reservation stays until it times out
+        obj = self.api.pods[name]
+        obj["status"]["phase"] = "Running"
+        text = obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
+        alloc = decode(text, KEYRING)
+        assert alloc == expected
+        grants = [(g.uuid, g.core, g.memory_mib) for c in alloc.containers for g in c.gpus]
+        self.truth[uid] = (node, grants)
+        self.original[uid] = text
+        self.undelivered.append(copy.deepcopy(obj))
+        self._gang_event("MODIFIED", name)
 
     @precondition(lambda self: not self.undelivered)
     @rule()
@@ -319,11 +417,18 @@ class Cluster(RuleBasedStateMachine):
         """A restart rebuilds from full lists what the watch built step by step (except
         that a bad NodeDevices no longer has the last good one to keep)."""
         before = self.cache.snapshot()
+        reserved = self._reserved()
         self._start()
         after = self.cache.snapshot()
-        assert {**after.allocations, **after.pending} == {**before.allocations, **before.pending}
+        # reservations are in memory only: the rebuilt state holds everything else
+        kept = {
+            u: a for u, a in {**before.allocations, **before.pending}.items() if u not in reserved
+        }
+        assert {**after.allocations, **after.pending} == kept
+        assert self._reserved() == {}
         good = [[g for g in snap.gpus if g.node not in self.bad] for snap in (before, after)]
-        assert good[0] == good[1]
+        if not reserved:  # (reserved devices are free again after a restart)
+            assert good[0] == good[1]
         assert after.fences == before.fences and after.problems == before.problems
         assert after.invalid_records == before.invalid_records
 
@@ -354,12 +459,20 @@ class Cluster(RuleBasedStateMachine):
             assert gpu.free_core >= 0 and gpu.free_memory_mib >= 0, gpu
             assert gpu.free_core + core.get(gpu.uuid, 0) == UNITS_PER_DEVICE, gpu
             assert gpu.free_memory_mib + mem.get(gpu.uuid, 0) == gpu.memory_mib, gpu
+        reserved = self._reserved()
+        for uid, node in reserved.items():
+            # a reservation holds devices only for a pending member that still exists
+            held = snapshot.allocations.get(uid) or snapshot.pending[uid]  # node gone: pending
+            assert held.node == node
+            obj = self.api.pods.get(uid.removeprefix("uid-"))
+            assert obj is not None and not obj["spec"].get("nodeName"), uid
         if self.truth or self.undelivered:
             return
-        assert not snapshot.allocations and not snapshot.pending
-        assert all(
-            g.free_core == UNITS_PER_DEVICE and g.free_memory_mib == MEM for g in snapshot.gpus
-        )
+        assert set(snapshot.allocations) | set(snapshot.pending) <= set(reserved)
+        if not reserved:
+            assert all(
+                g.free_core == UNITS_PER_DEVICE and g.free_memory_mib == MEM for g in snapshot.gpus
+            )
 
     @invariant()
     def fenced_nodes_are_exactly_the_untrusted_ones(self) -> None:
@@ -379,6 +492,11 @@ class Cluster(RuleBasedStateMachine):
             if n not in self.renewed or self.now - self.renewed[n] > LEASE + GRACE
         }
         assert set(self.cache.problems()) == expected | silent
+
+
+def _gang_of(obj: dict[str, Any]) -> str | None:
+    labels = obj["metadata"].get("labels") or {}
+    return labels.get(rn.POD_GROUP_LABEL)
 
 
 Cluster.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None)

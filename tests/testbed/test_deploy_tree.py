@@ -15,6 +15,7 @@ NOT_APPLIED = {
     "scheduler/record-signing-secret.example.yaml",
     "nri-hook/record-verify-secret.example.yaml",
     "scheduler/kube-scheduler-config.yaml",
+    "crds/podgroups.yaml",  # created apart, only where absent (docs/gangs.md)
 }
 KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
 """The stock kube-scheduler that second-scheduler mode runs beside tessera-scheduler."""
