@@ -66,8 +66,12 @@ sim-table: $(PROTO_STAMP)
 fuzz: $(PROTO_STAMP)
 	$(PY) -m fuzz.run --inputs $(or $(INPUTS),100000)
 
+# without the binaries every case skips while it is collected, and pytest exits 5 (nothing
+# ran): that is the expected outcome, not a failure, once the skip lines are printed
 e2e: $(PROTO_STAMP)
-	$(PY) -m pytest -m e2e -s -rA --timeout=1800 tests/e2e
+	$(PY) -m pytest -m e2e -s -rA --timeout=1800 tests/e2e; status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make e2e: no binaries given, every case skipped"; exit 0; fi; \
+	exit $$status
 
 # on a node with an NVIDIA GPU (as root): NVML, the driver's device nodes, CUDA in a /dev built
 # from the NRI plugin's plan, what each isolation layer holds (HAMi-core at
