@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
@@ -46,7 +47,7 @@ import uvicorn
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import Server as UvicornServer
 
-from scheduler_plugin import limits, ui
+from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
 from scheduler_plugin.protocol import BoundedProtocol
@@ -339,6 +340,8 @@ class App:
                 await self._chunked(send, service.metrics.chunks(), CONTENT_TYPE.encode())
         elif self.role == "extender" and path == ui.PAGE_PATH:
             await _send(send, 200, ui.PAGE, b"text/html; charset=utf-8")
+        elif self.role == "extender" and path == ui.SCRIPT_PATH:
+            await _send(send, 200, ui.script(), b"text/javascript; charset=utf-8")
         elif self.role == "extender" and (path == "/debug" or path.startswith("/debug/")):
             await self._authorize_debug(scope, path)
             await self._debug(scope, send, path)
@@ -389,9 +392,24 @@ class App:
             data = _dumps(summary)
         elif path == "/debug/pods":
             data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_pods()))
+        elif path == "/debug/overview":
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_overview()))
+        elif path == "/debug/search":
+            q = _query(scope).get("q", "")
+            if len(q) > overview.MAX_QUERY:
+                raise _ReplyError(400, f"a search is at most {overview.MAX_QUERY} characters")
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_search(q)))
+        elif path == "/debug/pending":
+            only = _query(scope).get("pod") or None
+            data = await loop.run_in_executor(
+                self.pool, lambda: _dumps(service.debug_pending(only))
+            )
         elif path == "/debug/watch":
-            query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
-            await self._stream(send, query.get("node"))
+            query = _query(scope)
+            if query.get("view") == "overview":
+                await self._stream_overview(send)
+            else:
+                await self._stream(send, query.get("node"))
             return
         else:
             raise _ReplyError(404, f"nothing at {path}")
@@ -432,6 +450,52 @@ class App:
             await send({"type": "http.response.body", "body": b""})
         finally:
             changes.close()
+
+
+    async def _stream_overview(self, send: Send) -> None:
+        """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
+        model and every node's row, scheduler_plugin.overview), then a ROWS line with the
+        rows that changed whenever nodes change, PING lines when idle."""
+        service = self.service
+        if service.watchers_full():
+            raise _ReplyError(503, "too many /debug/watch streams")
+        changes = service.watch_changes()
+        loop = asyncio.get_running_loop()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def line(obj: Any) -> None:
+            await send(
+                {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
+            )
+
+        try:
+            first = await loop.run_in_executor(self.watch_pool, service.debug_overview)
+            sent: dict[str, Any] = {row["n"]: row for row in first["nodes"]}
+            await line({"type": "OVERVIEW", **first})
+            while not service.stopping.is_set():
+                dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
+                if not dirty:
+                    await line({"type": "PING"})
+                    continue
+                batch = await loop.run_in_executor(
+                    self.watch_pool,
+                    service.cache.reading,
+                    partial(overview.changes, names=sorted(dirty), sent=sent),
+                )
+                await line(batch)
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            changes.close()
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    """The query string's parameters (the last of each name)."""
+    raw = scope.get("query_string", b"").decode("latin-1")
+    try:
+        return {k: v[-1] for k, v in parse_qs(raw, max_num_fields=16).items()}
+    except ValueError:
+        raise _ReplyError(400, "too many query parameters") from None
 
 
 def _views(service: Service, nodes: list[str]) -> list[dict[str, Any] | None]:

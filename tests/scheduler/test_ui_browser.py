@@ -176,10 +176,16 @@ def test_the_shell_carries_no_cluster_data_and_the_data_calls_need_credentials()
         with serving(fake, open_debug=False) as served:
             status, page = served.http.get("/debug/ui")
             assert status == 200 and b"node-secret" not in page
-            assert served.http.get("/debug/nodes")[0] == 401
+            status, script = served.http.get("/debug/ui.js")
+            assert status == 200 and b"node-secret" not in script
+            # nothing is loaded from elsewhere: no cluster has a way out
+            assert b"://" not in page and b"://" not in script
+            assert page.count(b"<script") == 1 and b'<script src="/debug/ui.js">' in page
+            for path in ("nodes", "overview", "search?q=node", "pending", "watch?view=overview"):
+                assert served.http.get(f"/debug/{path}")[0] == 401, path
             # the page's colour rule is the one this test looks for in screenshots
-            assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in page
-            assert json.dumps(_COLORS).replace(" ", "").encode() in page.replace(b" ", b"")
+            assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in script
+            assert json.dumps(_COLORS).replace(" ", "").encode() in script.replace(b" ", b"")
 
 
 def test_the_page_shows_use_beside_grants_and_unknown_for_an_unreadable_reading(
