@@ -451,7 +451,6 @@ class App:
         finally:
             changes.close()
 
-
     async def _stream_overview(self, send: Send) -> None:
         """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
         model and every node's row, scheduler_plugin.overview), then a ROWS line with the

@@ -22,7 +22,8 @@ function el(tag, cls, text) {
 const num = n => n.toLocaleString("en-US");
 const gib = mib => (mib / 1024).toFixed(1) + " GiB";
 function bytes(mib) {
-  return mib >= 1024 * 1024 ? (mib / 1048576).toFixed(1) + " TiB" : gib(mib);
+  if (mib >= 1024 ** 3) return (mib / 1024 ** 3).toFixed(2) + " PiB";
+  return mib >= 1024 ** 2 ? (mib / 1024 ** 2).toFixed(1) + " TiB" : gib(mib);
 }
 const pct = v => (v === null || v === undefined ? "-" : v + "%");
 async function getJson(path) {
@@ -375,7 +376,7 @@ function drawProblems() {
   const bad = [...rows.values()].filter(r => r.p).sort((a, b) => (a.n < b.n ? -1 : 1));
   const items = bad.slice(0, 50).map(r => {
     const li = el("li");
-    li.append(el("b", r.f ? "" : "warn", r.n), " " + (r.f ? "fenced: " : "") + r.p);
+    li.append(el("b", r.f ? "bad" : "warn", r.n), " " + r.p);
     li.onclick = () => select(r.n);
     return li;
   });

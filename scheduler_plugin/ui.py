@@ -81,6 +81,7 @@ PAGE = b"""<!doctype html>
   ul { margin: 4px 0; padding-left: 18px; }
   .problem { color: var(--bad); font-size: 12px; margin-bottom: 4px; }
   .warn { color: var(--warn); }
+  .bad { color: var(--bad); }
   #nodes { display: flex; flex-wrap: wrap; gap: 12px; }
   .node { background: #fff; border: 1px solid var(--line); border-radius: 6px;
           padding: 8px 10px; width: 420px; }
