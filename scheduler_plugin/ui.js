@@ -454,7 +454,7 @@ function take(line) {
     models = line.models;
     drawModels(); drawFilter(); drawAll(); drawProblems();
     drawStatus(line.pods, line.unusable);
-    refreshDetails(shown());
+    setTimeout(() => { refreshDetails(shown()); drawPending(); }, 0);
     return;
   }
   if (line.type !== "ROWS") return;
@@ -512,6 +512,6 @@ $("cells").addEventListener("mousemove", tip);
 $("cells").addEventListener("mouseleave", () => { $("tip").style.display = "none"; });
 $("cells").addEventListener("click", e => { const at = nodeAt(e); if (at) select(at.name); });
 window.addEventListener("resize", () => { if (rows.size) drawAll(); });
-setInterval(() => { if (!document.hidden) drawPending(); }, 5000);
-drawPending();
+// the refused pods' explanations cost the scheduler more than the overview: after it
+setInterval(() => { if (!document.hidden && rows.size) drawPending(); }, 5000);
 run();

@@ -75,7 +75,8 @@ PAGE = b"""<!doctype html>
   #tip { position: absolute; pointer-events: none; background: #24292f; color: #fff;
          padding: 4px 7px; border-radius: 4px; font-size: 12px; white-space: pre;
          display: none; z-index: 2; }
-  #below { display: grid; grid-template-columns: minmax(0, 1fr) minmax(0, 1fr); gap: 12px; }
+  #below { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 12px;
+           align-items: start; }
   @media (max-width: 1100px) { #below { grid-template-columns: minmax(0, 1fr); } }
   #matches li, #problems li { cursor: pointer; }
   ul { margin: 4px 0; padding-left: 18px; }
@@ -119,12 +120,10 @@ PAGE = b"""<!doctype html>
   <div id="legend"></div>
   <div id="map"><canvas id="cells"></canvas><div id="tip"></div></div>
 </section>
+<section><h2>Why pending</h2><div id="pending" class="empty">-</div></section>
 <div id="below">
   <section><h2 id="detail-title">Node</h2><ul id="matches"></ul><div id="nodes"></div></section>
-  <div>
-    <section><h2>Why pending</h2><div id="pending" class="empty">-</div></section>
-    <section><h2>Nodes that take no new pods</h2><ul id="problems"></ul></section>
-  </div>
+  <section><h2>Nodes that take no new pods</h2><ul id="problems"></ul></section>
 </div>
 </main>
 <script src="/debug/ui.js"></script>

@@ -7,9 +7,12 @@ measured by `make bench` (bench/bench_ui.py), not asserted here. Skipped without
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +178,40 @@ def test_a_bind_recolours_its_cells(big: tuple[PageCluster, Browser]) -> None:
     print(f"recoloured {1000 * (time.monotonic() - bound):.0f} ms after the bind returned")
     assert browser.evaluate("tessera.updates") > updates  # drawn from the stream
     assert _near(before[grant.index], FREE)
+
+
+def test_why_pending_lists_refused_pods_with_the_nearest_fit(
+    big: tuple[PageCluster, Browser],
+) -> None:
+    """Also writes the page's screenshot for the docs when TESSERA_SCREENSHOT_DIR is set
+    (README.md and docs/kubectl-tessera.md show docs/images/allocation-page.png)."""
+    cluster, browser = big
+    service = cluster.service
+    assert cluster.bind("too-big", {GPU: "1600"}, cluster.names) is None
+    assert cluster.bind("eight-gpus", {GPU: "800"}, cluster.names) is None
+    want = service.debug_pending()["pods"]
+    assert [p["pod"] for p in want] == ["default/eight-gpus", "default/too-big"]
+    near = want[0]["explain"]["nearest"]
+    assert near and near[0]["reason"].startswith("needs 8 whole GPUs, ")
+    assert not want[1]["explain"]["nearest"]  # no node has 16 GPUs: waiting will not help
+    browser.evaluate("drawPending()")
+    table = wait_for(
+        lambda: "default/too-big" in (t := browser.evaluate('$("pending").innerText')) and t, 20
+    )
+    assert f"{near[0]['node']}: {near[0]['reason']}" in table
+    assert "no node can take it by waiting" in table
+    assert "8 whole GPUs" in table and "16 whole GPUs" in table
+    browser.evaluate(f"select({json.dumps(near[0]['node'])})")
+    wait_for(
+        lambda: browser.evaluate(
+            f"!!document.querySelector('.node[data-node=\"{near[0]['node']}\"]')"
+        ),
+        20,
+    )
+    where = os.environ.get("TESSERA_SCREENSHOT_DIR")
+    if where:
+        from PIL import Image
+
+        png = browser.screenshot(full_page=True)
+        image = Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=64)
+        image.save(Path(where) / "allocation-page.png", optimize=True)
