@@ -9,10 +9,11 @@ PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo test lint bench bench-quick bench-scale sim-table e2e gpu-check fuzz protos clean help
+.PHONY: demo demo-ui test lint bench bench-quick bench-scale sim-table e2e gpu-check fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
+	@echo "make demo-ui - the same, then keep the cluster busy and serve the allocation page (URL printed)"
 	@echo "make test   - install everything the tests need, then run the whole test suite"
 	@echo "make lint   - ruff, mypy (strict everywhere) and the import contracts"
 	@echo "make bench  - speed benchmarks (figures go to docs/benchmarks.md)"
@@ -38,6 +39,10 @@ protos: $(PROTO_STAMP)
 
 demo: $(PROTO_STAMP)
 	$(VENV)/bin/tessera-demo
+
+# the demo's cluster kept up, grown and busy, for the allocation page; UI_ARGS="--ui-nodes 1000"
+demo-ui: $(PROTO_STAMP)
+	$(VENV)/bin/tessera-demo --ui $(UI_ARGS)
 
 test: $(PROTO_STAMP)
 	$(PY) -m pytest

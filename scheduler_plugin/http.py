@@ -228,7 +228,7 @@ class App:
             if method == "POST" and self.role == "extender":
                 await self._post(scope, receive, send, path)
             elif method in ("GET", "HEAD"):
-                await self._get(scope, send, path)
+                await self._get(scope, receive, send, path)
             else:
                 raise _ReplyError(
                     405 if path in ("/healthz", "/readyz") else 404, f"nothing at {path}"
@@ -326,7 +326,7 @@ class App:
 
     # --- GET: health, metrics, debug -------------------------------------------------------
 
-    async def _get(self, scope: Scope, send: Send, path: str) -> None:
+    async def _get(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         service = self.service
         if path == "/healthz":
             await _send(send, 200, b"ok\n", b"text/plain")
@@ -344,7 +344,7 @@ class App:
             await _send(send, 200, ui.script(), b"text/javascript; charset=utf-8")
         elif self.role == "extender" and (path == "/debug" or path.startswith("/debug/")):
             await self._authorize_debug(scope, path)
-            await self._debug(scope, send, path)
+            await self._debug(scope, receive, send, path)
         else:
             raise _ReplyError(404, f"nothing at {path}")
 
@@ -379,7 +379,7 @@ class App:
         if not decision.allowed:
             raise _ReplyError(403, decision.reason)
 
-    async def _debug(self, scope: Scope, send: Send, path: str) -> None:
+    async def _debug(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         service = self.service
         loop = asyncio.get_running_loop()
         if path == "/debug/nodes":
@@ -407,15 +407,15 @@ class App:
         elif path == "/debug/watch":
             query = _query(scope)
             if query.get("view") == "overview":
-                await self._stream_overview(send)
+                await self._stream_overview(receive, send)
             else:
-                await self._stream(send, query.get("node"))
+                await self._stream(receive, send, query.get("node"))
             return
         else:
             raise _ReplyError(404, f"nothing at {path}")
         await _send(send, 200, data)
 
-    async def _stream(self, send: Send, only: str | None) -> None:
+    async def _stream(self, receive: Receive, send: Send, only: str | None) -> None:
         """Chunked JSON lines: a SYNC line with the node names, then one MODIFIED line with
         the node's summary whenever a node changes, PING lines when idle."""
         service = self.service
@@ -431,10 +431,11 @@ class App:
                 {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
             )
 
+        gone = _departure(receive)
         try:
             names = [only] if only else service.cache.node_names()
             await line({"type": "SYNC", "nodes": names})
-            while not service.stopping.is_set():
+            while not service.stopping.is_set() and not gone.done():
                 dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
                 if not dirty:
                     await line({"type": "PING"})
@@ -449,9 +450,10 @@ class App:
                         await line({"type": "MODIFIED", "node": summary})
             await send({"type": "http.response.body", "body": b""})
         finally:
+            gone.cancel()
             changes.close()
 
-    async def _stream_overview(self, send: Send) -> None:
+    async def _stream_overview(self, receive: Receive, send: Send) -> None:
         """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
         model and every node's row, scheduler_plugin.overview), then a ROWS line with the
         rows that changed whenever nodes change, PING lines when idle."""
@@ -468,11 +470,12 @@ class App:
                 {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
             )
 
+        gone = _departure(receive)
         try:
             first = await loop.run_in_executor(self.watch_pool, service.debug_overview)
             sent: dict[str, Any] = {row["n"]: row for row in first["nodes"]}
             await line({"type": "OVERVIEW", **first})
-            while not service.stopping.is_set():
+            while not service.stopping.is_set() and not gone.done():
                 dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
                 if not dirty:
                     await line({"type": "PING"})
@@ -485,7 +488,20 @@ class App:
                 await line(batch)
             await send({"type": "http.response.body", "body": b""})
         finally:
+            gone.cancel()
             changes.close()
+
+
+def _departure(receive: Receive) -> asyncio.Task[None]:
+    """A task that ends when the client goes away: a stream's sends to a closed connection
+    are dropped without an error, so without it the stream (and its place among the
+    MAX_WATCHERS) would outlive its reader."""
+
+    async def wait() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return asyncio.get_running_loop().create_task(wait())
 
 
 def _query(scope: Scope) -> dict[str, str]:
