@@ -9,7 +9,7 @@ PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo demo-ui test lint bench bench-quick bench-scale sim-table e2e gpu-check fuzz protos clean help
+.PHONY: demo demo-ui test lint bench bench-only bench-quick bench-scale sim-table e2e gpu-check fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
@@ -55,6 +55,10 @@ lint: $(PROTO_STAMP)
 
 bench: $(PROTO_STAMP)
 	$(PY) -m bench.run_all --openb $(OPENB)
+
+# one module's figures into docs/benchmarks.md, the others' kept: make bench-only ONLY=ui
+bench-only: $(PROTO_STAMP)
+	$(PY) -m bench.run_all --openb $(OPENB) --only $(ONLY) --merge
 
 bench-quick: $(PROTO_STAMP)
 	$(PY) -m bench.run_all --openb $(OPENB) --quick

@@ -480,8 +480,13 @@ function take(line) {
   const showing = shown().filter(n => line.touched.includes(n));
   if (showing.length) refreshDetails(showing);
 }
+// a page left for another keeps no stream open (the browser may keep it, frozen, for
+// going back): the stream and the connection go back to the scheduler and the browser
+let leaving = null;
+window.addEventListener("pagehide", () => { if (leaving) leaving.abort(); });
 async function watch() {
-  const answer = await fetch("/debug/watch?view=overview", { headers });
+  leaving = new AbortController();
+  const answer = await fetch("/debug/watch?view=overview", { headers, signal: leaving.signal });
   if (!answer.ok) throw new Error("/debug/watch: " + answer.status + " " + await answer.text());
   const reader = answer.body.getReader();
   const text = new TextDecoder();
