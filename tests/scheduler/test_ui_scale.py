@@ -213,5 +213,5 @@ def test_why_pending_lists_refused_pods_with_the_nearest_fit(
         from PIL import Image
 
         png = browser.screenshot(full_page=True)
-        image = Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=64)
+        image = Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=256)
         image.save(Path(where) / "allocation-page.png", optimize=True)
