@@ -98,9 +98,9 @@ def create_signed_pods(client: Any, nodes: list[str], per_node: int, keyring: An
     return records
 
 
-def half_full_cache(nodes: int, seed: int = 1) -> Any:
-    """A Cache with `nodes` 8-GPU nodes, about half of the GPU capacity allocated in a
-    mix of whole GPUs and shares."""
+def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
+    """A Cache (`cache`, or a new one) with `nodes` 8-GPU nodes, about half of the GPU
+    capacity allocated in a mix of whole GPUs and shares."""
     from scheduler_plugin.cache import Cache
     from scheduler_plugin.recovery import Holds
     from scheduler_plugin.views import PodSeen
@@ -108,7 +108,8 @@ def half_full_cache(nodes: int, seed: int = 1) -> Any:
     from tessera_testbed.inventory import heartbeat_lease
 
     rng = random.Random(seed)
-    cache = Cache("binpack", require_heartbeat=True)
+    if cache is None:
+        cache = Cache("binpack", require_heartbeat=True)
     for n in range(nodes):
         name = f"node-{n:05d}"
         cache.upsert_inventory(name, node_spec(name))

@@ -62,6 +62,44 @@ def kept_scale_section(doc: Path) -> str:
     return f"\n{SECTION_START}{section}{SECTION_END}\n"
 
 
+def merge(text: str, results: list[tuple[str, Result]]) -> str:
+    """`text` (docs/benchmarks.md) with the rows and notes of the modules in `results`
+    replaced by theirs: rows at the end of the table, notes at the end of the notes, each
+    note saying when it was measured (the header's date is the whole run's)."""
+    fresh = render(results, quick=False).splitlines()
+    groups = {group for group, _ in results}
+    rows = [line for line in fresh if line.startswith("| ") and not line.startswith("| module")]
+    rows = [line for line in rows if not line.startswith("|---")]
+    notes = fresh[fresh.index("Notes:") + 1 :] if "Notes:" in fresh else []
+    day = time.strftime("%Y-%m-%d")
+    notes = [
+        f"{line.rstrip()} (measured {day}, `--only {' --only '.join(sorted(groups))}`)"
+        for line in notes
+        if line
+    ]
+    names = tuple(f"- {r.name}: " for _, r in results)
+    lines = [
+        line
+        for line in text.splitlines()
+        if not (line.startswith("| ") and line[2:].split(" | ")[0] in groups)
+        and not line.startswith(names)
+    ]
+    from bench.scale import SECTION_START
+
+    end = next((i for i, line in enumerate(lines) if line.startswith(SECTION_START)), len(lines))
+    last_row = max(i for i, line in enumerate(lines[:end]) if line.startswith("| "))
+    lines[last_row + 1 : last_row + 1] = rows
+    if "Notes:" in lines[:end]:
+        at = lines.index("Notes:") + 1
+        while at < len(lines) and lines[at].startswith("- "):
+            at += 1
+        lines[at:at] = notes
+    elif notes:
+        at = last_row + 1 + len(rows)
+        lines[at:at] = ["", "Notes:", *notes]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--openb", type=Path, default=ROOT.parent / "shared" / "data" / "openb")
@@ -73,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--only", action="append", default=[], help="substring of module names")
     parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/benchmarks.md")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: put the figures of the modules run into docs/benchmarks.md in place "
+        "of their old rows and notes, leaving the other modules' as they are",
+    )
     args = parser.parse_args(argv)
     ctx = BenchContext(openb=args.openb, quick=args.quick)
     uncache_libraries()  # before any benchmark maps them (see its doc)
@@ -83,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in module.run(ctx):
             print(f"   {r.name}: {r.measured_text()} (target {r.target_text()})", flush=True)
             results.append((name.removeprefix("bench_"), r))
+    doc = ROOT / "docs" / "benchmarks.md"
     if not args.no_write and not args.only and not args.quick:
-        doc = ROOT / "docs" / "benchmarks.md"
         doc.write_text(render(results, args.quick) + kept_scale_section(doc))
+    elif args.merge and args.only and not args.quick and results:
+        doc.write_text(merge(doc.read_text(), results))
     missed = [f"{group}: {r.name}" for group, r in results if not r.ok]
     for line in missed:
         print(f"missed its target: {line}", flush=True)

@@ -21,27 +21,17 @@ from kubectl_tessera.table import clean, render
 from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, RequestError, StateError, TesseraError
+from tessera.explain import NodeVerdict, asks, nearest, verdicts
 from tessera.model import NodeInventory
-from tessera.node_placement import NoFit
 from tessera.pod_fields import section
 from tessera.policy_registry import make_policies
-from tessera.request import ContainerRequest, PodRequest, parse_pod
+from tessera.request import parse_pod
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
 
 NOTE = (
     "estimated from the NodeDevices and allocation records read now (records not verified); "
     "only tessera devices are judged, see `kubectl describe pod` for kube-scheduler's reasons"
 )
-
-
-@dataclass
-class NodeVerdict:
-    node: str
-    fits: bool
-    reason: str
-
-    def cells(self) -> list[str]:
-        return [self.node, "yes" if self.fits else "no", self.reason]
 
 
 @dataclass
@@ -52,39 +42,8 @@ class Explanation:
     containers: list[str] = field(default_factory=list)
     nodes: list[NodeVerdict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-
-def describe(c: ContainerRequest) -> str:
-    parts = []
-    if c.gpu_count:
-        parts.append(f"{c.gpu_count} whole GPU{'s' if c.gpu_count > 1 else ''}")
-    elif c.is_share:
-        memory = f"{c.memory_ratio}% memory" if c.memory_ratio else f"{c.memory_units} memory units"
-        parts.append(f"GPU share: {c.core}% compute, {memory}")
-    if c.rdma_count:
-        parts.append(f"{c.rdma_count} whole RDMA NIC{'s' if c.rdma_count > 1 else ''}")
-    elif c.rdma_share:
-        parts.append(f"{c.rdma_share}% of an RDMA NIC")
-    kind = " (sidecar)" if c.sidecar else " (init)" if c.init else ""
-    return f"{c.name}{kind}: {', '.join(parts)}"
-
-
-def _hints(request: PodRequest) -> list[str]:
-    h = request.hints
-    out = []
-    if h.models:
-        out.append(f"GPU model one of {', '.join(sorted(h.models))}")
-    if h.uuids:
-        out.append(f"GPU UUID one of {', '.join(sorted(h.uuids))}")
-    if h.excluded_uuids:
-        out.append(f"GPU UUIDs excluded: {', '.join(sorted(h.excluded_uuids))}")
-    if h.topology is not None:
-        out.append(f"topology {h.topology.name.lower()}")
-    if h.rdma_affinity is not None:
-        out.append(f"RDMA affinity {h.rdma_affinity.name.lower()}")
-    if h.placement:
-        out.append(f"placement policy {h.placement}")
-    return out
+    nearest: list[str] = field(default_factory=list)
+    """The nodes nearest to taking the pod (tessera.explain.nearest), with their reasons."""
 
 
 def _order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -121,7 +80,7 @@ def explain(
     result = Explanation(
         key,
         f"{len(request.containers)} container(s) ask for tessera devices",
-        containers=[describe(c) for c in request.containers] + _hints(request),
+        containers=asks(request),
         notes=[NOTE],
     )
     objects = {name_of(o): o for o in nodedevices if name_of(o)}
@@ -159,23 +118,22 @@ def explain(
     policies = make_policies()
     if policy not in policies:
         raise ValueError(f"unknown placement policy {policy!r} (one of {', '.join(policies)})")
-    evaluation = Decider(state, policies, policy).evaluate(request, sorted(state.nodes))
+    decider = Decider(state, policies, policy)
+    evaluation = decider.evaluate(request, sorted(state.nodes))
+    closed = dict(broken)
     for name in sorted(objects):
         if name in broken:
-            result.nodes.append(NodeVerdict(name, False, broken[name]))
             continue
         row = node_row(
             objects[name], by_node.get(name), None if leases is None else now, lease_namespace
         )
         if row.state in ("fenced", "unusable"):
-            result.nodes.append(NodeVerdict(name, False, f"takes no tessera pods: {row.reason}"))
-            continue
-        nofit: NoFit | None = evaluation.failures.get(name)
-        if nofit is None:
-            result.nodes.append(NodeVerdict(name, True, "fits now"))
-        else:
-            hopeless = " (waiting will not help)" if nofit.unresolvable else ""
-            result.nodes.append(NodeVerdict(name, False, nofit.reason + hopeless))
+            closed[name] = row.reason
+    result.nodes = verdicts(evaluation, sorted(objects), closed)
+    result.nearest = [
+        f"{v.node} ({100 * score:.0f}% of the ask free): {v.text}"
+        for v, score in nearest(result.nodes, decider.index, request)
+    ]
     if not objects:
         result.notes.append("no NodeDevices objects: is the tessera node agent running?")
     return result
@@ -185,10 +143,17 @@ def render_explanation(e: Explanation) -> str:
     lines = [clean(f"Pod {e.pod}: {e.summary}")]
     lines += ["  " + clean(c) for c in e.containers]
     lines += [clean(f"# {n}") for n in e.notes]
+    if e.nearest:
+        lines.append("# nearest to fitting (most of the ask free; an estimate):")
+        lines += ["  " + clean(n) for n in e.nearest]
     if e.nodes:
-        lines.append(render(["NODE", "FITS", "REASON"], [v.cells() for v in e.nodes]))
+        rows = [[v.node, "yes" if v.fits else "no", v.text] for v in e.nodes]
+        lines.append(render(["NODE", "FITS", "REASON"], rows))
     return "\n".join(lines)
 
 
 def as_json(e: Explanation) -> dict[str, Any]:
-    return asdict(e)
+    doc = asdict(e)
+    for node, verdict in zip(doc["nodes"], e.nodes, strict=True):
+        node["reason"] = verdict.text
+    return doc

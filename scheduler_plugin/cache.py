@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from sys import intern
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from scheduler_plugin.heartbeats import HeartbeatTracker
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
@@ -54,6 +54,7 @@ from scheduler_plugin.views import (
     PreemptionView,
     Refused,
     Snapshot,
+    StateReading,
     Stats,
 )
 from tessera.allocation import PodAllocation
@@ -73,6 +74,7 @@ from tessera.scoring_policy import Policy
 from tessera.sharing import SharedValues
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 DEFAULT_HEARTBEAT_GRACE = 5.0
 FENCE_REASON_PODS = 3
@@ -982,6 +984,27 @@ class Cache:
                     )
                 )
         return tuple(gpus), tuple(nics)
+
+    def reading(self, read: Callable[[StateReading], _T]) -> _T:
+        """`read(reading)` under the state's lock: one moment for every node it looks at.
+        For the allocation page's overview and search (a few ms at 5,000 nodes)."""
+        with self._lock:
+            fenced = frozenset(self._fences) | frozenset(self._inventory_errors)
+            return read(
+                StateReading(
+                    self._state,
+                    self._decider,
+                    self._problems_now(),
+                    fenced,
+                    frozenset(self._state.assumed),
+                )
+            )
+
+    def bound(self, uids: Iterable[str]) -> set[str]:
+        """Of `uids`, the pods that hold devices or that the (bound-pod) watch has shown."""
+        with self._lock:
+            state, pods = self._state, self._pods
+            return {u for u in uids if u in pods or state.allocation(u) is not None}
 
     def pods_summary(self) -> dict[str, Any]:
         """Invalid records, assumed and in-flight binds, pods waiting for their node (the

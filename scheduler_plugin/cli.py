@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
 import signal
@@ -16,7 +15,7 @@ from typing import Any
 from scheduler_plugin import limits
 from scheduler_plugin.config import SchedulerConfig
 from tessera.record_keys import KeyFileError
-from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli import CliParser, ConfigError, DefaultsHelpFormatter, config_from
 from tessera_cli.exit_codes import EXIT_USAGE
 from tessera_cli.flags import add_flags
 from tessera_cli.paths import check_readable_file
@@ -38,7 +37,7 @@ def build_parser() -> CliParser:
             "pod gets (filter, prioritize, preempt), writes the signed allocation record on "
             "the pod and binds it. Runs beside a stock kube-scheduler; see docs/scheduler.md."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_flags(p, SchedulerConfig)
     add_log_flags(p.add_argument_group("logging"))

@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
@@ -46,7 +47,7 @@ import uvicorn
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import Server as UvicornServer
 
-from scheduler_plugin import limits, ui
+from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
 from scheduler_plugin.protocol import BoundedProtocol
@@ -227,7 +228,7 @@ class App:
             if method == "POST" and self.role == "extender":
                 await self._post(scope, receive, send, path)
             elif method in ("GET", "HEAD"):
-                await self._get(scope, send, path)
+                await self._get(scope, receive, send, path)
             else:
                 raise _ReplyError(
                     405 if path in ("/healthz", "/readyz") else 404, f"nothing at {path}"
@@ -325,7 +326,7 @@ class App:
 
     # --- GET: health, metrics, debug -------------------------------------------------------
 
-    async def _get(self, scope: Scope, send: Send, path: str) -> None:
+    async def _get(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         service = self.service
         if path == "/healthz":
             await _send(send, 200, b"ok\n", b"text/plain")
@@ -339,9 +340,11 @@ class App:
                 await self._chunked(send, service.metrics.chunks(), CONTENT_TYPE.encode())
         elif self.role == "extender" and path == ui.PAGE_PATH:
             await _send(send, 200, ui.PAGE, b"text/html; charset=utf-8")
+        elif self.role == "extender" and path == ui.SCRIPT_PATH:
+            await _send(send, 200, ui.script(), b"text/javascript; charset=utf-8")
         elif self.role == "extender" and (path == "/debug" or path.startswith("/debug/")):
             await self._authorize_debug(scope, path)
-            await self._debug(scope, send, path)
+            await self._debug(scope, receive, send, path)
         else:
             raise _ReplyError(404, f"nothing at {path}")
 
@@ -376,7 +379,7 @@ class App:
         if not decision.allowed:
             raise _ReplyError(403, decision.reason)
 
-    async def _debug(self, scope: Scope, send: Send, path: str) -> None:
+    async def _debug(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         service = self.service
         loop = asyncio.get_running_loop()
         if path == "/debug/nodes":
@@ -389,15 +392,30 @@ class App:
             data = _dumps(summary)
         elif path == "/debug/pods":
             data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_pods()))
+        elif path == "/debug/overview":
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_overview()))
+        elif path == "/debug/search":
+            q = _query(scope).get("q", "")
+            if len(q) > overview.MAX_QUERY:
+                raise _ReplyError(400, f"a search is at most {overview.MAX_QUERY} characters")
+            data = await loop.run_in_executor(self.pool, lambda: _dumps(service.debug_search(q)))
+        elif path == "/debug/pending":
+            only = _query(scope).get("pod") or None
+            data = await loop.run_in_executor(
+                self.pool, lambda: _dumps(service.debug_pending(only))
+            )
         elif path == "/debug/watch":
-            query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
-            await self._stream(send, query.get("node"))
+            query = _query(scope)
+            if query.get("view") == "overview":
+                await self._stream_overview(receive, send)
+            else:
+                await self._stream(receive, send, query.get("node"))
             return
         else:
             raise _ReplyError(404, f"nothing at {path}")
         await _send(send, 200, data)
 
-    async def _stream(self, send: Send, only: str | None) -> None:
+    async def _stream(self, receive: Receive, send: Send, only: str | None) -> None:
         """Chunked JSON lines: a SYNC line with the node names, then one MODIFIED line with
         the node's summary whenever a node changes, PING lines when idle."""
         service = self.service
@@ -413,10 +431,11 @@ class App:
                 {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
             )
 
+        gone = _departure(receive)
         try:
             names = [only] if only else service.cache.node_names()
             await line({"type": "SYNC", "nodes": names})
-            while not service.stopping.is_set():
+            while not service.stopping.is_set() and not gone.done():
                 dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
                 if not dirty:
                     await line({"type": "PING"})
@@ -431,7 +450,67 @@ class App:
                         await line({"type": "MODIFIED", "node": summary})
             await send({"type": "http.response.body", "body": b""})
         finally:
+            gone.cancel()
             changes.close()
+
+    async def _stream_overview(self, receive: Receive, send: Send) -> None:
+        """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
+        model and every node's row, scheduler_plugin.overview), then a ROWS line with the
+        rows that changed whenever nodes change, PING lines when idle."""
+        service = self.service
+        if service.watchers_full():
+            raise _ReplyError(503, "too many /debug/watch streams")
+        changes = service.watch_changes()
+        loop = asyncio.get_running_loop()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def line(obj: Any) -> None:
+            await send(
+                {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
+            )
+
+        gone = _departure(receive)
+        try:
+            first = await loop.run_in_executor(self.watch_pool, service.debug_overview)
+            sent: dict[str, Any] = {row["n"]: row for row in first["nodes"]}
+            await line({"type": "OVERVIEW", **first})
+            while not service.stopping.is_set() and not gone.done():
+                dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
+                if not dirty:
+                    await line({"type": "PING"})
+                    continue
+                batch = await loop.run_in_executor(
+                    self.watch_pool,
+                    service.cache.reading,
+                    partial(overview.changes, names=sorted(dirty), sent=sent),
+                )
+                await line(batch)
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            gone.cancel()
+            changes.close()
+
+
+def _departure(receive: Receive) -> asyncio.Task[None]:
+    """A task that ends when the client goes away: a stream's sends to a closed connection
+    are dropped without an error, so without it the stream (and its place among the
+    MAX_WATCHERS) would outlive its reader."""
+
+    async def wait() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return asyncio.get_running_loop().create_task(wait())
+
+
+def _query(scope: Scope) -> dict[str, str]:
+    """The query string's parameters (the last of each name)."""
+    raw = scope.get("query_string", b"").decode("latin-1")
+    try:
+        return {k: v[-1] for k, v in parse_qs(raw, max_num_fields=16).items()}
+    except ValueError:
+        raise _ReplyError(400, "too many query parameters") from None
 
 
 def _views(service: Service, nodes: list[str]) -> list[dict[str, Any] | None]:

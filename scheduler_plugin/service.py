@@ -16,14 +16,16 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kube_edge.client import KubeClient
 from kube_edge.informer import Informer
 from kube_edge.leader import LeaderElector
-from scheduler_plugin import limits
+from scheduler_plugin import limits, overview
 from scheduler_plugin.auth import TokenAuthorizer
 from scheduler_plugin.binder import Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
@@ -35,11 +37,13 @@ from scheduler_plugin.heap import limit_arenas
 from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.nudger import Nudger
+from scheduler_plugin.pending import EXPLAINED, Refusals, explanation, refusal_json, top_reasons
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
-from tessera.errors import RecordError
+from tessera.errors import RecordError, RequestError
 from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource
+from tessera.request import PodRequest
 from tessera.resources import DEFAULT_GANG_TIMEOUT_SECONDS, DEFAULT_HEARTBEAT_NAMESPACE
 
 log = logging.getLogger(__name__)
@@ -169,6 +173,7 @@ class Service:
             client, instance=options.identity or default_identity(), enabled=self._leading
         )
         self.cache.subscribe_fences(self._fence_changed)
+        self.refusals = Refusals()
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
@@ -341,18 +346,64 @@ class Service:
         if verb == "filter":
             reply = self.extender.filter(args)
             passed = reply.get("NodeNames") or (reply.get("Nodes") or {}).get("items") or []
+            if not passed:
+                self._refused(args, reply)
             return reply, "fit" if passed else "no_fit"
         if verb == "prioritize":
             return self.extender.prioritize_json(args), "ok"
         if verb == "bind":
             result = self.binder.bind(args)
+            if not result["Error"] and isinstance(args, dict):
+                self.refusals.forget(str(args.get("PodUID", "")))
             return result, "refused" if result["Error"] else "bound"
         if verb == "preempt":
             result = self.extender.preempt(args)
             return result, "ok"
         raise ValueError(verb)
 
+    def _refused(self, args: Any, reply: Mapping[str, Any]) -> None:
+        """Note a pod the filter passed no node for (the allocation page's "why pending")."""
+        try:
+            pod = args.get("Pod") if isinstance(args, Mapping) else None
+            failed = {
+                **(reply.get("FailedNodes") or {}),
+                **(reply.get("FailedAndUnresolvableNodes") or {}),
+            }
+            if not isinstance(pod, Mapping) or not failed:
+                return
+            try:
+                request: PodRequest | None = self.extender.request_of(pod)
+            except RequestError:
+                request = None
+            if request is not None and not request.wants_devices:
+                return
+            self.refusals.note(pod, request, top_reasons(failed), len(failed))
+        except Exception:
+            log.exception("bug: noting a refused pod failed")
+
     # --- debug views ------------------------------------------------------------------------
+
+    def debug_overview(self) -> dict[str, Any]:
+        return self.cache.reading(overview.overview)
+
+    def debug_search(self, query: str) -> dict[str, Any]:
+        return self.cache.reading(lambda reading: overview.search(reading, query))
+
+    def debug_pending(self, only: str | None = None) -> dict[str, Any]:
+        """The pods tessera refused lately, newest first; the first EXPLAINED (or the pod
+        `only`, namespace/name) with their explanation from the state as it is now."""
+        now = time.time()
+        refused = self.refusals.current(self.cache.bound)
+        if only is not None:
+            refused = [r for r in refused if r.pod == only]
+        out = []
+        for i, r in enumerate(refused):
+            entry = refusal_json(r, now)
+            request = r.request
+            if request is not None and i < EXPLAINED:
+                entry["explain"] = self.cache.reading(partial(explanation, request=request))
+            out.append(entry)
+        return {"pods": out, "ttlS": self.refusals.ttl, "explained": EXPLAINED}
 
     def debug_nodes(self) -> dict[str, Any]:
         views = [self.cache.node_view(n) for n in self.cache.node_names()]

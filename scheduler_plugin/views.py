@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Evaluation
+from tessera.cluster_decision import Decider, Evaluation
+from tessera.cluster_state import ClusterState
 from tessera.model import NodeInventory
 from tessera.scoring_policy import Policy
 
@@ -162,3 +163,18 @@ class Snapshot:
     def record_fenced_nodes(self) -> frozenset[str]:
         """Nodes fenced by a pod with an untrusted record (`fences`)."""
         return frozenset(f.node for f in self.fences)
+
+
+@dataclass(frozen=True, slots=True)
+class StateReading:
+    """The live state, for a reader that runs under the state's lock (`Cache.reading`):
+    the allocation page's overview, search and explanations. Read only, and only while
+    the call lasts: nothing here may be kept or changed."""
+
+    state: ClusterState
+    decider: Decider
+    problems: Mapping[str, str]
+    """Nodes that take no new tessera pods, with the reason."""
+    fenced: frozenset[str]
+    """Of those, the nodes fenced (an untrusted record on them, or an invalid inventory)."""
+    assumed: frozenset[str]

@@ -7,13 +7,21 @@ a program's flags are declared on the fields of its frozen config (`tessera_cli.
 """
 
 from tessera_cli.exit_codes import EXIT_CODES, exit_code
-from tessera_cli.parser import ENV_PREFIX, CliParser, ConfigError, config_from, env_name
+from tessera_cli.parser import (
+    ENV_PREFIX,
+    CliParser,
+    ConfigError,
+    DefaultsHelpFormatter,
+    config_from,
+    env_name,
+)
 
 __all__ = [
     "ENV_PREFIX",
     "EXIT_CODES",
     "CliParser",
     "ConfigError",
+    "DefaultsHelpFormatter",
     "config_from",
     "env_name",
     "exit_code",

@@ -68,6 +68,17 @@ def _long_flag(action: argparse.Action) -> str | None:
     return longs[0] if longs else None
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`--help` names each flag's default, except a switch's: `--no-watch-nodes (default:
+    True)` would read as if the switch were on by default, when True is only the value the
+    setting keeps without it. `--x/--no-x` pairs say theirs (both spellings are listed)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 and not isinstance(action, argparse.BooleanOptionalAction):
+            return action.help
+        return super()._get_help_string(action)
+
+
 class CliParser(argparse.ArgumentParser):
     """One-line usage errors (exit 2) and a `TESSERA_*` twin for every long flag.
 

@@ -468,8 +468,11 @@ def _start_scheduler(
     keyring: KeyringSource,
     policy: str,
     nodes: Sequence[str],
+    port: int = 0,
 ) -> Service:
-    options = Options(host="127.0.0.1", port=0, policy=policy, leader_elect=False, open_debug=True)
+    options = Options(
+        host="127.0.0.1", port=port, policy=policy, leader_elect=False, open_debug=True
+    )
     service = Service(options, KubeClient.for_host(api.url), keyring).start()
     stack.callback(service.stop)
     if not service.wait_ready(20):
@@ -530,10 +533,26 @@ def _report_injections(say: Printer, outcomes: Sequence[Outcome]) -> None:
             )
 
 
+@dataclass(frozen=True)
+class UiOptions:
+    """Keep the cluster up for the allocation page (tessera_testbed.demo_ui)."""
+
+    nodes: int = 200
+    """Nodes added to the demo's three."""
+    port: int = 8090
+    seconds: float | None = None
+    """Stop after this long (None: when interrupted)."""
+
+
 def run(
-    out: TextIO = sys.stdout, *, policy: str | None = None, with_simulation: bool = True
+    out: TextIO = sys.stdout,
+    *,
+    policy: str | None = None,
+    with_simulation: bool = True,
+    ui: UiOptions | None = None,
 ) -> list[Outcome]:
-    """Run the demo, printing to `out`; the outcome of every pod (tests read them)."""
+    """Run the demo, printing to `out`; the outcome of every pod (tests read them). With
+    `ui`, the cluster then stays up for the allocation page until interrupted."""
     say = Printer(out)
     policy = policy or rn.DEFAULT_POLICY
     started = time.monotonic()
@@ -552,7 +571,9 @@ def run(
 
         say("[2/5] node agents (fake NVML backend) register with their node's kubelet:")
         nodes = _start_nodes(stack, api, work, say)
-        service = _start_scheduler(stack, api, keyring, policy, list(nodes))
+        service = _start_scheduler(
+            stack, api, keyring, policy, list(nodes), 0 if ui is None else ui.port
+        )
         base = f"http://127.0.0.1:{service.server.port}"
         say(f"[3/5] scheduler extender at {base} (policy: {policy})")
         say()
@@ -591,9 +612,31 @@ def run(
             f"{placed} of {len(outcomes)} pods placed, {len(outcomes) - placed} refused with "
             f"a reason, in {time.monotonic() - started:.1f} s"
         )
+        if ui is not None:
+            _serve_ui(say, api, service, list(nodes), ui)
+            return outcomes
     if with_simulation:
         _simulation(say)
     return outcomes
+
+
+def _serve_ui(
+    say: Printer, api: FakeApiServer, service: Service, nodes: list[str], ui: UiOptions
+) -> None:
+    from tessera_testbed import demo_ui
+
+    say()
+    say(f"Growing the cluster by {ui.nodes} simulated nodes for the allocation page...")
+    extra = demo_ui.add_nodes(api, ui.nodes)
+    everyone = nodes + extra
+    deadline = time.monotonic() + 120
+    while len(service.cache.node_names()) < len(everyone) or service.cache.problems():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the added nodes did not become usable for the scheduler")
+        time.sleep(0.1)
+    url = f"http://127.0.0.1:{service.server.port}/debug/ui"
+    made = demo_ui.serve(api, service, everyone, extra, say, url=url, seconds=ui.seconds)
+    say(f"{made} pods came while the page was served")
 
 
 def _simulation(say: Printer) -> None:
@@ -633,8 +676,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="skip the fragmentation comparison on a synthetic cluster at the end",
     )
+    parser.add_argument(
+        "--ui",
+        action="store_true",
+        help="then keep the cluster up, grown by --ui-nodes nodes, with pods arriving and "
+        "finishing, and serve the allocation page (its URL is printed) until Ctrl-C",
+    )
+    parser.add_argument(
+        "--ui-nodes",
+        type=int,
+        default=UiOptions.nodes,
+        metavar="N",
+        help=f"nodes added for --ui (default: {UiOptions.nodes})",
+    )
+    parser.add_argument(
+        "--ui-port",
+        type=int,
+        default=UiOptions.port,
+        metavar="PORT",
+        help=f"loopback port of the page for --ui (0: any free port; default: {UiOptions.port})",
+    )
+    parser.add_argument(
+        "--ui-seconds", type=float, default=None, metavar="S", help="stop --ui after S seconds"
+    )
     args = parser.parse_args(argv)
-    run(policy=args.policy, with_simulation=not args.no_simulation)
+    if not 0 <= args.ui_nodes <= 10000:
+        parser.error("--ui-nodes: 0 to 10000")
+    if not 0 <= args.ui_port <= 65535:
+        parser.error("--ui-port: 0 to 65535")
+    ui = UiOptions(args.ui_nodes, args.ui_port, args.ui_seconds) if args.ui else None
+    run(policy=args.policy, with_simulation=not args.no_simulation and ui is None, ui=ui)
     return 0
 
 

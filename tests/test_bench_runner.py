@@ -60,3 +60,24 @@ def test_a_full_run_keeps_the_scale_section(
     text = doc.read_text()
     assert "a figure" in text and "old table" not in text
     assert "5000 nodes: 100 pods/s" in text
+
+
+def test_merge_replaces_one_modules_rows_and_notes_only() -> None:
+    old = (
+        run_all.render(
+            [
+                ("a", Result("fast", 1.0, "ms", 2.0, note="a's note")),
+                ("ui", Result("paint", 900.0, "ms", 1000.0, note="old paint")),
+            ],
+            quick=False,
+        )
+        + f"\n{scale.SECTION_START}\n| scale | row |\n{scale.SECTION_END}\n"
+    )
+    new = run_all.merge(old, [("ui", Result("paint", 400.0, "ms", 1000.0, note="new paint"))])
+    lines = new.splitlines()
+    assert "| a | fast | 1 ms | <= 2 ms | yes |" in lines
+    assert "| ui | paint | 400 ms | <= 1000 ms | yes |" in lines
+    assert not any("900" in line or "old paint" in line for line in lines)
+    notes = lines[lines.index("Notes:") + 1 :]
+    assert notes[0] == "- fast: a's note" and notes[1].startswith("- paint: new paint (measured ")
+    assert new.endswith(f"{scale.SECTION_START}\n| scale | row |\n{scale.SECTION_END}\n")

@@ -348,6 +348,10 @@ def test_explain_agrees_with_the_scheduler_node_by_node(
     code, out, _ = run(capsys, "explain", "big", "--kubeconfig", kubeconfig)
     assert code == 0 and out.startswith("Pod default/big: 1 container(s)")
     assert "main: 4 whole GPUs" in out and "not verified" in out
+    # 3 of the T4's 4 GPUs are whole and free, 2 of the H100's 8; the A100 is closed
+    near = out[out.index("# nearest to fitting") :].splitlines()[1:3]
+    assert near[0].strip().startswith("t4 (75% of the ask free): needs 4 whole GPUs, 3 free")
+    assert near[1].strip().startswith("h100 (50% of the ask free): needs 4 whole GPUs, 2 free")
     table = out[out.index("NODE") :].splitlines()
     assert [line.split()[:2] for line in table[1:]] == [
         ["a100", "no"],

@@ -5,26 +5,18 @@ screenshot carries each pod's colour. Skipped when no Chromium is installed."""
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import io
 import json
-import os
-import shutil
-import signal
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tessera.resources import GPU
 from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.browser import CHROMIUM, Browser
 from tests.scheduler.helpers import pod, populate, serving, share, wait_for
-
-CHROMIUM = os.environ.get("TESSERA_CHROMIUM") or shutil.which("chromium") or ""
 
 # the page's palette and colour rule (scheduler_plugin.ui), to find a pod in the screenshot
 _COLORS = ["#0969da", "#1a7f37", "#8250df", "#bf3989", "#9a6700", "#0a7f8c", "#bc4c00"]
@@ -36,96 +28,6 @@ def pod_color(key: str) -> tuple[int, int, int]:
         h = (h * 31 + ord(ch)) & 0xFFFFFFFF
     c = _COLORS[h % len(_COLORS)]
     return int(c[1:3], 16), int(c[3:5], 16), int(c[5:7], 16)
-
-
-class Browser:
-    """Headless Chromium driven over the DevTools protocol (one page)."""
-
-    def __init__(self, profile: Path) -> None:
-        import websocket  # websocket-client, a dependency of the kubernetes client
-
-        self.proc = subprocess.Popen(
-            [
-                CHROMIUM,
-                "--headless=new",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--window-size=1400,900",
-                "--remote-debugging-port=0",
-                f"--user-data-dir={profile}",
-                "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: _stop ends its helpers too
-        )
-        try:
-            port_file = profile / "DevToolsActivePort"
-            wait_for(port_file.exists, timeout=30, interval=0.05)
-            port = int(port_file.read_text().split()[0])
-            pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
-            target = next(p for p in pages if p["type"] == "page")
-            # no Origin header: a DevTools client is not a web page, and Chromium 111 and
-            # later refuse a debugging WebSocket whose Origin it was not told to allow
-            self.ws = websocket.create_connection(
-                target["webSocketDebuggerUrl"], timeout=30, suppress_origin=True
-            )
-        except BaseException:
-            self._stop()  # before the profile folder is removed under it
-            raise
-        self.next_id = 0
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self.next_id += 1
-        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
-        while True:
-            message = json.loads(self.ws.recv())
-            if message.get("id") == self.next_id:
-                assert "error" not in message, message
-                result: dict[str, Any] = message["result"]
-                return result
-
-    def text(self) -> str:
-        answer = self.call("Runtime.evaluate", expression="document.body.innerText")
-        return str(answer["result"].get("value", ""))
-
-    def screenshot(self) -> bytes:
-        return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
-
-    def close(self) -> None:
-        self.ws.close()
-        self._stop()
-
-    def _stop(self) -> None:
-        # the browser's helper processes (renderer, crash handler) outlive its main process
-        # for a moment and go on writing the profile: end the whole group, then wait until
-        # it is gone, so that the profile folder can be removed
-        group = self.proc.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(group, sig)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
-        wait_for(lambda: not _group_alive(group), timeout=10, interval=0.05)
-
-
-def _group_alive(group: int) -> bool:
-    """Whether a process of `group` still runs (zombies awaiting their reaper do not count)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            # the fields after the command name: state, ppid, pgrp, ...
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == group and fields[0] != "Z":
-                return True
-    return False
-
-
-def _get(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return str(answer.read().decode())
 
 
 @pytest.fixture
@@ -176,10 +78,16 @@ def test_the_shell_carries_no_cluster_data_and_the_data_calls_need_credentials()
         with serving(fake, open_debug=False) as served:
             status, page = served.http.get("/debug/ui")
             assert status == 200 and b"node-secret" not in page
-            assert served.http.get("/debug/nodes")[0] == 401
+            status, script = served.http.get("/debug/ui.js")
+            assert status == 200 and b"node-secret" not in script
+            # nothing is loaded from elsewhere: no cluster has a way out
+            assert b"://" not in page and b"://" not in script
+            assert page.count(b"<script") == 1 and b'<script src="/debug/ui.js">' in page
+            for path in ("nodes", "overview", "search?q=node", "pending", "watch?view=overview"):
+                assert served.http.get(f"/debug/{path}")[0] == 401, path
             # the page's colour rule is the one this test looks for in screenshots
-            assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in page
-            assert json.dumps(_COLORS).replace(" ", "").encode() in page.replace(b" ", b"")
+            assert b"(h * 31 + ch.charCodeAt(0)) >>> 0" in script
+            assert json.dumps(_COLORS).replace(" ", "").encode() in script.replace(b" ", b"")
 
 
 def test_the_page_shows_use_beside_grants_and_unknown_for_an_unreadable_reading(

@@ -91,3 +91,42 @@ def test_demo_shows_memory_in_one_unit_and_the_resources_as_views_of_the_same_gp
     for resource in rn.TESSERA_RESOURCES:
         assert f"\n        {resource.removeprefix(rn.DOMAIN + '/')} " in legend
     assert "the same 8 GPUs" in legend
+
+
+def test_demo_ui_keeps_the_cluster_busy_and_serves_the_page() -> None:
+    """`make demo-ui`: more nodes, pods coming and going (some refused, with the condition
+    kube-scheduler writes), and the page's URL printed; stopped after a few seconds here."""
+    import threading
+    import urllib.request
+
+    out = io.StringIO()
+    seen: dict[str, object] = {}
+
+    def watch() -> None:
+        # while it runs: the page and its data answer at the printed URL
+        for _ in range(600):
+            match = re.search(r"The allocation page: (http://\S+)", out.getvalue())
+            if match:
+                break
+            threading.Event().wait(0.05)
+        else:
+            return
+        url = match.group(1)
+        threading.Event().wait(2.0)
+        with urllib.request.urlopen(url, timeout=10) as page:
+            seen["page"] = page.read()
+        base = url.removesuffix("/debug/ui")
+        with urllib.request.urlopen(base + "/debug/overview", timeout=10) as answer:
+            seen["overview"] = json.loads(answer.read())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    demo.run(out, with_simulation=False, ui=demo.UiOptions(nodes=30, port=0, seconds=6))
+    watcher.join()
+    text = out.getvalue()
+    made = int(re.search(r"(\d+) pods came while the page was served", text).group(1))  # type: ignore[union-attr]
+    assert made >= 10
+    assert b"tessera: GPU allocation" in seen["page"]  # type: ignore[operator]
+    overview = seen["overview"]
+    assert isinstance(overview, dict) and len(overview["nodes"]) == 33
+    assert overview["pods"] > 0
