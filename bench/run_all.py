@@ -50,16 +50,21 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kept_scale_section(doc: Path) -> str:
-    """The Scale section `make bench-scale` wrote (it needs a control plane, so `make bench`
-    keeps it as it is)."""
-    from bench.scale import SECTION_END, SECTION_START
+def kept_sections(doc: Path) -> str:
+    """The Scale and Soak sections that `make bench-scale` and `make soak` wrote (they need
+    a control plane, so `make bench` keeps them as they are)."""
+    from bench import scale, soak
 
     text = doc.read_text() if doc.exists() else ""
-    if SECTION_START not in text or SECTION_END not in text:
-        return ""
-    section = text.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0]
-    return f"\n{SECTION_START}{section}{SECTION_END}\n"
+    kept = ""
+    for start, end in (
+        (scale.SECTION_START, scale.SECTION_END),
+        (soak.SECTION_START, soak.SECTION_END),
+    ):
+        if start in text and end in text:
+            section = text.split(start, 1)[1].split(end, 1)[0]
+            kept += f"\n{start}{section}{end}\n"
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append((name.removeprefix("bench_"), r))
     if not args.no_write and not args.only and not args.quick:
         doc = ROOT / "docs" / "benchmarks.md"
-        doc.write_text(render(results, args.quick) + kept_scale_section(doc))
+        doc.write_text(render(results, args.quick) + kept_sections(doc))
     missed = [f"{group}: {r.name}" for group, r in results if not r.ok]
     for line in missed:
         print(f"missed its target: {line}", flush=True)
