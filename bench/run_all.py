@@ -50,16 +50,21 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kept_scale_section(doc: Path) -> str:
-    """The Scale section `make bench-scale` wrote (it needs a control plane, so `make bench`
-    keeps it as it is)."""
-    from bench.scale import SECTION_END, SECTION_START
+def kept_sections(doc: Path) -> str:
+    """The Scale and Soak sections that `make bench-scale` and `make soak` wrote (they need
+    a control plane, so `make bench` keeps them as they are)."""
+    from bench import scale, soak
 
     text = doc.read_text() if doc.exists() else ""
-    if SECTION_START not in text or SECTION_END not in text:
-        return ""
-    section = text.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0]
-    return f"\n{SECTION_START}{section}{SECTION_END}\n"
+    kept = ""
+    for start, end in (
+        (scale.SECTION_START, scale.SECTION_END),
+        (soak.SECTION_START, soak.SECTION_END),
+    ):
+        if start in text and end in text:
+            section = text.split(start, 1)[1].split(end, 1)[0]
+            kept += f"\n{start}{section}{end}\n"
+    return kept
 
 
 def merge(text: str, results: list[tuple[str, Result]]) -> str:
@@ -84,9 +89,10 @@ def merge(text: str, results: list[tuple[str, Result]]) -> str:
         if not (line.startswith("| ") and line[2:].split(" | ")[0] in groups)
         and not line.startswith(names)
     ]
-    from bench.scale import SECTION_START
+    from bench import scale, soak
 
-    end = next((i for i, line in enumerate(lines) if line.startswith(SECTION_START)), len(lines))
+    starts = (scale.SECTION_START, soak.SECTION_START)
+    end = next((i for i, line in enumerate(lines) if line.startswith(starts)), len(lines))
     last_row = max(i for i, line in enumerate(lines[:end]) if line.startswith("| "))
     lines[last_row + 1 : last_row + 1] = rows
     if "Notes:" in lines[:end]:
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append((name.removeprefix("bench_"), r))
     doc = ROOT / "docs" / "benchmarks.md"
     if not args.no_write and not args.only and not args.quick:
-        doc.write_text(render(results, args.quick) + kept_scale_section(doc))
+        doc.write_text(render(results, args.quick) + kept_sections(doc))
     elif args.merge and args.only and not args.quick and results:
         doc.write_text(merge(doc.read_text(), results))
     missed = [f"{group}: {r.name}" for group, r in results if not r.ok]

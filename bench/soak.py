@@ -35,6 +35,30 @@ SECTION_START = "<!-- soak: written by make soak -->"
 SECTION_END = "<!-- /soak -->"
 NODE = "soak-node"
 DEFAULT_CYCLES = 10_000
+BOUNDED = [
+    "",
+    "What tessera-scheduler keeps per pod, and the most it can reach (tracemalloc, with "
+    "`python -m bench.bench_pod_cycles` driving its real code in one process through 20,000 "
+    "cycles on the simulated API server):",
+    "",
+    "- the fragmentation policy's memory of the last 8,192 pod UIDs it counted (a pod filtered "
+    "again counts once): 0.6 MiB when full, after 8,192 pods; a short soak sees it filling;",
+    "- the extender's parsed requests between filter and bind: each bind drops its own, so "
+    "only pods filtered and never bound here stay, at most 4,096: 4.9 MiB when full "
+    "(about 1.2 KiB for a one-container pod);",
+    "- the Event recorder's rate-limit memory (Warning Events, only for pods that fence their "
+    "node): at most 10,000 (pod, reason) pairs, 1.5 MiB;",
+    "- the online workload's pod classes: at most 1,024 (about 200 B each, 0.2 MiB);",
+    "- everything else about a pod (its allocation, verdict memo, priority, assumed bind, "
+    "invalid record, fence) goes when its deletion is seen; no metric has a pod, namespace "
+    "or node label that outlives its object (the per-GPU series are read from the state at "
+    "each scrape).",
+    "",
+    "Over those 20,000 cycles the traced memory stops growing once the UID memory is full "
+    "(+0.14 MiB over the last 8,400 cycles, about 16 B a cycle) and RSS with it (+0.1 MiB): "
+    "the scheduler's growth over a short run is that table filling, not a per-pod leak.",
+]
+"""Bounded per-pod tables, written under the figures (see bench/bench_pod_cycles.py)."""
 RUN_TIMEOUT = 180.0
 """Seconds from one pod's creation to its container running."""
 
@@ -243,6 +267,7 @@ class Soak:
         lines += [
             "",
             "Verdict: " + ("flat, every limit held." if not problems else "; ".join(problems)),
+            *BOUNDED,
         ]
         return lines, problems
 

@@ -1,6 +1,6 @@
 """`make bench` fails when a figure misses its target and rewrites docs/benchmarks.md (all
-but `make bench-scale`'s section); `make bench-quick` (smaller sizes, no verdict) does
-neither."""
+but `make bench-scale`'s and `make soak`'s sections); `make bench-quick` (smaller sizes, no
+verdict) does neither."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import run_all, scale
+from bench import run_all, scale, soak
 from bench.common import BenchContext, Result
 
 
@@ -49,17 +49,22 @@ def test_a_quick_run_neither_fails_nor_writes(one_missed_target: Path) -> None:
     assert not one_missed_target.exists()
 
 
-def test_a_full_run_keeps_the_scale_section(
+def test_a_full_run_keeps_the_scale_and_soak_sections(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`make bench-scale` writes its own section of the page; `make bench` rewrites the rest."""
+    """`make bench-scale` and `make soak` write their own sections of the page; `make bench`
+    rewrites the rest."""
     doc = fake_bench(monkeypatch, tmp_path, [Result("a figure", 1.0, "ms", 2.0)])
     doc.write_text("# Benchmarks\n\nold table\n")
     scale.write_section(["5000 nodes: 100 pods/s"], doc)
+    scale.write_section(
+        ["Verdict: flat"], doc, start=soak.SECTION_START, end=soak.SECTION_END, title="Soak"
+    )
     assert run_all.main([]) == 0
     text = doc.read_text()
     assert "a figure" in text and "old table" not in text
     assert "5000 nodes: 100 pods/s" in text
+    assert "## Soak" in text and "Verdict: flat" in text
 
 
 def test_merge_replaces_one_modules_rows_and_notes_only() -> None:

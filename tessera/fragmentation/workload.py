@@ -168,6 +168,11 @@ DEFAULT_PRIOR: tuple[tuple[PodClass, float], ...] = (
 GPU pods, some multi-GPU ones, no host constraint."""
 
 
+MAX_TRACKED_CLASSES = 1024
+"""Pod classes an OnlineWorkload counts at once (about 200 bytes each). Host requests and
+model lists are the pod author's, so distinct classes have no natural end."""
+
+
 class OnlineWorkload:
     """The workload as learned from the pods seen so far, plus a prior.
 
@@ -176,7 +181,9 @@ class OnlineWorkload:
     pods, and replaced only when it has drifted from the current one by more than `drift`
     (total variation distance): every replacement makes cached scores stale, so it should
     be rare once the estimate has settled. Counts age (halve) every `window` pods, so a
-    workload that changes over time is followed.
+    workload that changes over time is followed. At most `max_tracked` classes are counted:
+    a new class past that first drops the rarer half (the published workload is at most
+    `max_classes` of the most popular ones), and at most `remember` UIDs are remembered.
     """
 
     def __init__(
@@ -191,12 +198,14 @@ class OnlineWorkload:
         host_memory: bool = True,
         window: int = 65536,
         remember: int = 8192,
+        max_tracked: int = MAX_TRACKED_CLASSES,
     ) -> None:
         total = sum(w for _, w in prior) or 1.0
         self._prior = {c: prior_weight * w / total for c, w in prior}
         self._counts: dict[PodClass, float] = {}
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember
+        self.max_tracked = max(2, max_tracked)
         self.coverage = coverage
         self.max_classes = max_classes
         self.max_interval = max(1, max_interval)
@@ -232,7 +241,10 @@ class OnlineWorkload:
             if len(self._seen) > self._remember:
                 self._seen.popitem(last=False)
         cls = PodClass.of(request, self.host_memory)
-        self._counts[cls] = self._counts.get(cls, 0.0) + 1.0
+        count = self._counts.get(cls)
+        if count is None and len(self._counts) >= self.max_tracked:
+            self._drop_rare()
+        self._counts[cls] = (count or 0.0) + 1.0
         self.observed += 1
         if self.window and self.observed % self.window == 0:
             for c in list(self._counts):
@@ -248,3 +260,14 @@ class OnlineWorkload:
         self.workload = fresh
         self.version += 1
         return True
+
+    @property
+    def tracked(self) -> int:
+        """Pod classes counted now."""
+        return len(self._counts)
+
+    def _drop_rare(self) -> None:
+        """Keep the more popular half of the counted classes (ties as `from_counts`)."""
+        ranked = sorted(self._counts.items(), key=lambda kv: (kv[1], _tie_key(kv[0])))
+        for pod_class, _ in ranked[: len(ranked) - self.max_tracked // 2]:
+            del self._counts[pod_class]

@@ -23,6 +23,7 @@ from tessera.fragmentation import (
     Workload,
     squash,
 )
+from tessera.fragmentation.workload import MAX_TRACKED_CLASSES
 from tessera.model import Gpu, NodeInventory
 from tessera.node_placement import Placement, place_pod
 from tessera.node_state import GpuCapacity, HostCapacity
@@ -209,6 +210,23 @@ def test_online_workload_learns_each_pod_once_and_moves_only_on_drift() -> None:
     for i in range(20):
         quiet.observe(pod(f"q{i}", 100))
     assert quiet.version == 0 and quiet.workload == quiet.workload
+
+
+def test_online_workload_counts_a_bounded_number_of_classes() -> None:
+    """Pod authors choose host requests freely: a class per pod must not pile up."""
+    online = OnlineWorkload(max_tracked=64)
+    for i in range(200):  # a popular class, then a stream of one-pod classes
+        online.observe(pod(f"common-{i}", 100, cpu=1000))
+    for i in range(5000):
+        online.observe(pod(f"odd-{i}", 100, cpu=2000 + i))
+        assert online.tracked <= 64
+    assert online.workload.weight_of(PodClass.of(pod("x", 100, cpu=1000))) > 0.5
+    assert online.observed == 5200
+    assert OnlineWorkload().max_tracked == MAX_TRACKED_CLASSES
+    default = OnlineWorkload()
+    for i in range(3 * MAX_TRACKED_CLASSES):
+        default.observe(pod(f"d-{i}", 100, cpu=1 + i))
+    assert default.tracked <= MAX_TRACKED_CLASSES
 
 
 def test_pod_class_of_requests() -> None:
