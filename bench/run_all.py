@@ -52,14 +52,14 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
 
 def kept_scale_section(doc: Path) -> str:
     """The Scale section `make bench-scale` wrote (it needs a control plane, so `make bench`
-    keeps it as it is)."""
+    keeps it as it is) and the written analysis after it (its profile, what did not help)."""
     from bench.scale import SECTION_END, SECTION_START
 
     text = doc.read_text() if doc.exists() else ""
     if SECTION_START not in text or SECTION_END not in text:
         return ""
-    section = text.split(SECTION_START, 1)[1].split(SECTION_END, 1)[0]
-    return f"\n{SECTION_START}{section}{SECTION_END}\n"
+    section, after = text.split(SECTION_START, 1)[1].split(SECTION_END, 1)
+    return f"\n{SECTION_START}{section}{SECTION_END}{after.rstrip()}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
