@@ -285,9 +285,7 @@ class KubeClient:
         self, path: str, patch: Mapping[str, Any], *, answer: bool = True
     ) -> dict[str, Any]:
         """The patched object (`answer=False`: {} without parsing it)."""
-        return _object(
-            self.request("PATCH", path, patch, content_type=MERGE_PATCH, decode=answer)
-        )
+        return _object(self.request("PATCH", path, patch, content_type=MERGE_PATCH, decode=answer))
 
     def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return _object(self.request("POST", path, obj))
