@@ -51,20 +51,16 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
 
 
 def kept_sections(doc: Path) -> str:
-    """The Scale and Soak sections that `make bench-scale` and `make soak` wrote (they need
-    a control plane, so `make bench` keeps them as they are)."""
+    """Everything from the first section that `make bench-scale` or `make soak` wrote to the
+    end of the page: those need a control plane, and the written analysis beside them (the
+    profile, what did not help) is not `make bench`'s, so `make bench` keeps it as it is."""
     from bench import scale, soak
 
     text = doc.read_text() if doc.exists() else ""
-    kept = ""
-    for start, end in (
-        (scale.SECTION_START, scale.SECTION_END),
-        (soak.SECTION_START, soak.SECTION_END),
-    ):
-        if start in text and end in text:
-            section = text.split(start, 1)[1].split(end, 1)[0]
-            kept += f"\n{start}{section}{end}\n"
-    return kept
+    found = [text.index(s) for s in (scale.SECTION_START, soak.SECTION_START) if s in text]
+    if not found:
+        return ""
+    return "\n" + text[min(found) :].rstrip() + "\n"
 
 
 def merge(text: str, results: list[tuple[str, Result]]) -> str:

@@ -34,13 +34,20 @@ def real(args: argparse.Namespace) -> list[str]:
     from bench.scale_real import RealScale, Series
 
     bench = RealScale(
-        args.nodes, args.pods, args.rounds, log, args.profile, tuple(args.tessera_arg)
+        args.nodes,
+        args.pods,
+        args.rounds,
+        log,
+        args.profile,
+        tuple(args.tessera_arg),
+        args.py_spy,
+        args.py_spy_native,
     )
     load_before = sc.load_text()
     try:
         bench.start()
         series: dict[tuple[str, int], Series] = {}
-        for qps in QPS:
+        for qps in args.qps:
             for tessera in (True, False):
                 one = bench.series(tessera, qps)
                 series[("tessera" if tessera else "alone", qps)] = one
@@ -58,7 +65,7 @@ def real(args: argparse.Namespace) -> list[str]:
         "| kube-scheduler qps/burst | tessera pods/s | alone pods/s | ratio | target | holds |",
         "|---|---|---|---|---|---|",
     ]
-    for qps in QPS:
+    for qps in args.qps:
         t, a = series[("tessera", qps)], series[("alone", qps)]
         ratio = t.pods_per_s / a.pods_per_s
         lines.append(
@@ -193,12 +200,32 @@ def main(argv: list[str] | None = None) -> int:
         help="real run: sample tessera-scheduler's stacks during its first series into this file",
     )
     p.add_argument(
+        "--py-spy",
+        type=Path,
+        help="real run: py-spy on tessera-scheduler during each round of its first series, "
+        "collapsed stacks into FILE.<round> (summarize: python -m bench.profile_table), and "
+        "perf's CPU samples into FILE.<round>.perf where perf is installed",
+    )
+    p.add_argument(
+        "--py-spy-native",
+        action="store_true",
+        help="py-spy with native frames (it stops the process for each sample: slow)",
+    )
+    p.add_argument(
+        "--qps",
+        type=int,
+        action="append",
+        choices=QPS,
+        help="real run: only this kube-scheduler qps (repeatable; default: all of them)",
+    )
+    p.add_argument(
         "--tessera-arg",
         action="append",
         default=[],
         help="real run: one more tessera-scheduler flag (repeatable), to compare settings",
     )
     args = p.parse_args(argv)
+    args.qps = tuple(args.qps or QPS)
     from tests.e2e import binaries
 
     asked_real = any(os.environ.get(v) for v in (binaries.FOLDER_VAR, *binaries.VARS.values()))

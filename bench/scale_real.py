@@ -10,7 +10,10 @@ The same rounds then run with kube-scheduler alone placing a plain extended reso
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -95,6 +98,8 @@ class RealScale:
         log: Callable[[str], None],
         profile: Path | None = None,
         tessera_args: tuple[str, ...] = (),
+        py_spy: Path | None = None,
+        py_spy_native: bool = False,
     ) -> None:
         from tests.e2e import binaries
         from tests.e2e.controlplane import ControlPlane
@@ -110,6 +115,11 @@ class RealScale:
         self.tessera_args = list(tessera_args)
         """Where to write a sampled profile of tessera-scheduler's first series (None: no
         sampling)."""
+        self.py_spy = py_spy
+        """Where to write py-spy's collapsed stacks (native frames too) of tessera-scheduler
+        during the timed part of each round of the first series (None: not run)."""
+        self.py_spy_native = py_spy_native
+        self._spies: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     # --- set-up ----------------------------------------------------------------------------
 
@@ -266,6 +276,7 @@ class RealScale:
             pids = self._pids()
             before = self.metrics()
             requests, binding = self.api_metrics()
+            self._spy_start(run, pids.get("tessera-scheduler"))
             cpu0 = {k: sc.cpu_seconds(p) for k, p in pids.items()}
             start = time.perf_counter()
         finally:
@@ -274,6 +285,7 @@ class RealScale:
         watcher.done.wait(ROUND_TIMEOUT_S)
         seconds = time.perf_counter() - start
         cpu = {k: sc.cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+        self._spy_stop()
         watcher.stop()
         if not watcher.done.is_set():
             self.cp.check_alive()
@@ -288,6 +300,44 @@ class RealScale:
             result.valid_records = self._valid_records(run)
         self._delete(run)
         return result
+
+    def _spy_start(self, run: str, pid: int | None) -> None:
+        """Profilers on tessera-scheduler for this round's timed part (first series only):
+        py-spy (Python frames, threads that are running; without stopping the process) and,
+        where `perf` is installed, perf's CPU-clock samples with native stacks (which
+        library the CPU goes to)."""
+        if self.py_spy is None or self.run_no != 1 or pid is None or run.startswith("warm"):
+            return
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        out = self.py_spy.with_name(f"{self.py_spy.name}.{run}")
+        cmd = [spy, "record", "--threads", "--format", "raw", "--rate", "100"]
+        # --native stops the process for every sample: 10 pods/s instead of 130 at 250 Hz
+        cmd += ["--native"] if self.py_spy_native else ["--nonblocking"]
+        cmd += ["--pid", str(pid), "--output", str(out)]
+        self._spies = [
+            ("py-spy", subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        ]
+        perf = shutil.which("perf")
+        if perf is not None:
+            data = self.py_spy.with_name(f"{self.py_spy.name}.{run}.perf")
+            cmd = [perf, "record", "-e", "cpu-clock", "-F", "499", "-g", "-p", str(pid)]
+            cmd += ["-o", str(data)]
+            self._spies.append(
+                ("perf", subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            )
+        time.sleep(0.5)  # attached before the round starts
+
+    def _spy_stop(self) -> None:
+        for name, spy in self._spies:
+            spy.send_signal(signal.SIGINT)
+            try:
+                _, err = spy.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                err = b""
+            if spy.returncode not in (0, -signal.SIGINT):
+                self.log(f"{name}: {err.decode(errors='replace')[-300:]}")
+        self._spies = []
 
     def _valid_records(self, run: str) -> int:
         from tests.e2e.controlplane import keyring
@@ -349,8 +399,6 @@ class RealScale:
         return sc.peak_rss_mib(proc.pid)
 
     def stop(self, keep: bool = False) -> None:
-        import shutil
-
         self.cp.stop()
         if not keep:
             shutil.rmtree(self.work, ignore_errors=True)

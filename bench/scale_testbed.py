@@ -42,6 +42,8 @@ class TestbedRound:
     prioritize_ms: list[float] = field(default_factory=list)
     bind_ms: list[float] = field(default_factory=list)
     failed: int = 0
+    cpu_s: float = 0.0
+    """tessera-scheduler's CPU seconds (user + system, /proc) during the round."""
 
 
 class _Conn(threading.local):
@@ -162,6 +164,7 @@ class TestbedScale:
                 if answer.get("Error"):
                     result.failed += 1
 
+        cpu0 = sc.cpu_seconds(self.sched.pid)
         start = time.perf_counter()
         with ThreadPoolExecutor(BIND_WORKERS) as binders:
             for obj in created:
@@ -185,6 +188,7 @@ class TestbedScale:
                     best = max(scores, key=lambda s: s["Score"])["Host"]
                 binders.submit(bind, obj, best)
         result.seconds = time.perf_counter() - start
+        result.cpu_s = sc.cpu_seconds(self.sched.pid) - cpu0
         for obj in created:
             self.api.request("DELETE", pod_path(sc.NAMESPACE, obj["metadata"]["name"]))
         return result
@@ -198,7 +202,8 @@ class TestbedScale:
                 f"testbed round {r}: {self.pods / done.seconds:.1f} pods/s, bind p99 "
                 f"{percentile(done.bind_ms, 99):.1f} ms, filter p50 "
                 f"{percentile(done.filter_ms, 50):.1f} ms, prioritize p50 "
-                f"{percentile(done.prioritize_ms, 50):.1f} ms, failed {done.failed}"
+                f"{percentile(done.prioritize_ms, 50):.1f} ms, failed {done.failed}, "
+                f"tessera-scheduler CPU {done.cpu_s * 1000 / self.pods:.2f} ms per pod"
             )
         return out
 

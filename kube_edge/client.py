@@ -188,16 +188,19 @@ class KubeClient:
         query: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         max_depth: int | None = -1,
+        decode: bool = True,
     ) -> Any:
         """One request; the decoded JSON answer (None when it is empty). Raises ApiError.
         `max_depth`: the nesting allowed (-1: the client's; None: only the parser's own
-        limit, for list pages whose items are checked one by one)."""
+        limit, for list pages whose items are checked one by one). `decode=False`: a
+        success is read to the end but not parsed (None), for writers that do not use the
+        answer (a NodeDevices status patch is answered with the whole object)."""
         response = self._send(method, path, body, content_type, query, timeout or self.timeout)
         raw = self._read(response, method, path)
         status = int(response.status)
         if not 200 <= status < 300:
             raise self._error(status, str(response.reason or ""), raw, method, path)
-        if not raw:
+        if not raw or not decode:
             return None
         try:
             return loads(
@@ -284,8 +287,11 @@ class KubeClient:
                 return
         raise ApiError(NO_ANSWER, f"GET {path}: more than {MAX_PAGES} pages")
 
-    def merge_patch(self, path: str, patch: Mapping[str, Any]) -> dict[str, Any]:
-        return _object(self.request("PATCH", path, patch, content_type=MERGE_PATCH))
+    def merge_patch(
+        self, path: str, patch: Mapping[str, Any], *, answer: bool = True
+    ) -> dict[str, Any]:
+        """The patched object (`answer=False`: {} without parsing it)."""
+        return _object(self.request("PATCH", path, patch, content_type=MERGE_PATCH, decode=answer))
 
     def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
         return _object(self.request("POST", path, obj))

@@ -121,7 +121,8 @@ class StatusWriter(Rounds):
                 }
             }
             try:
-                self.client.merge_patch(status_path(node), patch)
+                # the answer is the whole NodeDevices (about 20 KB at 8 GPUs): not parsed
+                self.client.merge_patch(status_path(node), patch, answer=False)
             except ApiError as exc:
                 if exc.status == 404:
                     self._written.pop(node, None)

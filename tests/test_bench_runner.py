@@ -57,6 +57,7 @@ def test_a_full_run_keeps_the_scale_and_soak_sections(
     doc = fake_bench(monkeypatch, tmp_path, [Result("a figure", 1.0, "ms", 2.0)])
     doc.write_text("# Benchmarks\n\nold table\n")
     scale.write_section(["5000 nodes: 100 pods/s"], doc)
+    doc.write_text(doc.read_text() + "\n## Where the CPU goes\n\nprofile table\n")
     scale.write_section(
         ["Verdict: flat"], doc, start=soak.SECTION_START, end=soak.SECTION_END, title="Soak"
     )
@@ -65,6 +66,10 @@ def test_a_full_run_keeps_the_scale_and_soak_sections(
     assert "a figure" in text and "old table" not in text
     assert "5000 nodes: 100 pods/s" in text
     assert "## Soak" in text and "Verdict: flat" in text
+    # the written analysis after the section is kept, and so is the section's own update
+    assert "## Where the CPU goes\n\nprofile table\n" in text
+    scale.write_section(["5000 nodes: 120 pods/s"], doc)
+    assert "120 pods/s" in doc.read_text() and "profile table" in doc.read_text()
 
 
 def test_merge_replaces_one_modules_rows_and_notes_only() -> None:

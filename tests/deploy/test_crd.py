@@ -30,7 +30,9 @@ class _Recorder:
     def __init__(self) -> None:
         self.patches: list[dict[str, Any]] = []
 
-    def merge_patch(self, path: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def merge_patch(
+        self, path: str, patch: dict[str, Any], *, answer: bool = True
+    ) -> dict[str, Any]:
         self.patches.append(patch)
         return {}
 

@@ -58,6 +58,24 @@ def test_answers_are_read_within_bounds(server: StubServer) -> None:
     assert api.request("GET", "/ok") == {"a": 1}  # the connection pool survived
 
 
+def test_an_unused_answer_is_read_within_bounds_but_not_parsed(server: StubServer) -> None:
+    api = Api.for_host(
+        f"http://127.0.0.1:{server.server_address[1]}", timeout=5, max_response_bytes=SMALL
+    )
+    server.answers["/status"] = (200, b"{not json: the writer never looks")
+    assert api.merge_patch("/status", {"status": {}}, answer=False) == {}
+    server.answers["/status"] = (200, b'{"metadata": {"name": "n"}}')
+    assert api.merge_patch("/status", {"status": {}}) == {"metadata": {"name": "n"}}
+    # the size bound and the status still hold for an answer that is not parsed
+    server.answers["/big"] = (200, b'"' + b"x" * SMALL + b'"')
+    with pytest.raises(ApiError, match="too large"):
+        api.merge_patch("/big", {}, answer=False)
+    server.answers["/gone"] = (404, b'{"kind": "Status", "message": "not found"}')
+    with pytest.raises(ApiError) as gone:
+        api.merge_patch("/gone", {}, answer=False)
+    assert gone.value.status == 404
+
+
 def test_no_answer_is_a_kube_error_with_status_0() -> None:
     api = Api.for_host("http://127.0.0.1:1", timeout=2)
     with pytest.raises(ApiError) as down:

@@ -128,6 +128,9 @@ def test_https_with_required_client_certificates(fake: FakeApiServer, pki: Path)
         # keep-alive over TLS: a second request on the same connection
         conn.request("GET", "/healthz")
         assert conn.getresponse().read() == b"ok\n"
+        # no session ticket is issued (no client of the verbs resumes a session)
+        assert isinstance(conn.sock, ssl.SSLSocket) and conn.sock.version() == "TLSv1.3"
+        assert conn.sock.session is not None and not conn.sock.session.has_ticket
 
         # without a certificate: health answers, the verbs and /debug do not
         anonymous = ssl.create_default_context(cafile=str(pki / "ca.crt"))
