@@ -37,6 +37,11 @@ from tessera.request import PodRequest
 
 log = logging.getLogger(__name__)
 
+MAX_SHOWN = 200
+"""Waiting gangs `waiting` lists (the allocation page's "Why pending"), the oldest keys
+first; the count of all is given beside them."""
+MAX_MEMBER_NAMES = 16
+"""Pending members named per gang (the counts cover every member)."""
 MAX_NODE_LABELS = 64
 """Labels kept per node for topology (a Node carrying more keeps the first, sorted)."""
 
@@ -363,6 +368,48 @@ class Gangs:
     def reason(self, key: GangKey) -> str | None:
         with self._lock:
             return self._reasons.get(key)
+
+    def waiting(self) -> tuple[list[dict[str, Any]], int]:
+        """Every gang with a member not bound yet, for "Why pending": its members against
+        `minMember`, why it waits, and its reservation (held nodes and the seconds left
+        before the timeout, or the seconds before a released gang is planned again). At
+        most MAX_SHOWN, with the number of all."""
+        with self._lock:
+            keys = [
+                k for k in self._roster.keys() if any(m.pending for m in self._roster.members(k))
+            ]
+            out = [self._waiting_one(k) for k in keys[:MAX_SHOWN]]
+        return out, len(keys)
+
+    def _waiting_one(self, key: GangKey) -> dict[str, Any]:
+        spec = self._roster.spec(key)
+        members = self._roster.members(key)
+        pending = sorted(m.name for m in members if m.pending)
+        readiness = self._roster.readiness(key)
+        standing = self.cache.gang_standing(key)
+        if isinstance(readiness, Waiting):
+            reason = readiness.reason
+        elif standing.state == "reserved":
+            reason = f"gang {key}: reserved, waiting for its members to bind"
+        else:
+            reason = self._reasons.get(key) or f"gang {key}: complete, to be planned"
+        return {
+            "gang": str(key),
+            "namespace": key.namespace,
+            "name": key.name,
+            "minMember": spec.min_member if isinstance(spec, GangSpec) else None,
+            "timeoutS": spec.timeout_seconds if isinstance(spec, GangSpec) else None,
+            "members": len(members),
+            "pending": len(pending),
+            "bound": len(members) - len(pending),
+            "pendingMembers": pending[:MAX_MEMBER_NAMES],
+            "reason": reason,
+            "reservation": {
+                "state": standing.state,
+                "seconds": None if standing.seconds is None else round(standing.seconds, 1),
+                "nodes": list(standing.nodes),
+            },
+        }
 
     def key_of(self, uid: str) -> GangKey | None:
         """The gang a pod belongs to, as the watch or a filter showed it."""
