@@ -375,9 +375,8 @@ class Gangs:
         before the timeout, or the seconds before a released gang is planned again). At
         most MAX_SHOWN, with the number of all."""
         with self._lock:
-            keys = [
-                k for k in self._roster.keys() if any(m.pending for m in self._roster.members(k))
-            ]
+            everyone = self._roster.keys()
+            keys = [k for k in everyone if any(m.pending for m in self._roster.members(k))]
             out = [self._waiting_one(k) for k in keys[:MAX_SHOWN]]
         return out, len(keys)
 
