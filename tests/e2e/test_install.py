@@ -280,7 +280,15 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
     groups = f"/apis/{rn.POD_GROUP_GROUP}/{rn.POD_GROUP_VERSION}/namespaces/default/podgroups"
 
     def group_created() -> bool:
-        cp.admin.create(groups, {"metadata": {"name": "pair"}, "spec": {"minMember": 2}})
+        cp.admin.create(
+            groups,
+            {
+                "apiVersion": f"{rn.POD_GROUP_GROUP}/{rn.POD_GROUP_VERSION}",
+                "kind": rn.POD_GROUP_KIND,
+                "metadata": {"name": "pair"},
+                "spec": {"minMember": 2},
+            },
+        )
         return True
 
     wait_for(group_created, 60, "the PodGroup CRD serving")
@@ -296,9 +304,21 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
         90,
         "the gang's reason on its first member",
     )
+    # kubectl tessera reads the same from the API server (a real label selector)
+    gangs = walk.kubectl("tessera", "gangs")
+    assert re.search(
+        r"^default\s+pair\s+2\s+1\s+0\s+waiting\s+pair-0\s+1 of 2 members pending$", gangs, re.M
+    ), gangs
+    explained = walk.kubectl("tessera", "explain", "pair-0")
+    assert (
+        "Waits for its gang default/pair (waiting; 1 pending, 0 bound, minMember 2): " in explained
+    )
     member("pair-1")
     wait_for(
         lambda: P.bound(cp.admin, "pair-0") and P.bound(cp.admin, "pair-1"), 60, "the pair bound"
+    )
+    assert re.search(
+        r"^default\s+pair\s+2\s+0\s+2\s+bound\b", walk.kubectl("tessera", "gangs"), re.M
     )
 
 
