@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from scheduler_plugin.cli import build_parser
 from tools import flags_doc
 
 
@@ -15,7 +16,7 @@ def test_the_flags_table_matches_the_parser() -> None:
 
 def test_the_table_lists_every_flag_with_its_variable_and_default() -> None:
     table = flags_doc.render()
-    for action in flags_doc.build_parser()._actions:
+    for action in build_parser()._actions:
         for option in action.option_strings:
             if option.startswith("--") and option != "--help":
                 assert f"`{option}`" in table, option
