@@ -299,11 +299,16 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
         cp.admin.create(pod_path("default"), obj)
 
     member("pair-0")
-    wait_for(
-        lambda: "gang default/pair: 1 of 2 members pending" in P.pending_reason(cp.admin, "pair-0"),
-        90,
-        "the gang's reason on its first member",
-    )
+    said = [""]
+
+    def gang_reason() -> bool:
+        said[0] = P.pending_reason(cp.admin, "pair-0")
+        return "gang default/pair: 1 of 2 members pending" in said[0]
+
+    try:
+        wait_for(gang_reason, 90, "the gang's reason on its first member")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its PodScheduled message: {said[0]!r}") from None
     # kubectl tessera reads the same from the API server (a real label selector)
     gangs = walk.kubectl("tessera", "gangs")
     assert re.search(
