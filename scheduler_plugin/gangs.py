@@ -42,6 +42,8 @@ MAX_SHOWN = 200
 first; the count of all is given beside them."""
 MAX_MEMBER_NAMES = 16
 """Pending members named per gang (the counts cover every member)."""
+MAX_EARLY = 4096
+"""Members remembered as refused before the gang watches listed (nudged once they have)."""
 MAX_NODE_LABELS = 64
 """Labels kept per node for topology (a Node carrying more keeps the first, sorted)."""
 
@@ -86,6 +88,10 @@ class Gangs:
         """Gang -> the nodes kube-scheduler last offered one of its members (its own
         filters passed there: taints, selectors, host resources). A plan made in filter
         keeps to them; the ticker's plans look at every node (the offer may be stale)."""
+        self._early: dict[str, Poke] = {}
+        """Members whose filter came before the gang watches had listed: kube-scheduler
+        recorded "waiting for the scheduler to list" on them and would not ask again for
+        minutes; once both have listed, each is nudged (no node) to be asked again."""
         self.groups_synced = threading.Event()
         self.members_synced = threading.Event()
 
@@ -261,6 +267,10 @@ class Gangs:
                 self._candidates[key] = offered
                 self._changed()
         reason = self._try(key, exclude=request.uid, names=offered)
+        if not self._synced():
+            with self._lock:
+                if len(self._early) < MAX_EARLY:
+                    self._early[request.uid] = (key.namespace, request.name, request.uid, "")
         node = self.cache.gang_reserved_node(request.uid)
         if node is not None and node in names:
             return GangAnswer(node, "")
@@ -272,7 +282,7 @@ class Gangs:
         """Plan and reserve the gang if it is complete and anything changed since its last
         try; the reason its members wait (or "" once reserved). Every member but `exclude`
         (the one being filtered) is nudged."""
-        if not (self.groups_synced.is_set() and self.members_synced.is_set()):
+        if not self._synced():
             return f"gang {key}: waiting for the scheduler to list gangs and their pods"
         with self._lock:
             readiness = self._roster.readiness(key)
@@ -317,6 +327,9 @@ class Gangs:
             self.on_reserved(pokes)
         return ""
 
+    def _synced(self) -> bool:
+        return self.groups_synced.is_set() and self.members_synced.is_set()
+
     def preemption(
         self, pod: Mapping[str, Any], request: PodRequest
     ) -> Mapping[str, Mapping[str, PodRequest]] | None:
@@ -359,6 +372,12 @@ class Gangs:
             )
         with self._lock:
             keys = self._roster.keys()
+            early = list(self._early.values()) if self._synced() else []
+            if early:
+                self._early.clear()
+        if early and self.on_reserved is not None:
+            log.info("gangs listed: %d members refused before are asked about again", len(early))
+            self.on_reserved(early)
         for key in keys:
             try:
                 self._try(key)
