@@ -2,6 +2,7 @@
 
     kubectl tessera nodes [-o json]
     kubectl tessera pods [-n NS | -A] [-o json]
+    kubectl tessera gangs [-n NS | -A] [-o json]
     kubectl tessera explain POD [-n NS] [--policy P] [-o json]
 
 Exit status: 0 done, 1 the API server could not be read, 2 a usage error.
@@ -16,9 +17,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from kube_edge.client import KubeClient
+from kube_edge.client import KubeClient, page_items
 from kube_edge.errors import ApiError
 from kubectl_tessera import explain as explain_view
+from kubectl_tessera import gangs as gangs_view
 from kubectl_tessera import nodes as nodes_view
 from kubectl_tessera import pods as pods_view
 from kubectl_tessera.config import KubectlConfig
@@ -29,6 +31,10 @@ from tessera.resources import (
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
     PLACEMENT_POLICIES,
+    POD_GROUP_GROUP,
+    POD_GROUP_LABEL,
+    POD_GROUP_PLURAL,
+    POD_GROUP_VERSION,
 )
 from tessera_cli import CliParser, config_from, exit_code
 from tessera_cli.values import seconds
@@ -72,6 +78,17 @@ def parser() -> CliParser:
     sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")
     p = sub.add_parser("pods", parents=[common], help="pods holding tessera devices")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    g = sub.add_parser(
+        "gangs",
+        parents=[common],
+        help="gangs (PodGroups): members pending and bound, state, and why each waits",
+    )
+    g.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    g.add_argument(
+        "--manage-nvidia-gpu",
+        action="store_true",
+        help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
+    )
     e = sub.add_parser("explain", parents=[common], help="why a pending pod fits nowhere")
     e.add_argument("pod", metavar="POD")
     e.add_argument(
@@ -111,6 +128,29 @@ def _nodes(kube: KubeClient) -> list[dict[str, Any]]:
         raise
 
 
+def _gang_objects(
+    kube: KubeClient, namespace: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The PodGroups and the pods carrying the gang label, in `namespace` (None: all). No
+    PodGroups when their CRD is not installed (404) or this user may not read them (403):
+    the members still print, each gang waiting for its PodGroup."""
+    scope = "" if namespace is None else f"/namespaces/{quote(namespace, safe='')}"
+    groups_path = f"/apis/{POD_GROUP_GROUP}/{POD_GROUP_VERSION}{scope}/{POD_GROUP_PLURAL}"
+    try:
+        groups = list(kube.list_items(groups_path))
+    except ApiError as exc:
+        if exc.status not in (403, 404):
+            raise
+        groups = []
+    pods_path = f"/api/v1{scope}/pods"
+    pods = [
+        item
+        for page in kube.pages(pods_path, label_selector=POD_GROUP_LABEL)
+        for item in page_items(page, kube.max_depth, pods_path)
+    ]
+    return groups, pods
+
+
 def _emit(config: KubectlConfig, doc: Any, table: Callable[[], str]) -> None:
     if config.output == "json":
         print(json.dumps(doc, indent=2, sort_keys=True))
@@ -139,11 +179,22 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
         pod_rows = pods_view.rows(kube.list_items(path), _leases(kube, config.heartbeat_namespace))
         _emit(config, pods_view.as_json(pod_rows), lambda: pods_view.render_rows(pod_rows))
         return 0
+    if config.command == "gangs":
+        groups, members = _gang_objects(kube, None if config.all_namespaces else namespace)
+        gang_rows = gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu)
+        _emit(config, gangs_view.as_json(gang_rows), lambda: gangs_view.render_rows(gang_rows))
+        return 0
     pod = kube.get(
         f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(config.pod, safe='')}"
     )
     if not isinstance(pod, dict):
         raise ApiError(200, "the pod answer is not an object")
+    gang = None
+    if gangs_view.gang_of(pod) is not None:
+        groups, members = _gang_objects(kube, namespace)
+        gang = gangs_view.row_of(
+            pod, gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu)
+        )
     result = explain_view.explain(
         pod,
         list(kube.list_items(INVENTORY_PATH)),
@@ -153,6 +204,7 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
         policy=config.policy,
         nvidia_gpu=config.manage_nvidia_gpu,
         lease_namespace=config.heartbeat_namespace,
+        gang=gang,
     )
     _emit(config, explain_view.as_json(result), lambda: explain_view.render_explanation(result))
     return 0

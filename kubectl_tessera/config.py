@@ -11,7 +11,7 @@ from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_POLICY
 @dataclass(frozen=True, slots=True)
 class KubectlConfig:
     command: str
-    """nodes, pods or explain."""
+    """nodes, pods, gangs or explain."""
     kubeconfig: str | None = None
     context: str | None = None
     namespace: str | None = None
@@ -19,10 +19,10 @@ class KubectlConfig:
     request_timeout: float = 30.0
     heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
     all_namespaces: bool = False
-    """pods: every namespace."""
+    """pods, gangs: every namespace."""
     pod: str = ""
     """explain: the pod's name."""
     policy: str = DEFAULT_POLICY
     """explain: the scheduler's --policy."""
     manage_nvidia_gpu: bool = False
-    """explain: the scheduler runs with --manage-nvidia-gpu."""
+    """explain, gangs: the scheduler runs with --manage-nvidia-gpu."""

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kubectl_tessera.gangs import GangRow
 from kubectl_tessera.nodes import node_row
 from kubectl_tessera.objects import holds_devices, name_of, namespace_of, node_of, text, uid_of
 from kubectl_tessera.pods import decode_unverified
@@ -44,6 +45,8 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     nearest: list[str] = field(default_factory=list)
     """The nodes nearest to taking the pod (tessera.explain.nearest), with their reasons."""
+    gang: GangRow | None = None
+    """The gang the pod waits for, when it is a member (placed with it or not at all)."""
 
 
 def _order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -62,10 +65,43 @@ def explain(
     policy: str,
     nvidia_gpu: bool = False,
     lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
+    gang: GangRow | None = None,
 ) -> Explanation:
     key = f"{namespace_of(pod)}/{name_of(pod)}"
     if node_of(pod):
         return Explanation(key, f"the pod is already bound to node {node_of(pod)}")
+    result = _explain(key, pod, nodedevices, pods, leases, now, policy, nvidia_gpu, lease_namespace)
+    if gang is not None:
+        result.gang = gang
+        result.notes.insert(0, GANG_NOTE)
+    return result
+
+
+GANG_NOTE = (
+    "a gang is placed whole or not at all: the nodes below judge this member alone, "
+    "the gang's reason above is what holds it"
+)
+
+
+def gang_line(gang: GangRow) -> str:
+    want = "no usable PodGroup" if gang.min_member is None else f"minMember {gang.min_member}"
+    return (
+        f"Waits for its gang {gang.key} ({gang.state}; {gang.pending} pending, "
+        f"{gang.bound} bound, {want}): {gang.reason.removeprefix(f'gang {gang.key}: ')}"
+    )
+
+
+def _explain(
+    key: str,
+    pod: Mapping[str, Any],
+    nodedevices: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    leases: Iterable[Mapping[str, Any]] | None,
+    now: float,
+    policy: str,
+    nvidia_gpu: bool,
+    lease_namespace: str,
+) -> Explanation:
     try:
         request = parse_pod(pod, nvidia_gpu_enabled=nvidia_gpu)
     except RequestError as exc:
@@ -141,6 +177,8 @@ def explain(
 
 def render_explanation(e: Explanation) -> str:
     lines = [clean(f"Pod {e.pod}: {e.summary}")]
+    if e.gang is not None:
+        lines.append(clean(gang_line(e.gang)))
     lines += ["  " + clean(c) for c in e.containers]
     lines += [clean(f"# {n}") for n in e.notes]
     if e.nearest:

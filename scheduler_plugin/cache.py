@@ -61,7 +61,7 @@ from tessera.allocation import PodAllocation
 from tessera.cluster_decision import Decider, Evaluation
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
-from tessera.gang.book import Reservation, ReservationBook
+from tessera.gang.book import Reservation, ReservationBook, Standing
 from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, LabelOf, plan_gang
 from tessera.gang.spec import GangKey
 from tessera.model import NodeInventory
@@ -775,6 +775,10 @@ class Cache:
     def gang_reservation(self, key: GangKey) -> Reservation | None:
         with self._lock:
             return self._book.get(key)
+
+    def gang_standing(self, key: GangKey) -> Standing:
+        with self._lock:
+            return self._book.standing(key, self._monotonic())
 
     def gang_may_plan(self, key: GangKey, now: float | None = None) -> bool:
         """Not reserved, and not released too recently (ReservationBook.may_plan)."""

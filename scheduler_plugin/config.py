@@ -8,6 +8,7 @@ import dataclasses
 from scheduler_plugin import limits
 from scheduler_plugin.extender import FILTER_ANSWERS
 from scheduler_plugin.service import Options
+from tessera.gang.book import DEFAULT_RETRY_AFTER
 from tessera.policy_registry import POLICIES
 from tessera.resources import (
     DEFAULT_INTEGRITY_KEY_FILE,
@@ -128,13 +129,16 @@ class SchedulerConfig:
         default=_SERVICE.filter_answer,
     )
     gangs: bool = _DECISIONS.off_switch(
-        "do not place gangs (pods labelled scheduling.x-k8s.io/pod-group): each member is "
-        "then placed on its own, as any pod (docs/gangs.md)",
+        "turn gang placement off: PodGroups are not watched, and pods labelled "
+        "scheduling.x-k8s.io/pod-group are placed one by one as they fit, like any pod, "
+        "instead of all of a gang together or none (docs/gangs.md)",
         option="--no-gangs",
     )
     gang_timeout: float = _DECISIONS.duration(
-        "seconds a gang's reservation waits for its members to bind when its PodGroup sets "
-        "no scheduleTimeoutSeconds; then it is released and the gang planned again later",
+        "seconds a placed gang's devices stay reserved for its members to bind, when its "
+        "PodGroup sets no spec.scheduleTimeoutSeconds; the devices of members not bound by "
+        f"then are released, and the gang is planned again {DEFAULT_RETRY_AFTER:g} seconds "
+        "later (docs/gangs.md)",
         default=_SERVICE.gang_timeout,
     )
     integrity_key_file: str = _DECISIONS.flag(

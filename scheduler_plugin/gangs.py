@@ -37,6 +37,13 @@ from tessera.request import PodRequest
 
 log = logging.getLogger(__name__)
 
+MAX_SHOWN = 200
+"""Waiting gangs `waiting` lists (the allocation page's "Why pending"), the oldest keys
+first; the count of all is given beside them."""
+MAX_MEMBER_NAMES = 16
+"""Pending members named per gang (the counts cover every member)."""
+MAX_EARLY = 4096
+"""Members remembered as refused before the gang watches listed (nudged once they have)."""
 MAX_NODE_LABELS = 64
 """Labels kept per node for topology (a Node carrying more keeps the first, sorted)."""
 
@@ -81,6 +88,10 @@ class Gangs:
         """Gang -> the nodes kube-scheduler last offered one of its members (its own
         filters passed there: taints, selectors, host resources). A plan made in filter
         keeps to them; the ticker's plans look at every node (the offer may be stale)."""
+        self._early: dict[str, Poke] = {}
+        """Members whose filter came before the gang watches had listed: kube-scheduler
+        recorded "waiting for the scheduler to list" on them and would not ask again for
+        minutes; once both have listed, each is nudged (no node) to be asked again."""
         self.groups_synced = threading.Event()
         self.members_synced = threading.Event()
 
@@ -256,6 +267,10 @@ class Gangs:
                 self._candidates[key] = offered
                 self._changed()
         reason = self._try(key, exclude=request.uid, names=offered)
+        if not self._synced():
+            with self._lock:
+                if len(self._early) < MAX_EARLY:
+                    self._early[request.uid] = (key.namespace, request.name, request.uid, "")
         node = self.cache.gang_reserved_node(request.uid)
         if node is not None and node in names:
             return GangAnswer(node, "")
@@ -267,7 +282,7 @@ class Gangs:
         """Plan and reserve the gang if it is complete and anything changed since its last
         try; the reason its members wait (or "" once reserved). Every member but `exclude`
         (the one being filtered) is nudged."""
-        if not (self.groups_synced.is_set() and self.members_synced.is_set()):
+        if not self._synced():
             return f"gang {key}: waiting for the scheduler to list gangs and their pods"
         with self._lock:
             readiness = self._roster.readiness(key)
@@ -312,6 +327,9 @@ class Gangs:
             self.on_reserved(pokes)
         return ""
 
+    def _synced(self) -> bool:
+        return self.groups_synced.is_set() and self.members_synced.is_set()
+
     def preemption(
         self, pod: Mapping[str, Any], request: PodRequest
     ) -> Mapping[str, Mapping[str, PodRequest]] | None:
@@ -354,6 +372,12 @@ class Gangs:
             )
         with self._lock:
             keys = self._roster.keys()
+            early = list(self._early.values()) if self._synced() else []
+            if early:
+                self._early.clear()
+        if early and self.on_reserved is not None:
+            log.info("gangs listed: %d members refused before are asked about again", len(early))
+            self.on_reserved(early)
         for key in keys:
             try:
                 self._try(key)
@@ -363,6 +387,47 @@ class Gangs:
     def reason(self, key: GangKey) -> str | None:
         with self._lock:
             return self._reasons.get(key)
+
+    def waiting(self) -> tuple[list[dict[str, Any]], int]:
+        """Every gang with a member not bound yet, for "Why pending": its members against
+        `minMember`, why it waits, and its reservation (held nodes and the seconds left
+        before the timeout, or the seconds before a released gang is planned again). At
+        most MAX_SHOWN, with the number of all."""
+        with self._lock:
+            everyone = self._roster.keys()
+            keys = [k for k in everyone if any(m.pending for m in self._roster.members(k))]
+            out = [self._waiting_one(k) for k in keys[:MAX_SHOWN]]
+        return out, len(keys)
+
+    def _waiting_one(self, key: GangKey) -> dict[str, Any]:
+        spec = self._roster.spec(key)
+        members = self._roster.members(key)
+        pending = sorted(m.name for m in members if m.pending)
+        readiness = self._roster.readiness(key)
+        standing = self.cache.gang_standing(key)
+        if isinstance(readiness, Waiting):
+            reason = readiness.reason
+        elif standing.state == "reserved":
+            reason = f"gang {key}: reserved, waiting for its members to bind"
+        else:
+            reason = self._reasons.get(key) or f"gang {key}: complete, to be planned"
+        return {
+            "gang": str(key),
+            "namespace": key.namespace,
+            "name": key.name,
+            "minMember": spec.min_member if isinstance(spec, GangSpec) else None,
+            "timeoutS": spec.timeout_seconds if isinstance(spec, GangSpec) else None,
+            "members": len(members),
+            "pending": len(pending),
+            "bound": len(members) - len(pending),
+            "pendingMembers": pending[:MAX_MEMBER_NAMES],
+            "reason": reason,
+            "reservation": {
+                "state": standing.state,
+                "seconds": None if standing.seconds is None else round(standing.seconds, 1),
+                "nodes": list(standing.nodes),
+            },
+        }
 
     def key_of(self, uid: str) -> GangKey | None:
         """The gang a pod belongs to, as the watch or a filter showed it."""

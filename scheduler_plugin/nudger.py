@@ -5,7 +5,9 @@ for a pod an extender refused it knows no better than "any change". A member who
 was just reserved has seen nothing change, and would wait for its backoff or the next
 periodic flush (up to minutes). So the leader patches each such member's
 `GANG_RESERVED_ANNOTATION` with its reserved node: the update moves the pod back into
-kube-scheduler's active queue, and its next filter finds the reservation.
+kube-scheduler's active queue, and its next filter finds the reservation. Members refused
+before the gang watches had listed are nudged the same way (no node) once they have, so
+that kube-scheduler records the gang's real reason.
 
 The patches go out on a thread of their own (the filter that reserved a gang must not wait
 for the API server); one that fails is logged and not retried: the reservation's timeout

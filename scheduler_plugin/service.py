@@ -397,13 +397,29 @@ class Service:
         if only is not None:
             refused = [r for r in refused if r.pod == only]
         out = []
-        for i, r in enumerate(refused):
+        explained = 0
+        for r in refused:
             entry = refusal_json(r, now)
+            gang = None if self.gangs is None else self.gangs.key_of(r.uid)
             request = r.request
-            if request is not None and i < EXPLAINED:
+            if gang is not None:
+                # placed whole or not at all: one pod's nearest fit would mislead
+                entry["gang"] = str(gang)
+            elif request is not None and explained < EXPLAINED:
                 entry["explain"] = self.cache.reading(partial(explanation, request=request))
+                explained += 1
             out.append(entry)
-        return {"pods": out, "ttlS": self.refusals.ttl, "explained": EXPLAINED}
+        gangs, total = ([], 0) if self.gangs is None else self.gangs.waiting()
+        if only is not None:
+            mine = {e["gang"] for e in out if "gang" in e}
+            gangs = [g for g in gangs if g["gang"] in mine]
+        return {
+            "pods": out,
+            "gangs": gangs,
+            "gangsWaiting": total,
+            "ttlS": self.refusals.ttl,
+            "explained": EXPLAINED,
+        }
 
     def debug_nodes(self) -> dict[str, Any]:
         views = [self.cache.node_view(n) for n in self.cache.node_names()]

@@ -391,18 +391,59 @@ async function drawPending() {
   let answer;
   try { answer = await getJson("/debug/pending"); } catch (err) { return; }
   const box = $("pending");
-  if (!answer.pods.length) {
+  const gangs = answer.gangs || [];
+  if (!answer.pods.length && !gangs.length) {
     box.className = "empty";
-    box.textContent = "none: tessera refused no pod in the last " + ago(answer.ttlS);
+    box.textContent = "none: tessera refused no pod in the last " + ago(answer.ttlS) +
+      ", and no gang waits";
     return;
   }
   box.className = "";
+  const parts = [];
+  if (gangs.length) parts.push(gangTable(gangs, answer.gangsWaiting));
+  if (answer.pods.length) parts.push(podTable(answer.pods));
+  box.replaceChildren(...parts);
+}
+function gangTable(gangs, total) {
   const table = el("table");
+  table.id = "gangs";
+  table.appendChild(el("caption", "", "Gangs: each placed whole or not at all"));
+  const head = el("tr");
+  for (const t of ["Gang", "Namespace", "Members", "Waiting because", "Reservation",
+    "Pending members"]) head.appendChild(el("th", "", t));
+  table.appendChild(head);
+  for (const g of gangs) {
+    const tr = el("tr");
+    tr.dataset.gang = g.gang;
+    const want = g.minMember === null ? "no usable PodGroup" : "minMember " + num(g.minMember);
+    const r = g.reservation;
+    const held = r.state === "reserved" ? "reserved on " + r.nodes.join(", ") + ", " +
+        Math.round(r.seconds) + " s left" :
+      r.state === "released" ? "released, planned again in " + Math.round(r.seconds) + " s" :
+      "none";
+    const names = g.pendingMembers.join(", ") +
+      (g.pending > g.pendingMembers.length ? " and " + num(g.pending - g.pendingMembers.length) +
+        " more" : "");
+    tr.append(el("td", "", g.name), el("td", "", g.namespace),
+      el("td", "", num(g.pending) + " pending, " + num(g.bound) + " bound; " + want),
+      el("td", "", g.reason), el("td", "sub", held), el("td", "sub", names));
+    table.appendChild(tr);
+  }
+  if (total > gangs.length) {
+    const tr = el("tr");
+    tr.appendChild(el("td", "sub", "and " + num(total - gangs.length) + " more gangs"));
+    table.appendChild(tr);
+  }
+  return table;
+}
+function podTable(pods) {
+  const table = el("table");
+  table.appendChild(el("caption", "", "Pods tessera refused"));
   const head = el("tr");
   for (const t of ["Pod", "Asks", "Pending", "tessera says", "kube-scheduler recorded",
     "Nearest fit (estimate)"]) head.appendChild(el("th", "", t));
   table.appendChild(head);
-  for (const p of answer.pods) {
+  for (const p of pods) {
     const tr = el("tr");
     tr.dataset.pod = p.pod;
     const why = el("td");
@@ -410,7 +451,9 @@ async function drawPending() {
       r.reason.replace(/^tessera: /, "")));
     const near = el("td");
     const e = p.explain;
-    if (!e) near.textContent = "-";
+    if (p.gang) near.textContent = "member of gang " + p.gang +
+      ": placed with the whole gang or not at all (see its row above)";
+    else if (!e) near.textContent = "-";
     else if (e.fitsNowCount) near.textContent = "fits now on " + num(e.fitsNowCount) +
       " nodes (" + e.fitsNow.join(", ") + ")";
     else if (!e.nearest.length) near.textContent = "no node can take it by waiting (" +
@@ -426,7 +469,7 @@ async function drawPending() {
       el("td", "", ago(p.pendingS)), why, el("td", "sub", p.scheduler || "-"), near);
     table.appendChild(tr);
   }
-  box.replaceChildren(table);
+  return table;
 }
 function drawFilter() {
   const f = $("filter"), keep = f.value;

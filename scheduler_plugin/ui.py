@@ -4,8 +4,9 @@ It opens on the figures per GPU model (allocated, free, what still fits) and one
 cell per GPU, grouped by node and coloured by allocation, with the nodes that take no new
 pods marked; a search (node, pod, namespace, GPU UUID, model), a click on a node for its
 GPUs and NICs and who holds what (with what each container uses beside its grant), sorting
-and filtering of the nodes, and the pods tessera refused with the reason and the nearest
-fit. On a cluster of a few nodes every node's details are shown at once.
+and filtering of the nodes, the gangs that wait (members against minMember, the reason,
+the reservation), and the pods tessera refused with the reason and the nearest fit (a gang
+member instead names its gang). On a cluster of a few nodes every node's details are shown at once.
 
 The page is a fixed shell and a script (`ui.js`, beside this module, served at
 `/debug/ui.js`), neither with any cluster data in it and neither loading anything from
@@ -99,6 +100,7 @@ PAGE = b"""<!doctype html>
   .use { font-size: 12px; margin: 1px 0 0 8px; }
   .use.other { color: #9a6700; }
   #pending td { font-size: 12px; }
+  #pending caption { text-align: left; font-weight: 600; padding: 6px 0 2px; }
   .empty { color: var(--muted); }
 </style>
 </head>

@@ -4,10 +4,11 @@ A threaded HTTP server on 127.0.0.1 with an in-memory object store. It speaks th
 the API that tessera uses, with the semantics that matter for correctness:
 
 - resources: pods (with the `binding` and `status` subresources), nodes, events, leases
-  (coordination.k8s.io/v1) and the `NodeDevices` custom resource (tessera.dev/v1alpha1,
-  cluster-scoped, with a `status` subresource);
+  (coordination.k8s.io/v1), the `NodeDevices` custom resource (tessera.dev/v1alpha1,
+  cluster-scoped, with a `status` subresource) and PodGroups (scheduling.x-k8s.io/v1alpha1);
 - get, list (all namespaces or one; `fieldSelector` with `path=value` and `path!=value`
-  terms, e.g. `spec.nodeName=node-a`), create, update (PUT with resourceVersion: a stale one
+  terms, e.g. `spec.nodeName=node-a`; `labelSelector` with `key`, `!key`, `key=value` and
+  `key!=value` terms), create, update (PUT with resourceVersion: a stale one
   gets 409 Conflict), patch (merge, strategic merge treated as merge, JSON patch), delete;
 - one global resourceVersion counter; watch as a chunked stream of JSON lines
   (`{"type": ..., "object": ...}`), from a given resourceVersion, with optional bookmarks
@@ -55,6 +56,9 @@ from urllib.parse import parse_qs, urlsplit
 from tessera.errors import TesseraError
 
 Obj = dict[str, Any]
+Term = tuple[list[str], bool, str | None]
+"""A selector term: (field path, equal?, value); a value of None tests that the field is
+there (equal) or not."""
 
 # resource key -> (group/version prefix, namespaced, kind)
 RESOURCES: dict[str, tuple[str, bool, str]] = {
@@ -63,11 +67,13 @@ RESOURCES: dict[str, tuple[str, bool, str]] = {
     "events": ("/api/v1", True, "Event"),
     "leases": ("/apis/coordination.k8s.io/v1", True, "Lease"),
     "nodedevices": ("/apis/tessera.dev/v1alpha1", False, "NodeDevices"),
+    "podgroups": ("/apis/scheduling.x-k8s.io/v1alpha1", True, "PodGroup"),
 }
 _API_VERSION = {
     "/api/v1": "v1",
     "/apis/coordination.k8s.io/v1": "coordination.k8s.io/v1",
     "/apis/tessera.dev/v1alpha1": "tessera.dev/v1alpha1",
+    "/apis/scheduling.x-k8s.io/v1alpha1": "scheduling.x-k8s.io/v1alpha1",
 }
 _STATUS_SUBRESOURCE = {"pods", "nodedevices", "nodes"}
 
@@ -207,7 +213,7 @@ class Fault:
 class _Watcher:
     resource: str
     namespace: str | None
-    terms: list[tuple[list[str], bool, str]] = field(default_factory=list)
+    terms: list[Term] = field(default_factory=list)
     events: list[Obj] = field(default_factory=list)
     closed: bool = False
 
@@ -226,9 +232,10 @@ class _Watcher:
 
 
 _FIELD_TERM = re.compile(r"^([A-Za-z.]+)(!=|==|=)(.*)$")
+_LABEL_TERM = re.compile(r"^(!?)([A-Za-z0-9][-A-Za-z0-9_./]*)(?:(!=|==|=)(.*))?$")
 
 
-def _field_terms(selector: str) -> list[tuple[list[str], bool, str]]:
+def _field_terms(selector: str) -> list[Term]:
     """(field path, equal?, value) per term of a field selector; 400 for other syntax."""
     terms = []
     for term in filter(None, selector.split(",")):
@@ -240,12 +247,29 @@ def _field_terms(selector: str) -> list[tuple[list[str], bool, str]]:
     return terms
 
 
-def _selected(obj: Obj, terms: list[tuple[list[str], bool, str]]) -> bool:
+def _label_terms(selector: str) -> list[Term]:
+    """The terms of a label selector, as field terms on metadata.labels (a value of None:
+    the label exists, or with `!`, does not); 400 for set-based syntax."""
+    terms: list[Term] = []
+    for term in filter(None, selector.split(",")):
+        match = _LABEL_TERM.match(term.strip())
+        if match is None or (match[1] and match[3]):
+            raise ApiProblemError(400, "BadRequest", f"unsupported label selector {term!r}")
+        negated, key, op, value = match.groups()
+        path = ["metadata", "labels", key]
+        terms.append((path, op != "!=", value) if op else (path, not negated, None))
+    return terms
+
+
+def _selected(obj: Obj, terms: list[Term]) -> bool:
     for path, equal, value in terms:
         field: Any = obj
         for part in path:
             field = field.get(part) if isinstance(field, dict) else None
-        if (str(field if field is not None else "") == value) != equal:
+        if value is None:
+            if (field is not None) != equal:
+                return False
+        elif (str(field if field is not None else "") == value) != equal:
             return False
     return True
 
@@ -654,10 +678,11 @@ class FakeApiServer:
         limit: int = 0,
         continue_token: str = "",
         field_selector: str = "",
+        label_selector: str = "",
     ) -> Obj:
         """A list; with `limit`, one page and a `continue` token (an offset: unlike the
         real server, later pages show the store as it is then, not a snapshot)."""
-        terms = _field_terms(field_selector)
+        terms = _field_terms(field_selector) + _label_terms(label_selector)
         with self._lock:
             prefix, _, kind = RESOURCES[resource]
             items = [o for o in self.items(resource, namespace) if _selected(o, terms)]
@@ -684,9 +709,11 @@ class FakeApiServer:
         bookmarks: bool,
         alive: Callable[[], bool],
         field_selector: str = "",
+        label_selector: str = "",
     ) -> Iterable[Obj]:
         """Events after `since`, then live ones until `timeout` or the watch is dropped."""
         deadline = time.monotonic() + timeout
+        terms = _field_terms(field_selector) + _label_terms(label_selector)
         with self._lock:
             if since < self._compacted:
                 yield {
@@ -698,7 +725,7 @@ class FakeApiServer:
                     ),
                 }
                 return
-            watcher = _Watcher(resource, namespace, _field_terms(field_selector))
+            watcher = _Watcher(resource, namespace, terms)
             for rv, kind, res, ns, obj, old in self._log:
                 if rv > since and res == resource and (namespace is None or ns == namespace):
                     watcher.offer(kind, obj, old)
@@ -901,7 +928,9 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "GET":
                 limit = int(query.get("limit") or 0)
                 selector = query.get("fieldSelector", "")
-                return fake.list(resource, ns, limit, query.get("continue", ""), selector), 200
+                labels = query.get("labelSelector", "")
+                token = query.get("continue", "")
+                return fake.list(resource, ns, limit, token, selector, labels), 200
             if method == "POST":
                 obj = dict(body or {})
                 meta = dict(obj.get("metadata") or {})
@@ -959,7 +988,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return fake._server is server
 
             selector = query.get("fieldSelector", "")
-            for event in fake.watch(resource, ns, since, timeout, bookmarks, alive, selector):
+            labels = query.get("labelSelector", "")
+            events = fake.watch(resource, ns, since, timeout, bookmarks, alive, selector, labels)
+            for event in events:
                 if not alive():
                     break
                 data = json.dumps(event).encode() + b"\n"

@@ -56,11 +56,12 @@ class Browser:
             start_new_session=True,  # its own process group: _stop ends its helpers too
         )
         try:
-            port_file = profile / "DevToolsActivePort"
-            wait_for(port_file.exists, timeout=30, interval=0.05)
-            port = int(port_file.read_text().split()[0])
-            pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
-            target = next(p for p in pages if p["type"] == "page")
+            # Chromium writes the port file in place (not by a rename), and registers the
+            # first page a moment after it listens: under load either can be seen early
+            port = wait_for(
+                lambda: _port(profile / "DevToolsActivePort"), timeout=30, interval=0.05
+            )
+            target = wait_for(lambda: _first_page(port), timeout=30, interval=0.05)
             # no Origin header: a DevTools client is not a web page, and Chromium 111 and
             # later refuse a debugging WebSocket whose Origin it was not told to allow
             self.ws = websocket.create_connection(
@@ -133,6 +134,24 @@ def _group_alive(group: int) -> bool:
             if int(fields[2]) == group and fields[0] != "Z":
                 return True
     return False
+
+
+def _port(path: Path) -> int | None:
+    """The DevTools port once Chromium has written its file whole (the port, then the
+    browser target's path, each on its own line)."""
+    with contextlib.suppress(OSError):
+        lines = path.read_text().splitlines()
+        if len(lines) >= 2 and lines[0].isdigit():
+            return int(lines[0])
+    return None
+
+
+def _first_page(port: int) -> dict[str, Any] | None:
+    """The page target, once Chromium lists it."""
+    with contextlib.suppress(OSError, ValueError):
+        pages = json.loads(_get(f"http://127.0.0.1:{port}/json/list"))
+        return next((p for p in pages if p.get("type") == "page"), None)
+    return None
 
 
 def _get(url: str) -> str:

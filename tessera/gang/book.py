@@ -23,6 +23,19 @@ from tessera.gang.spec import GangKey
 DEFAULT_RETRY_AFTER = 10.0
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """Where a gang stands in the book, for display: reserved (and for how long yet),
+    released (and when it may be planned again), or neither."""
+
+    state: str
+    """"reserved", "released" or "none"."""
+    seconds: float | None = None
+    """Reserved: until the deadline; released: until it may be planned again."""
+    nodes: tuple[str, ...] = ()
+    """Reserved: the nodes held for members not bound yet."""
+
+
 @dataclass
 class Reservation:
     key: GangKey
@@ -104,6 +117,16 @@ class ReservationBook:
             del self._retry_at[key]
             return True
         return False
+
+    def standing(self, key: GangKey, now: float) -> Standing:
+        reservation = self._gangs.get(key)
+        if reservation is not None:
+            nodes = tuple(sorted({a.node for a in reservation.members.values()}))
+            return Standing("reserved", max(reservation.deadline - now, 0.0), nodes)
+        retry = self._retry_at.get(key)
+        if retry is not None and retry > now:
+            return Standing("released", retry - now)
+        return Standing("none")
 
     def forget(self, key: GangKey) -> None:
         """The gang is gone: no retry time is kept for it (release its reservation first)."""

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
-from tessera.gang.book import ReservationBook
+from tessera.gang.book import ReservationBook, Standing
 from tessera.gang.plan import GangPlan
 from tessera.gang.roster import GangRoster, Member, Ready, Waiting
 from tessera.gang.spec import GangKey, GangSpec, GangTopology
@@ -143,3 +143,17 @@ def test_a_member_that_moves_gangs_leaves_the_first() -> None:
     changed = roster.members_replaced([member("p1")])
     assert changed == {A, B}
     assert roster.keys() == [A]
+
+
+def test_standing_says_reserved_with_time_left_released_with_retry_or_none() -> None:
+    book = ReservationBook(retry_after=5)
+    assert book.standing(A, now=0) == Standing("none")
+    book.reserve(GangPlan(A, (alloc("a0", "n1"), alloc("a1", "n0")), None, 0.0), 0, 60)
+    assert book.standing(A, now=20) == Standing("reserved", 40.0, ("n0", "n1"))
+    assert book.standing(A, now=70).seconds == 0.0  # past due, not yet released
+    book.taken("a0")
+    assert book.standing(A, now=21).nodes == ("n0",)
+    book.release(A, now=30)
+    assert book.standing(A, now=32) == Standing("released", 3.0)
+    assert book.standing(A, now=35) == Standing("none")
+    assert book.standing(B, now=32) == Standing("none")

@@ -41,6 +41,14 @@ EXERCISED = {
         "tests/e2e/test_install.py",
         "test_second_scheduler_walkthrough_places_a_fractional_pod",
     ),
+    "tessera-scheduler --help": (
+        "tests/test_flags_doc.py",
+        "test_the_flags_table_matches_the_parser",
+    ),
+    "kubectl tessera gangs": (
+        "tests/e2e/test_install.py",
+        "test_second_scheduler_walkthrough_places_a_fractional_pod",
+    ),
     "kubectl get nodedevices": (
         "tests/e2e/test_install.py",
         "test_second_scheduler_walkthrough_places_a_fractional_pod",

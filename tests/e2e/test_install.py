@@ -280,7 +280,15 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
     groups = f"/apis/{rn.POD_GROUP_GROUP}/{rn.POD_GROUP_VERSION}/namespaces/default/podgroups"
 
     def group_created() -> bool:
-        cp.admin.create(groups, {"metadata": {"name": "pair"}, "spec": {"minMember": 2}})
+        cp.admin.create(
+            groups,
+            {
+                "apiVersion": f"{rn.POD_GROUP_GROUP}/{rn.POD_GROUP_VERSION}",
+                "kind": rn.POD_GROUP_KIND,
+                "metadata": {"name": "pair"},
+                "spec": {"minMember": 2},
+            },
+        )
         return True
 
     wait_for(group_created, 60, "the PodGroup CRD serving")
@@ -291,14 +299,31 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
         cp.admin.create(pod_path("default"), obj)
 
     member("pair-0")
-    wait_for(
-        lambda: "gang default/pair: 1 of 2 members pending" in P.pending_reason(cp.admin, "pair-0"),
-        90,
-        "the gang's reason on its first member",
+    said = [""]
+
+    def gang_reason() -> bool:
+        said[0] = P.pending_reason(cp.admin, "pair-0")
+        return "gang default/pair: 1 of 2 members pending" in said[0]
+
+    try:
+        wait_for(gang_reason, 90, "the gang's reason on its first member")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; its PodScheduled message: {said[0]!r}") from None
+    # kubectl tessera reads the same from the API server (a real label selector)
+    gangs = walk.kubectl("tessera", "gangs")
+    assert re.search(
+        r"^default\s+pair\s+2\s+1\s+0\s+waiting\s+pair-0\s+1 of 2 members pending$", gangs, re.M
+    ), gangs
+    explained = walk.kubectl("tessera", "explain", "pair-0")
+    assert (
+        "Waits for its gang default/pair (waiting; 1 pending, 0 bound, minMember 2): " in explained
     )
     member("pair-1")
     wait_for(
         lambda: P.bound(cp.admin, "pair-0") and P.bound(cp.admin, "pair-1"), 60, "the pair bound"
+    )
+    assert re.search(
+        r"^default\s+pair\s+2\s+0\s+2\s+bound\b", walk.kubectl("tessera", "gangs"), re.M
     )
 
 

@@ -10,7 +10,7 @@ import yaml
 from kubectl_tessera.cli import main
 from tessera_testbed.apiserver import FakeApiServer, parse_path
 from tests.kubectl.conftest import add_node
-from tests.scheduler.helpers import pod, share
+from tests.scheduler.helpers import gang_member, pod, share
 
 ROLE = Path(__file__).resolve().parents[2] / "deploy" / "kubectl-tessera" / "viewer-rbac.yaml"
 
@@ -32,7 +32,15 @@ def test_the_viewer_role_grants_exactly_what_the_commands_call(
 ) -> None:
     add_node(fake, "t4", "t4-4x")
     fake.create("pods", pod("p", share(10, 10)))
-    for argv in (["nodes"], ["pods"], ["pods", "-A"], ["explain", "p"]):
+    fake.create("pods", gang_member("m", "g", 1, namespace="default"))
+    for argv in (
+        ["nodes"],
+        ["pods"],
+        ["pods", "-A"],
+        ["explain", "p"],
+        ["gangs"],
+        ["explain", "m"],
+    ):
         assert main([*argv, "--kubeconfig", kubeconfig]) == 0
     capsys.readouterr()
     needed = set()

@@ -62,6 +62,17 @@ def pod(
     return obj
 
 
+def gang_member(name: str, gang: str, gpus: int, *, namespace: str = "ml") -> dict[str, Any]:
+    """A pod of `gpus` whole GPUs in the gang (PodGroup) `gang`."""
+    obj = pod(name, {rn.GPU: gpus * 100}, namespace=namespace)
+    obj["metadata"]["labels"] = {rn.POD_GROUP_LABEL: gang}
+    return obj
+
+
+def pod_group(name: str, min_member: int, *, namespace: str = "ml") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": {"minMember": min_member}}
+
+
 def share(core: int, ratio: int) -> dict[str, int]:
     return {rn.GPU_CORE: core, rn.GPU_MEMORY_RATIO: ratio}
 

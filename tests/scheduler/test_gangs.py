@@ -376,3 +376,21 @@ def test_the_ticker_plans_over_every_node_not_a_stale_offer(cluster: Cluster) ->
     cluster.gangs.tick()
     assert cluster.cache.gang_reserved_node("uid-q0") is not None
     assert len(cluster.nudged) == 2
+
+
+def test_members_refused_before_the_gang_watches_listed_are_asked_about_again() -> None:
+    """kube-scheduler records "waiting for the scheduler to list" and would not ask again
+    for minutes: once both watches have listed, the next tick nudges each such member."""
+    cluster = Cluster()
+    cluster.gangs.groups_synced.clear()
+    cluster.create(member("e0", "early"))
+    (reason,) = reasons(cluster.filter("e0"))
+    assert reason.endswith("waiting for the scheduler to list gangs and their pods")
+    cluster.gangs.tick()
+    assert cluster.nudged == []  # not listed yet: nothing would change for it
+    cluster.groups.replace([group("early", 2)])
+    cluster.gangs.tick()
+    assert cluster.nudged == [("ml", "e0", "uid-e0", "")]
+    cluster.gangs.tick()
+    assert cluster.nudged == [("ml", "e0", "uid-e0", "")]  # once
+    assert reasons(cluster.filter("e0")) == {"tessera: gang ml/early: 1 of 2 members pending"}

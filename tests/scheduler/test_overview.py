@@ -13,7 +13,16 @@ import pytest
 from scheduler_plugin.pending import MAX_TEXT, Refusals, scheduler_message
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Served, pod, populate, serving, share, wait_for
+from tests.scheduler.helpers import (
+    Served,
+    gang_member,
+    pod,
+    pod_group,
+    populate,
+    serving,
+    share,
+    wait_for,
+)
 
 
 def _get(served: Served, path: str) -> tuple[int, Any]:
@@ -132,6 +141,66 @@ def test_a_bad_request_is_listed_with_its_rule() -> None:
             (entry,) = _get(served, "/debug/pending")[1]["pods"]
             assert entry["asks"] == [] and "explain" not in entry
             assert "invalid device request" in entry["tessera"][0]["reason"]
+
+
+def test_waiting_gangs_are_listed_and_their_members_point_to_them(fake: FakeApiServer) -> None:
+    """A gang short of members, one that does not fit, and one reserved: each with its
+    counts, reason and reservation; a refused member names its gang, with no nearest fit
+    of its own (it is placed whole with the others or not at all)."""
+    populate(fake, ["a", "b"], gpus=2)
+    fake.create("podgroups", pod_group("llama", 3))
+    fake.create("podgroups", pod_group("huge", 2))
+    fake.create("podgroups", pod_group("pair", 2))
+    with serving(fake) as served:
+        gangs = served.service.gangs
+        assert gangs is not None
+        wait_for(lambda: gangs.groups_synced.is_set() and gangs.members_synced.is_set())
+        short = [fake.create("pods", gang_member(f"llama-{i}", "llama", 1)) for i in range(2)]
+        big = [fake.create("pods", gang_member(f"huge-{i}", "huge", 2)) for i in range(2)]
+        big.append(fake.create("pods", gang_member("huge-x", "huge", 1)))
+        pair = [fake.create("pods", gang_member(f"pair-{i}", "pair", 1)) for i in range(2)]
+        wait_for(lambda: gangs.key_of(pair[1]["metadata"]["uid"]) is not None)
+        assert not served.filter(short[0], ["a", "b"])["NodeNames"]
+        assert not served.filter(big[0], ["a", "b"])["NodeNames"]
+        assert served.filter(pair[0], ["a", "b"])["NodeNames"]  # reserved: its node passes
+        doc = _get(served, "/debug/pending")[1]
+        listed = {g["gang"]: g for g in doc["gangs"]}
+        assert sorted(listed) == ["ml/huge", "ml/llama", "ml/pair"] and doc["gangsWaiting"] == 3
+        llama = listed["ml/llama"]
+        assert llama["reason"] == "gang ml/llama: 2 of 3 members pending"
+        assert (llama["minMember"], llama["members"], llama["pending"], llama["bound"]) == (
+            3,
+            2,
+            2,
+            0,
+        )
+        assert llama["pendingMembers"] == ["llama-0", "llama-1"]
+        assert llama["reservation"] == {"state": "none", "seconds": None, "nodes": []}
+        assert listed["ml/huge"]["reason"] == "gang ml/huge: 3 members need 5 GPUs, 4 free"
+        reserved = listed["ml/pair"]
+        assert reserved["reason"] == "gang ml/pair: reserved, waiting for its members to bind"
+        assert reserved["reservation"]["state"] == "reserved"
+        assert 0 < reserved["reservation"]["seconds"] <= reserved["timeoutS"] == 60
+        assert reserved["reservation"]["nodes"]
+        members = {p["pod"]: p for p in doc["pods"]}
+        assert set(members) == {"ml/llama-0", "ml/huge-0"}
+        for entry in members.values():
+            assert "explain" not in entry  # no misleading nearest fit for one member
+        assert members["ml/llama-0"]["gang"] == "ml/llama"
+        assert members["ml/huge-0"]["tessera"] == [
+            {"reason": "tessera: gang ml/huge: 3 members need 5 GPUs, 4 free", "nodes": 2}
+        ]
+        # asked about one member: its gang alone
+        one = _get(served, "/debug/pending?pod=ml/huge-0")[1]
+        assert [g["gang"] for g in one["gangs"]] == ["ml/huge"]
+        # bound whole: the pair leaves the list
+        node = served.filter(pair[0], ["a", "b"])["NodeNames"][0]
+        assert served.bind(pair[0], node) == ""
+        other = served.cache.gang_reserved_node(pair[1]["metadata"]["uid"])
+        assert other is not None and served.bind(pair[1], other) == ""
+        wait_for(
+            lambda: "ml/pair" not in {g["gang"] for g in _get(served, "/debug/pending")[1]["gangs"]}
+        )
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,15 @@ import pytest
 from tessera.resources import GPU
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.browser import CHROMIUM, Browser
-from tests.scheduler.helpers import pod, populate, serving, share, wait_for
+from tests.scheduler.helpers import (
+    gang_member,
+    pod,
+    pod_group,
+    populate,
+    serving,
+    share,
+    wait_for,
+)
 
 # the page's palette and colour rule (scheduler_plugin.ui), to find a pod in the screenshot
 _COLORS = ["#0969da", "#1a7f37", "#8250df", "#bf3989", "#9a6700", "#0a7f8c", "#bc4c00"]
@@ -127,3 +135,37 @@ def test_the_page_shows_use_beside_grants_and_unknown_for_an_unreadable_reading(
     assert "use: - (usage annotation does not parse" in text
     # the unattributed line is its own, never part of a pod's line
     assert not any("train-1" in line and "host" in line for line in text.splitlines())
+
+
+PENDING = '(document.getElementById("pending") || {}).innerText'  # null before it loads
+
+
+def test_why_pending_shows_a_waiting_gang_and_its_member(browser: Browser) -> None:
+    with FakeApiServer() as fake:
+        populate(fake, ["node-a", "node-b"], gpus=2)
+        fake.create("podgroups", pod_group("llama", 3))
+        with serving(fake) as served:
+            gangs = served.service.gangs
+            assert gangs is not None
+            wait_for(lambda: gangs.groups_synced.is_set() and gangs.members_synced.is_set())
+            first = fake.create("pods", gang_member("llama-0", "llama", 1))
+            fake.create("pods", gang_member("llama-1", "llama", 1))
+            wait_for(lambda: len(gangs.waiting()[0]) == 1 and gangs.waiting()[0][0]["members"] == 2)
+            assert not served.filter(first, ["node-a", "node-b"])["NodeNames"]
+            port = served.service.server.port
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/debug/ui")
+            table = wait_for(
+                lambda: "llama-0" in (t := browser.evaluate(PENDING) or "") and t,
+                timeout=20,
+            )
+    (row,) = [line for line in table.splitlines() if line.startswith("llama\t")]
+    cells = row.split("\t")
+    assert cells[1] == "ml" and cells[2] == "2 pending, 0 bound; minMember 3"
+    assert cells[3] == "gang ml/llama: 2 of 3 members pending"
+    assert cells[4] == "none" and cells[5] == "llama-0, llama-1"
+    # the member's row (its cells span lines: each reason is a line of its own)
+    member = table.split("\nml/llama-0\t", 1)[1]
+    assert member.startswith("main: 1 whole GPU\t")
+    assert "gang ml/llama: 2 of 3 members pending" in member
+    assert "member of gang ml/llama: placed with the whole gang or not at all" in member
+    assert "% of the ask free" not in member  # no nearest fit of its own
