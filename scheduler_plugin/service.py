@@ -35,6 +35,7 @@ from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
+from scheduler_plugin.stranded_reporter import StrandedReporter
 from tessera.errors import RecordError
 from tessera.record import KeySource
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE
@@ -152,6 +153,8 @@ class Service:
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
+        self.stranded = StrandedReporter(self.cache, self.events.warn, self.metrics.stranded)
+        self.cache.subscribe(self.stranded.mark)
         self.cache.subscribe_usage(self._feed)  # the page redraws use beside grants
         self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
         self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
@@ -250,6 +253,7 @@ class Service:
                         name="resign",
                     ).start()
                 self.cache.check_heartbeats()
+                self.stranded.flush()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
                     last_expiry = now
@@ -273,6 +277,7 @@ class Service:
             self.status_writer.mark_all()
             for fence in self.cache.fences():
                 self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
+            self.stranded.replay()
 
     def _fence_changed(self, node: str, key: str, uid: str, problem: str | None) -> None:
         """A pod started fencing its node: a Warning Event on the pod (rate-limited)."""
