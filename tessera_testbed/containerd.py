@@ -475,6 +475,10 @@ RUNC_PROC_MOUNTS: Final = frozenset(
 """The files inside /proc that runc lets a mount cover (those lxcfs emulates)."""
 
 
+ROOTFS: Final = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/rootfs"
+"""Where the container's root is when runc mounts (its error names the full path)."""
+
+
 class RuncRefusedError(TesseraError):
     """runc refused to create the container (containerd reports it when starting it)."""
 
@@ -496,13 +500,15 @@ def adjusted_mounts(
 
 def runc_create(container: api.Container, adjust: api.ContainerAdjustment | None) -> None:
     """runc's check on the final spec's mounts: none may land inside /proc but on the
-    files it lets through. Raises RuncRefusedError with runc's words."""
+    files it lets through. Raises RuncRefusedError with the words the kubelet shows (as
+    containerd 1.7.34 and 2.3.4 with runc 1.1.5 report them)."""
     for m in adjusted_mounts(container, adjust):
         dest = m.destination.rstrip("/")
         if dest.startswith("/proc/") and dest not in RUNC_PROC_MOUNTS:
             raise RuncRefusedError(
-                f"OCI runtime create failed: runc create failed: unable to start container "
-                f'process: error during container init: error mounting "{m.source}" to rootfs '
-                f'at "{m.destination}": "{m.destination}" cannot be mounted because it is '
-                "inside /proc"
+                "failed to create containerd task: failed to create shim task: OCI runtime "
+                "create failed: runc create failed: unable to start container process: error "
+                f'during container init: error mounting "{m.source}" to rootfs at '
+                f'"{m.destination}": "{ROOTFS}{m.destination}" cannot be mounted because it is '
+                "inside /proc: unknown"
             )
