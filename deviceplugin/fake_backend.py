@@ -21,6 +21,9 @@ from tessera.errors import InventoryError
 from tessera.model import Gpu, NodeInventory, RdmaNic
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, builtin_topology_text, load_document
 
+FAILED_XID = 79
+"""The XID a GPU marked `healthy: false` in the topology file reports once (fallen off the
+bus), so that the agent's health machine marks it unhealthy as it would on a real node."""
 _ENTRY = re.compile(r"^(gpus|rdma)\[(\d+)\]")
 
 
@@ -107,7 +110,13 @@ class FakeBackend:
         self._port_states = {n.ibdev: n.port_states for n in inventory.nics}
         self._load_errors = list(errors or [])
         self._silent: dict[str, str] = {}
-        self._events: list[XidEvent] = []
+        # a GPU the file marks unhealthy failed before the agent started: NVML would report
+        # its XID (79, fallen off the bus) at the agent's first wait
+        self._events: list[XidEvent] = [
+            XidEvent(g.uuid, FAILED_XID, g.health_reason or "marked unhealthy in the topology")
+            for g in inventory.gpus
+            if not g.healthy
+        ]
         self._processes: dict[str, tuple[GpuProcess, ...]] = {}
         self._process_errors: dict[str, str] = {}
         self._cond = threading.Condition()

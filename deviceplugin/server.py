@@ -14,9 +14,11 @@ calls GetDevicePluginOptions from inside its Register handler.
   admitted when a `chooser` (record_pods.py) finds it; otherwise (no chooser, or no pod that
   fits unambiguously) it keeps a container's units on as few devices as possible.
 - Allocate answers every container at once, from the request alone: no pod lookup, no lock
-  held across calls, nothing that can block. What it returns (an env var and a container
-  annotation saying how many units of which device the kubelet counted) is informational;
-  the NRI plugin applies the scheduler's real placement.
+  held across calls, nothing that can block. It returns a container annotation saying how
+  many units of which device the kubelet counted (informational: the NRI hook applies the
+  scheduler's real placement) and the fail-closed gate: a mount inside /proc that runc
+  refuses, which only the NRI hook removes (tessera_edge.host_paths.NRI_GATE_DESTINATION),
+  so that no container given tessera devices starts without the hook's adjustment.
 - PreStartContainer is not requested (the option is off) but answered if called.
 
 Every request is checked before any work (request_bounds.py): IDs must be ones this resource
@@ -65,6 +67,7 @@ from deviceplugin.units import (
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from tessera.errors import ErrorTable, InputError, TesseraError
+from tessera_edge.host_paths import NRI_GATE_DESTINATION, NRI_GATE_SOURCE
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +272,11 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             # GPUs. The annotation says only what the kubelet counted.
             container = response.container_responses.add()
             container.annotations[self._annotation] = summary
+            # Fail closed: runc refuses this mount; the NRI hook removes it when it applies
+            # the record. The kubelet keeps one mount per path over all resources.
+            container.mounts.add(
+                container_path=NRI_GATE_DESTINATION, host_path=NRI_GATE_SOURCE, read_only=True
+            )
         self.allocations += 1
         return response
 

@@ -54,6 +54,9 @@ class NodeRow:
     heartbeat: str = "missing"
     reason: str = ""
     fenced_by: list[dict[str, str]] = field(default_factory=list)
+    stranded: list[dict[str, str]] = field(default_factory=list)
+    """Pods holding a device the node now reports unhealthy or no longer lists:
+    {pod, container, device, state}."""
     unattributed: list[dict[str, Any]] = field(default_factory=list)
     """Per GPU and owner, use that belongs to no tessera container: {index (None: a GPU
     the inventory lacks), uuid, owner, memoryMiB, processes}."""
@@ -132,6 +135,33 @@ def _allocation(row: NodeRow, status: Mapping[str, Any]) -> None:
             return
         totals = [t + (v or 0) for t, v in zip(totals, values, strict=True)]
     row.core_used, row.core_free, row.memory_used_mib, row.memory_free_mib = totals
+
+
+STRANDED_SHOWN = 3
+"""Pods on bad devices named in the REASON cell (all of them in -o json)."""
+
+
+def _stranded(row: NodeRow, entries: object) -> None:
+    row.stranded = [
+        {
+            "pod": f"{text(e.get('namespace'))}/{text(e.get('name'))}",
+            "container": text(e.get("container")),
+            "device": text(e.get("device")),
+            "state": text(e.get("state")),
+        }
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, Mapping)
+    ]
+    if not row.stranded:
+        return
+    named = ", ".join(
+        f"{s['pod']} ({s['device']} {s['state']})" for s in row.stranded[:STRANDED_SHOWN]
+    )
+    more = len(row.stranded) - STRANDED_SHOWN
+    note = f"pods on unhealthy or missing devices: {named}" + (
+        f" and {more} more" if more > 0 else ""
+    )
+    row.reason = f"{row.reason}; {note}" if row.reason else note
 
 
 def _unattributed(
@@ -231,6 +261,7 @@ def node_row(
     if status:
         _allocation(row, status)
         row.reason = problem
+        _stranded(row, status.get("stranded"))
     if silent and row.state in ("ready", "unknown"):
         # the scheduler writes status only on changes: a stale Lease may be newer news
         row.state = "unusable"

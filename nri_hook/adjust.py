@@ -16,15 +16,15 @@ device the record names but the host lacks is an error, never silently skipped.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
 from nri_hook.errors import RejectError, status_of
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError
 from tessera.record import Keyring, decode
-from tessera_edge.host_paths import MPS_PIPE_DIR, mps_pid_file
+from tessera_edge.host_paths import MPS_PIPE_DIR, NRI_GATE_DESTINATION, mps_pid_file
 from tessera_ttrpc import Code
 
 ISOLATION_NONE: Final = "none"
@@ -113,10 +113,34 @@ class Adjustment:
     """RDMA devices given, as "ibdev" or "ibdev/vf-ibdev" (for logs)."""
     shares: int = 0
     """GPUs given only in part (compute share below 100): what an isolation layer limits."""
+    ungate: bool = False
+    """Remove the fail-closed gate mount (`NRI_GATE_DESTINATION`) the node agent put in."""
 
     @property
     def empty(self) -> bool:
-        return not (self.devices or self.env or self.mounts)
+        return not (self.devices or self.env or self.mounts or self.ungate)
+
+
+UNGATE_ONLY: Final = Adjustment(ungate=True)
+"""Only the gate removed: a container that runs without devices by the operator's choice
+(--on-invalid-record=warn)."""
+REMOVAL_PREFIX: Final = "-"
+"""NRI's marker for removing, rather than adding, a mount (by its destination)."""
+
+
+def gated(mount_destinations: Iterable[str]) -> bool:
+    """Whether a container carries the fail-closed gate: the kubelet gave it tessera
+    devices (the node agent's Allocate answer mounts the gate in each such container)."""
+    return NRI_GATE_DESTINATION in mount_destinations
+
+
+def open_gate(plan: Adjustment | None, is_gated: bool) -> Adjustment | None:
+    """The plan of a container the record names, with the gate removed when it has one.
+    A container the record does not name (None) keeps its gate: only a container whose
+    record was applied may start."""
+    if plan is None or not is_gated:
+        return plan
+    return replace(plan, ungate=True)
 
 
 @dataclass(frozen=True, slots=True)

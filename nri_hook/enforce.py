@@ -4,7 +4,10 @@ Data flows one way: the pod's `tessera.dev/allocation` annotation -> decoded and
 record (tessera.record) -> decision (nri_hook.adjust, pure) -> NRI adjustment (here).
 
 - A pod without the annotation, and a container the record does not name, are left
-  untouched (empty adjustment).
+  untouched (empty adjustment), unless the kubelet gave the container tessera devices:
+  then it carries the node agent's fail-closed gate (a mount runc refuses), and it is
+  refused here saying why. The gate is removed only from containers whose record is
+  applied, so none starts with tessera devices but without its record's adjustment.
 - A record that is malformed, fails integrity, belongs to another pod or node, or names a
   device this node lacks fails the container creation with a status that says exactly
   what is wrong. With on_invalid="warn" the container is created untouched instead and a
@@ -35,11 +38,15 @@ from typing import Final, Literal
 from nri_hook.adjust import (
     ISOLATION_NONE,
     NVIDIA_CONTROL_DEVICE,
+    REMOVAL_PREFIX,
+    UNGATE_ONLY,
     Adjustment,
     HostView,
     Settings,
     decode_record,
+    gated,
     gpu_device_path,
+    open_gate,
     plan_container,
 )
 from nri_hook.device_access import ANY_GPU, NVIDIA_GPU_MAJOR, named_minors, open_gpus
@@ -49,8 +56,9 @@ from nri_hook.plugin import Handler
 from protos.nri import api_pb2 as api
 from tessera.allocation import PodAllocation
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.host_paths import NRI_GATE_DESTINATION
 from tessera_edge.keyfiles import KeyringSource
-from tessera_ttrpc import RpcError
+from tessera_ttrpc import Code, RpcError
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +98,8 @@ def to_proto(adjustment: Adjustment) -> api.ContainerAdjustment:
             for m in adjustment.mounts
         ],
     )
+    if adjustment.ungate:
+        result.mounts.append(api.Mount(destination=REMOVAL_PREFIX + NRI_GATE_DESTINATION))
     if adjustment.devices:
         result.linux.devices.extend(
             api.LinuxDevice(
@@ -136,6 +146,9 @@ class Enforcer(Handler):
         self._held: dict[str, int] = {}
         """Sandbox ID -> an open descriptor of its network namespace while VFs are in it:
         the namespace lives as long as we hold it, whatever the runtime does."""
+        self._moved_here: set[str] = set()
+        """Sandbox IDs whose VF netdevs this process moved in or found in place (with none
+        to move, too): later containers of those pods need no check."""
         self.injected: dict[str, tuple[str, str]] = {}
         """Container ID -> (sandbox ID, what it was given), while the container lives."""
         self._warned: OrderedDict[tuple[str, str], None] = OrderedDict()
@@ -157,7 +170,9 @@ class Enforcer(Handler):
     def _invalid(self, error: RejectError, operation: str) -> None:
         """Apply the on-invalid policy: raise the status, or log and carry on."""
         if self.config.on_invalid == "warn":
-            log.warning("%s (left untouched: --on-invalid-record=warn)", error.message)
+            log.warning(
+                "%s (given no device, but let run: --on-invalid-record=warn)", error.message
+            )
             self._count(operation, "warned")
             return
         log.error("refusing %s: %s", operation, error.message)
@@ -175,7 +190,7 @@ class Enforcer(Handler):
     ) -> api.CreateContainerResponse:
         started = time.perf_counter()
         try:
-            response = self._create(pod, container)
+            response = await self._create(pod, container)
             self._audit_gpu_access(pod, container, response)
             return response
         finally:
@@ -216,22 +231,33 @@ class Enforcer(Handler):
         if self.metrics is not None:
             self.metrics.unmanaged_gpu_access()
 
-    def _create(self, pod: api.PodSandbox, container: api.Container) -> api.CreateContainerResponse:
+    async def _create(
+        self, pod: api.PodSandbox, container: api.Container
+    ) -> api.CreateContainerResponse:
+        is_gated = gated(m.destination for m in container.mounts)
         text = pod.annotations.get(ALLOCATION_ANNOTATION)
+        context = f'pod {_pod_key(pod)} (uid {pod.uid}), container "{container.name}"'
         if text is None:
+            if is_gated:
+                return self._refuse_gated(context, "the pod has no allocation record")
             self._count("create", "untouched")
             return api.CreateContainerResponse()
-        context = f'pod {_pod_key(pod)} (uid {pod.uid}), container "{container.name}"'
         try:
             alloc = self._decode(pod, text)
-            plan = plan_container(alloc, container.name, self.config.settings, self.host)
+            plan = open_gate(
+                plan_container(alloc, container.name, self.config.settings, self.host), is_gated
+            )
         except RejectError as exc:
             self._invalid(exc.with_context(context), "create")
-            return api.CreateContainerResponse()
+            return self._let_run(is_gated)
+        if plan is None and is_gated:
+            return self._refuse_gated(context, "its allocation record does not name it")
         if plan is None or plan.empty:
             log.debug("%s: not named in the allocation record; untouched", context)
             self._count("create", "untouched")
             return api.CreateContainerResponse()
+        if not await self._netdevs_in_place(pod, alloc, context):
+            return self._let_run(is_gated)
         summary = (
             f"gpus={','.join(plan.gpus) or '-'} rdma={','.join(plan.rdma) or '-'} "
             f"devices={','.join(d.path for d in plan.devices)} "
@@ -259,6 +285,64 @@ class Enforcer(Handler):
             if self.metrics is not None:
                 self.metrics.unisolated(plan.shares)
         return api.CreateContainerResponse(adjust=to_proto(plan))
+
+    async def _netdevs_in_place(
+        self, pod: api.PodSandbox, alloc: PodAllocation, context: str
+    ) -> bool:
+        """Make sure the pod's VF netdevs are in its namespace before a container the
+        record names is created: its sandbox may have started while the hook was away
+        (no RunPodSandbox seen; or seen only by a hook that was restarted since), and
+        the container would then run without them. Moving is a no-op for VFs already
+        there. False (under `warn`) when they cannot be moved; raises under `fail`."""
+        if self.mover is None or pod.id in self._moved_here:
+            return True
+        try:
+            planned = self._plan_moves(pod, alloc)
+            if planned is not None:
+                await asyncio.to_thread(self.mover.move_in, planned.netns, list(planned.moves))
+        except NetdevError as exc:
+            self._netdev_count("in", "error")
+            self._invalid(RejectError(status_of(exc), str(exc), context), "create")
+            return False
+        except RejectError as exc:
+            self._invalid(exc.with_context(context), "create")
+            return False
+        self._moved_here.add(pod.id)
+        if planned is not None and pod.id not in self.pod_netdevs:
+            log.warning(
+                "moved VF netdevs of pod=%s into %s at container creation (its sandbox "
+                "started while the hook was away): %s",
+                planned.key,
+                planned.netns,
+                ", ".join(f"{m.host_name}->{m.pod_name}" for m in planned.moves),
+            )
+            self._netdev_count("in", "ok")
+            self.pod_netdevs[pod.id] = planned
+            self._hold(pod.id, planned.netns)
+        return True
+
+    def _refuse_gated(self, context: str, why: str) -> api.CreateContainerResponse:
+        """A container the kubelet gave tessera devices that the record does not cover
+        (a pod placed by another scheduler, a record without it): refused, or with
+        `warn` let run without any device."""
+        self._invalid(
+            RejectError(
+                Code.FAILED_PRECONDITION,
+                f"the kubelet gave it tessera devices but {why}; it would run without "
+                "them (was the pod placed by tessera's scheduler extender?)",
+                context,
+            ),
+            "create",
+        )
+        return self._let_run(True)
+
+    @staticmethod
+    def _let_run(is_gated: bool) -> api.CreateContainerResponse:
+        """What a container refused under `warn` gets: nothing, but its gate removed so
+        that it starts (the operator's choice)."""
+        if not is_gated:
+            return api.CreateContainerResponse()
+        return api.CreateContainerResponse(adjust=to_proto(UNGATE_ONLY))
 
     async def stop_container(
         self, pod: api.PodSandbox, container: api.Container
@@ -328,6 +412,7 @@ class Enforcer(Handler):
             self._invalid(exc.with_context(context), "sandbox")
             return
         if planned is None:
+            self._moved_here.add(pod.id)
             return
         try:
             await asyncio.to_thread(self.mover.move_in, planned.netns, list(planned.moves))
@@ -336,6 +421,7 @@ class Enforcer(Handler):
             self._invalid(RejectError(status_of(exc), str(exc), context), "sandbox")
             return
         self._netdev_count("in", "ok")
+        self._moved_here.add(pod.id)
         self.pod_netdevs[pod.id] = planned
         self._hold(pod.id, planned.netns)
         log.info(
@@ -350,6 +436,7 @@ class Enforcer(Handler):
         planned = self.pod_netdevs.get(pod.id)
         if forget:
             self.pod_netdevs.pop(pod.id, None)
+            self._moved_here.discard(pod.id)
             self.injected = {
                 cid: entry for cid, entry in self.injected.items() if entry[0] != pod.id
             }
@@ -483,6 +570,7 @@ class Enforcer(Handler):
                     await self._bring_back(pod_id, gone)
                 self._release(pod_id)
         self.pod_netdevs = {k: v for k, v in self.pod_netdevs.items() if k in pod_ids}
+        self._moved_here &= pod_ids
         self.injected = {k: v for k, v in self.injected.items() if k in container_ids}
         tracked = 0
         for pod in pods:
@@ -506,7 +594,28 @@ class Enforcer(Handler):
             len(containers),
             tracked,
         )
+        self._report_gated(pods, containers)
         return ()
+
+    @staticmethod
+    def _report_gated(pods: Sequence[api.PodSandbox], containers: Sequence[api.Container]) -> None:
+        """Containers the runtime created while the hook was away still carry the gate:
+        runc refuses to start them and the kubelet creates them again, through the hook.
+        Nothing can be changed in a created container's spec, so they are only named."""
+        names = {pod.id: _pod_key(pod) for pod in pods}
+        left = [
+            f"{names.get(c.pod_sandbox_id, c.pod_sandbox_id)}/{c.name}"
+            for c in containers
+            if gated(m.destination for m in c.mounts)
+        ]
+        if left:
+            log.warning(
+                "%d container(s) were created while the hook was not connected and keep the "
+                "fail-closed gate (runc refuses to start them; the kubelet creates them "
+                "again): %s",
+                len(left),
+                ", ".join(sorted(left)[:20]) + (" ..." if len(left) > 20 else ""),
+            )
 
 
 def _same_file(path: str, fd: int) -> bool:

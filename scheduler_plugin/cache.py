@@ -72,6 +72,7 @@ from tessera.request import PodRequest
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, UNITS_PER_DEVICE
 from tessera.scoring_policy import Policy
 from tessera.sharing import SharedValues
+from tessera.stranded import StrandedGrant, stranded
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -1132,4 +1133,25 @@ class Cache:
                 "fenced": fenced,
                 "gpus": gpus,
                 "rdma": nics,
+                "stranded": [
+                    {
+                        "namespace": s.namespace,
+                        "name": s.name,
+                        "uid": s.pod_uid,
+                        "container": s.container,
+                        "device": s.device,
+                        "state": s.state,
+                        "reason": s.reason,
+                    }
+                    for s in stranded(node.inventory, self._state.pods_on(name))
+                ],
             }
+
+    def stranded_on(self, name: str) -> list[StrandedGrant]:
+        """The grants of the node's pods on a device its inventory marks unhealthy or no
+        longer lists (tessera.stranded)."""
+        with self._lock:
+            node = self._state.nodes.get(name)
+            if node is None:
+                return []
+            return stranded(node.inventory, self._state.pods_on(name))

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 COMPONENT = "tessera-scheduler"
 UNTRUSTED_RECORD = "UntrustedAllocationRecord"
 """Event reason on a pod whose allocation record fences its node."""
+DEVICE_UNHEALTHY = "AllocatedDeviceUnhealthy"
+"""Event reason on a pod given a GPU or NIC that its node now reports unhealthy."""
+DEVICE_MISSING = "AllocatedDeviceMissing"
+"""Event reason on a pod given a GPU or NIC that its node's inventory no longer lists."""
 EVENT_REASONS: ErrorTable[str | None] = ErrorTable(
     "scheduler: Kubernetes Event reason",
     {

@@ -207,6 +207,13 @@ class Metrics:
         self.ready = Gauge(
             "tessera_scheduler_ready", "1 when this replica answers extender calls", registry=r
         )
+        self.stranded = Gauge(
+            "tessera_scheduler_stranded_grants",
+            "Container grants on a GPU or RDMA NIC that its node now reports unhealthy or no "
+            "longer lists, by state (unhealthy, missing); the pods have a Warning Event",
+            ["state"],
+            registry=r,
+        )
         self.status_writes = Counter(
             "tessera_scheduler_status_writes",
             "NodeDevices status updates, by outcome",

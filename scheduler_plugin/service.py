@@ -40,6 +40,7 @@ from scheduler_plugin.nudger import Nudger
 from scheduler_plugin.pending import EXPLAINED, Refusals, explanation, refusal_json, top_reasons
 from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
 from scheduler_plugin.status_writer import StatusWriter
+from scheduler_plugin.stranded_reporter import StrandedReporter
 from tessera.errors import RecordError, RequestError
 from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource
@@ -177,6 +178,8 @@ class Service:
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
+        self.stranded = StrandedReporter(self.cache, self.events.warn, self.metrics.stranded)
+        self.cache.subscribe(self.stranded.mark)
         self.cache.subscribe_usage(self._feed)  # the page redraws use beside grants
         self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
         self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
@@ -279,6 +282,7 @@ class Service:
                 self.cache.check_heartbeats()
                 if self.gangs is not None and self.answering():
                     self.gangs.tick()
+                self.stranded.flush()
                 now = time.monotonic()
                 if now - last_expiry >= 5.0:
                     last_expiry = now
@@ -302,6 +306,7 @@ class Service:
             self.status_writer.mark_all()
             for fence in self.cache.fences():
                 self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
+            self.stranded.replay()
 
     def _fence_changed(self, node: str, key: str, uid: str, problem: str | None) -> None:
         """A pod started fencing its node: a Warning Event on the pod (rate-limited)."""

@@ -19,3 +19,15 @@ expect it)."""
 
 def mps_pid_file(pipe_dir: str) -> str:
     return f"{pipe_dir.rstrip('/')}/{MPS_PID_FILE}"
+
+
+NRI_GATE_DESTINATION: Final = "/proc/tessera-nri-hook-did-not-adjust-this-container"
+"""The fail-closed gate. The node agent's Allocate answer mounts `NRI_GATE_SOURCE` here
+in every container the kubelet gives tessera devices; the NRI hook removes the mount from
+each container it adjusts. runc refuses every mount inside /proc but a short list of
+files, so a container created while the hook was away (disconnected, restarting, crashed)
+fails to start, saying this name, and the kubelet retries it; it never runs without the
+devices its allocation record grants."""
+NRI_GATE_SOURCE: Final = "/dev/null"
+"""What the gate mounts: harmless should any runtime ever take the mount, and present on
+every host (containerd would create a missing source as an empty directory)."""

@@ -31,6 +31,7 @@ from nri_hook.plugin import (
     check_identity,
     event_bit,
 )
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.nri import api_pb2 as api
 from tessera.errors import TesseraError
 from tessera_ttrpc import CallContext, Client, Code, RpcError, Server, unary
@@ -377,11 +378,26 @@ def make_container(
     container_id: str | None = None,
     env: Iterable[str] = (),
     privileged: bool = False,
+    allocated: Iterable[dp.ContainerAllocateResponse] = (),
 ) -> api.Container:
     """A Container as containerd describes it at CreateContainer: its device rules deny
-    every device (the runtime then allows its defaults), or, privileged, allow every one."""
+    every device (the runtime then allows its defaults), or, privileged, allow every one.
+    `allocated`: the device plugins' Allocate answers for it, whose mounts the kubelet
+    passes on (one per container path) and containerd turns into bind mounts."""
     container_id = container_id or (pod.id[:32] + name.encode().hex())[:64].ljust(64, "0")
-    return api.Container(
+    plugin_mounts: dict[str, api.Mount] = {}
+    for answer in allocated:
+        for m in answer.mounts:
+            plugin_mounts.setdefault(
+                m.container_path,
+                api.Mount(
+                    destination=m.container_path,
+                    type="bind",
+                    source=m.host_path,
+                    options=["rbind", "rprivate", "ro" if m.read_only else "rw"],
+                ),
+            )
+    container = api.Container(
         id=container_id,
         pod_sandbox_id=pod.id,
         name=name,
@@ -436,3 +452,63 @@ def make_container(
         ),
         rlimits=[api.POSIXRlimit(type="RLIMIT_NOFILE", hard=1048576, soft=1048576)],
     )
+    container.mounts.extend(plugin_mounts.values())
+    return container
+
+
+# --- what containerd and runc make of an adjustment -----------------------------------------
+
+RUNC_PROC_MOUNTS: Final = frozenset(
+    {
+        "/proc/cpuinfo",
+        "/proc/diskstats",
+        "/proc/meminfo",
+        "/proc/stat",
+        "/proc/swaps",
+        "/proc/uptime",
+        "/proc/loadavg",
+        "/proc/slabinfo",
+        "/proc/net/dev",
+        "/proc/sys/kernel/ns_last_pid",
+    }
+)
+"""The files inside /proc that runc lets a mount cover (those lxcfs emulates)."""
+
+
+ROOTFS: Final = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/rootfs"
+"""Where the container's root is when runc mounts (its error names the full path)."""
+
+
+class RuncRefusedError(TesseraError):
+    """runc refused to create the container (containerd reports it when starting it)."""
+
+
+def adjusted_mounts(
+    container: api.Container, adjust: api.ContainerAdjustment | None
+) -> list[api.Mount]:
+    """The container's mounts after a plugin's adjustment, as NRI applies it: a mount
+    whose destination is marked with "-" removes the container's mount at that path, the
+    others are added (replacing one at the same path). None: no plugin adjusted it."""
+    mounts = {m.destination: m for m in container.mounts}
+    for m in adjust.mounts if adjust is not None else ():
+        if m.destination.startswith("-"):
+            mounts.pop(m.destination[1:], None)
+        else:
+            mounts[m.destination] = m
+    return list(mounts.values())
+
+
+def runc_create(container: api.Container, adjust: api.ContainerAdjustment | None) -> None:
+    """runc's check on the final spec's mounts: none may land inside /proc but on the
+    files it lets through. Raises RuncRefusedError with the words the kubelet shows (as
+    containerd 1.7.34 and 2.3.4 with runc 1.1.5 report them)."""
+    for m in adjusted_mounts(container, adjust):
+        dest = m.destination.rstrip("/")
+        if dest.startswith("/proc/") and dest not in RUNC_PROC_MOUNTS:
+            raise RuncRefusedError(
+                "failed to create containerd task: failed to create shim task: OCI runtime "
+                "create failed: runc create failed: unable to start container process: error "
+                f'during container init: error mounting "{m.source}" to rootfs at '
+                f'"{m.destination}": "{ROOTFS}{m.destination}" cannot be mounted because it is '
+                "inside /proc: unknown"
+            )

@@ -43,6 +43,7 @@ from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
+from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.nri import api_pb2 as nri
 from scheduler_plugin.binder import BindArgs
 from scheduler_plugin.service import Options, Service
@@ -52,7 +53,7 @@ from tessera.policy_registry import POLICIES
 from tessera.record import decode as decode_record
 from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer
-from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod
+from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod, runc_create
 from tessera_testbed.devnodes import device_numbers, make_device_nodes
 from tessera_testbed.kubelet import KubeletSimulator
 
@@ -113,6 +114,8 @@ class Outcome:
     record: dict[str, Any] | None = None
     problem: str = ""
     admitted: list[str] = field(default_factory=list)
+    allocated: dict[str, list[dp.ContainerAllocateResponse]] = field(default_factory=dict)
+    """Container -> the device plugin's Allocate answers the kubelet got for it."""
     injected: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
 
@@ -264,7 +267,7 @@ def _schedule(base: str, api: FakeApiServer, pod: DemoPod, nodes: Sequence[str])
 def _admit(node: SimNode, outcome: Outcome) -> None:
     """kubelet admission: for each container and tessera resource, pick unit IDs (asking
     the plugin for a preference) and Allocate them."""
-    for limits in outcome.pod.containers.values():
+    for container, limits in outcome.pod.containers.items():
         for resource, value in limits.items():
             endpoint = node.kubelet.endpoint(resource)
             snapshot = endpoint.latest()
@@ -277,7 +280,8 @@ def _admit(node: SimNode, outcome: Outcome) -> None:
             count = int(value)
             preferred = node.kubelet.get_preferred_allocation(resource, available, [], count)
             chosen = (list(preferred) + [a for a in available if a not in preferred])[:count]
-            node.kubelet.allocate(resource, chosen)
+            answer = node.kubelet.allocate(resource, chosen)
+            outcome.allocated.setdefault(container, []).append(answer)
             node.units_in_use.update(chosen)
             outcome.admitted.append(f"{resource.removeprefix(rn.DOMAIN + '/')}={len(chosen)}")
 
@@ -323,9 +327,12 @@ async def _create_containers(
                 )
                 await conn.event(nri.RUN_POD_SANDBOX, sandbox)
                 for container in meta.containers:
-                    response = await conn.create_container(
-                        sandbox, make_container(sandbox, container)
+                    created = make_container(
+                        sandbox, container, allocated=outcome.allocated.get(container, ())
                     )
+                    response = await conn.create_container(sandbox, created)
+                    # runc refuses the fail-closed gate unless the hook removed it
+                    runc_create(created, response.adjust)
                     devices = [d.path for d in response.adjust.linux.devices]
                     env = {kv.key: kv.value for kv in response.adjust.env}
                     outcome.injected[container] = (devices, env)

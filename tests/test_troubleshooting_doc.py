@@ -150,3 +150,29 @@ def test_the_fence_reason_and_event_are_the_schedulers() -> None:
     _in_doc("`tessera: node is fenced: ...")
     assert '"UntrustedAllocationRecord"' in Path(events.__file__).read_text()
     _in_doc("`UntrustedAllocationRecord`")
+
+
+def test_the_fail_closed_gate_and_its_refusals_are_quoted_as_written(tmp_path: Path) -> None:
+    import asyncio
+
+    from nri_hook.devices import HostDevices
+    from nri_hook.enforce import Enforcer, EnforcerConfig
+    from tessera_edge.host_paths import NRI_GATE_DESTINATION
+    from tessera_edge.keyfiles import KeyringSource
+    from tessera_testbed.containerd import make_container, make_pod
+    from tessera_ttrpc import RpcError
+    from tests.keyfiles import write_public
+
+    _in_doc(f"`{NRI_GATE_DESTINATION}`")
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE),
+        KeyringSource(write_public(KEYRING, tmp_path / "keys")),
+        HostDevices(tmp_path),
+    )
+    pod = make_pod("job", namespace="ml")
+    container = make_container(pod, "main")
+    container.mounts.add(destination=NRI_GATE_DESTINATION, source="/dev/null", type="bind")
+    with pytest.raises(RpcError) as refused:
+        asyncio.run(enforcer.create_container(pod, container))
+    reason = refused.value.message.split('"main": ', 1)[1]
+    _in_doc(reason.split(";")[0])

@@ -10,6 +10,7 @@ from deviceplugin.backend import BackendError, XidEvent, open_backend
 from deviceplugin.fake_backend import FakeBackend, load_topology_lenient
 from tessera.errors import InventoryError
 from tessera.topology import Tier, TierMatrix
+from tessera_edge.topology_file import builtin_topology_text
 
 
 def test_h100_example_topology() -> None:
@@ -117,3 +118,15 @@ def test_controls() -> None:
     assert h100.port_states("mlx5_2") == ("DOWN",)
     with pytest.raises(InventoryError):
         h100.port_states("mlx5_99")
+
+
+def test_a_gpu_the_file_marks_unhealthy_reports_its_failure_once(tmp_path: Path) -> None:
+    doc = yaml.safe_load(builtin_topology_text("t4-4x"))
+    doc["gpus"][0]["healthy"] = False
+    path = tmp_path / "t4.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    backend = FakeBackend.from_topology(str(path))
+    first = backend.gpu(0)
+    failed = XidEvent(first.uuid, 79, "marked unhealthy in the topology")
+    assert backend.wait_events(0.01) == [failed]
+    assert backend.wait_events(0.01) == []

@@ -13,6 +13,7 @@ from deviceplugin.server import PluginManager, PluginServer
 from deviceplugin.units import UnitConfig
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from tessera.resources import GPU, GPU_CORE, GPU_MEMORY, GPU_MEMORY_RATIO, NVIDIA_GPU, RDMA
+from tessera_edge.host_paths import NRI_GATE_DESTINATION
 from tessera_testbed.kubelet import CHECKPOINT, KubeletSimulator
 from tests.deviceplugin.helpers import make_agent, running
 
@@ -66,7 +67,11 @@ def test_preferred_allocation_allocate_and_prestart_through_the_kubelet(sock_dir
         assert dict(item.rsplit(":", 1) for item in summary.split(",")) == {
             k: str(v) for k, v in per_device.items()
         }
-        assert not response.devices and not response.mounts  # the NRI plugin injects
+        assert not response.devices  # the NRI hook injects them
+        # ...and only the hook opens the fail-closed gate: a mount runc refuses
+        (gate,) = response.mounts
+        assert gate.container_path == NRI_GATE_DESTINATION
+        assert gate.container_path.startswith("/proc/") and gate.read_only
         kubelet.pre_start_container(GPU_CORE, chosen)
 
 

@@ -10,6 +10,7 @@ cluster; each one leaves it with the pods it says.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -21,6 +22,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import yaml
 
 from kube_edge.client import pod_path
 from kube_edge.errors import ApiError
@@ -265,6 +267,99 @@ def test_an_agent_whose_lease_expires_gets_no_new_pods(control_plane: ControlPla
     obj = _wait_bound(cp, "pinned-dead", timeout=BIND_TIMEOUT * 2)
     assert obj["spec"]["nodeName"] == node
     P.delete_now(cp.admin, "pinned-dead")
+
+
+def _pinned_here(name: str, node: str, limits: dict[str, str], uuid: str = "") -> dict[str, Any]:
+    obj = P.pod(name, limits, annotations={rn.GPU_UUID_ANNOTATION: uuid} if uuid else None)
+    obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return obj
+
+
+def test_a_node_back_with_a_gpu_unhealthy_and_one_gone(control_plane: ControlPlane) -> None:
+    """Pods hold GPUs 0, 1 and 2 of a node whose agent then goes silent past its Lease;
+    the node comes back (the agent restarted on a topology where GPU 0 failed and GPU 1
+    is gone): the pods on them get an Event each and are listed in the node's status, new
+    pods go to the good GPUs only, and when both GPUs return nothing is handed out twice."""
+    cp = control_plane
+    node = NODES[1]
+    agent = cp.procs[f"agent-{node}"]
+    topology = cp.work / f"{node}.yaml"
+    original = topology.read_text()
+    path = f"/apis/tessera.dev/v1alpha1/nodedevices/{node}"
+
+    def gpus() -> list[dict[str, Any]] | None:
+        return ((cp.admin.get(path).get("status") or {}).get("allocation") or {}).get("gpus")
+
+    # the GPUs the earlier tests left whole
+    uuids = [g["uuid"] for g in wait_for(gpus, 60, f"{node}'s status") if g["core"]["used"] == 0]
+    assert len(uuids) >= 4, f"{node} has only {len(uuids)} free GPUs"
+    held = [f"held-{i}" for i in range(3)]
+    for i, name in enumerate(held):
+        cp.admin.create(pod_path(P.NS), _pinned_here(name, node, {rn.GPU: "100"}, uuids[i]))
+        _wait_bound(cp, name)
+    agent.kill()
+    time.sleep(8 + 2 + 2)  # the Lease's duration, the scheduler's grace, a margin
+    doc = yaml.safe_load(original)
+    gone = next(g["index"] for g in doc["gpus"] if g["uuid"] == uuids[1])
+    doc["gpus"] = [g for g in doc["gpus"] if g["uuid"] != uuids[1]]
+    for g in doc["gpus"]:  # as NVML would list the GPUs left: no link to the gone one
+        g["nvlinks"] = {p: n for p, n in (g.get("nvlinks") or {}).items() if p != gone}
+    failed = next(g for g in doc["gpus"] if g["uuid"] == uuids[0])
+    failed["healthy"], failed["healthReason"] = False, "XID 79 after the reboot"
+    topology.write_text(yaml.safe_dump(doc))
+    new = [f"after-{i}" for i in range(len(uuids) - 3 + 1)]
+    try:
+        agent.start()
+
+        def reported() -> dict[str, str] | None:
+            status = cp.admin.get(path).get("status") or {}
+            stranded = (status.get("allocation") or {}).get("stranded") or []
+            found = {s["name"]: s["state"] for s in stranded}
+            return found if len(found) == 2 else None
+
+        found = wait_for(reported, BIND_TIMEOUT, f"{node}'s pods on bad GPUs in its status", 1)
+        assert found == {held[0]: "unhealthy", held[1]: "missing"}
+
+        def events() -> set[tuple[str, str]] | None:
+            items = cp.admin.list(f"/api/v1/namespaces/{P.NS}/events").get("items") or []
+            got = {
+                (e["involvedObject"]["name"], e["reason"])
+                for e in items
+                if e["reason"].startswith("AllocatedDevice")
+            }
+            return got if len(got) == 2 else None
+
+        got = wait_for(events, BIND_TIMEOUT, "the Events on the pods of the bad GPUs", 1)
+        assert got == {(held[0], "AllocatedDeviceUnhealthy"), (held[1], "AllocatedDeviceMissing")}
+        # of the free GPUs, one failed, one gone, one held: whole-GPU pods fit on the rest
+        for name in new:
+            cp.admin.create(pod_path(P.NS), _pinned_here(name, node, {rn.GPU: "100"}))
+        keys = keyring(cp.integrity_dir)
+        for name in new[:-1]:
+            record = P.record(_wait_bound(cp, name), keys)
+            assert {g.uuid for c in record.containers for g in c.gpus}.isdisjoint(uuids[:3])
+        last = new[-1]
+        wait_for(lambda: P.pending_reason(cp.admin, last), BIND_TIMEOUT, f"{last} refused")
+        # both GPUs return: their pods still hold them, so the last pod still waits
+        agent.kill()
+        topology.write_text(original)
+        agent.start()
+        wait_for(lambda: reported() is None, BIND_TIMEOUT, "no pod on a bad GPU", 1)
+        time.sleep(5)
+        assert P.bound(cp.admin, last) is None
+        allocs, _ = _all_records(cp)
+        assert P.ledger(allocs)[2] == []
+        P.delete_now(cp.admin, held[1])
+        record = P.record(_wait_bound(cp, last), keys)
+        assert [g.uuid for c in record.containers for g in c.gpus] == [uuids[1]]
+    finally:
+        if topology.read_text() != original:
+            agent.kill()
+            topology.write_text(original)
+            agent.start()
+        for name in held + new:
+            with contextlib.suppress(ApiError):  # not created when the test failed early
+                P.delete_now(cp.admin, name)
 
 
 def _all_records(cp: ControlPlane) -> tuple[list[Any], list[str]]:

@@ -16,7 +16,9 @@ containerd loses no pod and no device. Needs root (mknod, runc, ip links).
 
 from __future__ import annotations
 
+import copy
 import json
+import random
 import re
 import time
 from collections.abc import Iterator
@@ -31,7 +33,9 @@ from protos.kubelet.podresources.v1 import api_pb2 as prpb
 from protos.kubelet.podresources.v1 import api_pb2_grpc as prpb_grpc
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation
+from tessera_edge.host_paths import NRI_GATE_DESTINATION as GATE
 from tests.e2e import binaries
+from tests.e2e import node_chaos as C  # noqa: N812 - read as 'chaos.'
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
 from tests.e2e.controlplane import ControlPlane, keyring, wait_for
 from tests.e2e.node import (
@@ -373,6 +377,70 @@ def test_the_hook_reports_a_privileged_container(node: Node) -> None:
         P.delete_now(cp.admin, name)
 
 
+def _containers_running(obj: dict[str, Any]) -> bool:
+    """Whether every container of the pod runs (its phase reads Running as soon as a
+    container that failed to start is due a restart, so the phase does not tell)."""
+    statuses = (obj.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all("running" in (c.get("state") or {}) for c in statuses)
+
+
+def _not_started_because(obj: dict[str, Any]) -> str:
+    """Why the kubelet could not create or start the pod's containers, as it reports it
+    (waiting CreateContainerError/RunContainerError, or a StartError termination)."""
+    said: list[str] = []
+    status = obj.get("status") or {}
+    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        for state in (c.get("state") or {}, c.get("lastState") or {}):
+            for kind in ("waiting", "terminated"):
+                part = state.get(kind) or {}
+                if part.get("message"):
+                    said.append(f"{c['name']}: {part.get('reason')}: {part['message']}")
+    return "\n".join(said)
+
+
+def test_without_the_hook_containers_given_devices_wait_for_it(node: Node) -> None:
+    """Fail closed: with the NRI hook down, a container the kubelet gave tessera devices
+    does not start (runc refuses the node agent's gate, naming it); a pod without tessera
+    devices starts; once the hook is back the kubelet's retry runs the container with
+    exactly its record's devices and without the gate."""
+    cp = node.cp
+    hook = node.procs["nri-hook"]
+    hook.kill()
+    gpu, plain = f"gate-gpu-{node.name}", f"gate-plain-{node.name}"
+    try:
+        cp.admin.create(pod_path(P.NS), _pinned(node, gpu, limits={rn.GPU: "100"}))
+        cp.admin.create(pod_path(P.NS), _pinned(node, plain, limits={}))
+        _running(cp, plain)
+
+        def refused() -> str | None:
+            obj = cp.admin.get(pod_path(P.NS, gpu))
+            assert not _containers_running(obj), f"{gpu} runs without the hook"
+            said = _not_started_because(obj)
+            return said if GATE in said else None
+
+        said = wait_for(refused, RUN_TIMEOUT, f"{gpu} refused for want of the hook", every=1)
+        print(f"without the hook, {gpu}: {said}")
+        time.sleep(5)
+        assert not _containers_running(cp.admin.get(pod_path(P.NS, gpu)))
+    finally:
+        hook.start()
+
+    def started() -> dict[str, Any] | None:
+        obj = cp.admin.get(pod_path(P.NS, gpu))
+        return obj if _containers_running(obj) else None
+
+    # the kubelet's back-off (10 s, doubling) decides when it tries again
+    obj = wait_for(started, RUN_TIMEOUT, f"{gpu}'s container started", every=1)
+    (entry,) = P.record(obj, keyring(cp.integrity_dir)).containers
+    (status,) = obj["status"]["containerStatuses"]
+    spec = _oci_spec(node, status["containerID"].split("://", 1)[1])
+    assert _oci_devices(spec) == _granted(entry)
+    _check_env(_oci_env(spec), entry)
+    assert GATE not in {m["destination"] for m in spec.get("mounts") or []}
+    for name in (gpu, plain):
+        P.delete_now(cp.admin, name)
+
+
 def test_kubelet_and_containerd_restarts_lose_nothing(node: Node) -> None:
     cp = node.cp
     names = [f"{w}-{node.name}" for w in WORKLOADS]
@@ -404,3 +472,236 @@ def test_vf_netdev_returns_to_the_host_when_the_pod_goes(node: Node) -> None:
         return set(netdevs) <= links()
 
     wait_for(back, RUN_TIMEOUT, f"{name}'s VF netdevs {netdevs} back in the host", every=1)
+
+
+# --- node chaos ------------------------------------------------------------------------------
+
+
+def _check_chaos_env(env: list[tuple[str, str]], c: ContainerAllocation | None) -> None:
+    """The record's GPUs in NVIDIA_VISIBLE_DEVICES and HAMi-core's per-GPU limits, exactly."""
+    _check_env(env, c)
+    values = dict(env)
+    limits = {k: v for k, v in values.items() if k.startswith("CUDA_DEVICE_")}
+    if c is None or not c.gpus:
+        assert not limits and "LD_PRELOAD" not in values
+        return
+    for i, g in enumerate(sorted(c.gpus, key=lambda g: g.index)):
+        assert values[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{g.memory_mib}m"
+    assert f"CUDA_DEVICE_MEMORY_LIMIT_{len(c.gpus)}" not in values
+
+
+def _chaos_state(n: Node) -> dict[str, dict[str, Any]]:
+    objs = n.cp.admin.list(pod_path(P.NS), labelSelector=C.LABEL).get("items") or []
+    return {o["metadata"]["name"]: o for o in objs}
+
+
+def _settled(obj: dict[str, Any]) -> str | None:
+    """'running', 'failed: <why>' or 'pending: <why>' once the pod's state needs nothing
+    more from the node; None while it is on its way."""
+    status = obj.get("status") or {}
+    if not obj["spec"].get("nodeName"):
+        why = P.unschedulable_message(obj)
+        return f"pending: {why}" if why else None
+    if status.get("phase") == "Running" and all(
+        c.get("ready") for c in status.get("containerStatuses") or []
+    ):
+        return "running"
+    if status.get("phase") == "Failed":
+        return (
+            f"failed: {status.get('reason')}: {status.get('message')} {_not_started_because(obj)}"
+        )
+    return None
+
+
+def _usage_matches_live_records(n: Node, records: dict[str, Any]) -> str | None:
+    """The scheduler's published per-GPU compute use on the node against the sum of the
+    records of its pods that still hold devices; '' when equal, else what differs."""
+    live = [r for r in records.values() if r is not None]
+    core, _, conflicts = P.ledger(live)
+    assert conflicts == [], conflicts
+    path = f"/apis/tessera.dev/v1alpha1/nodedevices/{n.name}"
+    status = n.cp.admin.get(path).get("status") or {}
+    diff = [
+        f"{g['uuid']}: scheduler {g['core']['used']}, records {core.get((n.name, g['uuid']), 0)}"
+        for g in (status.get("allocation") or {}).get("gpus") or []
+        if g["core"]["used"] != core.get((n.name, g["uuid"]), 0)
+    ]
+    return "; ".join(diff)
+
+
+def test_node_chaos_never_starts_a_container_with_wrong_devices(node: Node) -> None:
+    """Pods of every kind created and deleted continuously while the NRI hook, the node
+    agent, containerd and the kubelet are SIGKILLed at random moments and restarted. Every
+    container that ran reported what it saw: exactly its record's devices, environment and
+    VF netdevs. Afterwards every pod runs or failed saying why, the kubelet's pod-resources
+    and the scheduler's usage agree with the records, and every VF is back in the host."""
+    cp = node.cp
+    rng = random.Random(C.SEED)
+    plan = C.KillPlan(rng)
+    keys = keyring(cp.integrity_dir)
+    seen = node.work / "seen"
+    seen.mkdir(exist_ok=True)
+    refund = C.VfRefund(node.vf_netdevs)
+    for obj in cp.admin.list(pod_path(P.NS)).get("items") or []:
+        if obj["spec"].get("nodeName") == node.name or not obj["spec"].get("nodeName"):
+            P.delete_now(cp.admin, obj["metadata"]["name"])
+    records: dict[str, Any] = {}  # pod UID -> record (None: none) of every pod ever seen
+    pod_network: dict[str, bool] = {}
+    deadline: dict[str, float] = {}
+    restarts: list[tuple[float, str]] = []
+    kinds = list(C.KINDS)
+    created = 0
+    started = time.monotonic()
+    last_create = 0.0
+    next_kill = started + plan.gap()
+
+    crashed: dict[str, int] = dict.fromkeys(C.PROGRAMS, 0)
+
+    def supervise() -> None:
+        """Restart a program that exited on its own, as systemd or the DaemonSet would (the
+        kubelet exits when it starts while containerd is down)."""
+        pending = {name for _, name in restarts}
+        for name in C.PROGRAMS:
+            if name not in pending and not node.procs[name].running():
+                crashed[name] += 1
+                node.procs[name].start()
+
+    def remember(obj: dict[str, Any]) -> None:
+        uid = obj["metadata"]["uid"]
+        pod_network[uid] = not obj["spec"].get("hostNetwork")
+        if uid in records and records[uid] is not None:
+            return
+        has = rn.ALLOCATION_ANNOTATION in (obj["metadata"].get("annotations") or {})
+        records[uid] = P.record(obj, keys) if has else None
+
+    while created < C.PODS or not plan.done:
+        now = time.monotonic()
+        assert now - started < 1800, f"storm too long: {created} pods, kills {plan.kills}"
+        if now >= next_kill and not plan.done:
+            victim = plan.next_victim()
+            proc = node.procs[victim]
+            if proc.running():
+                proc.kill()
+                plan.kills[victim] += 1
+                restarts.append((now + rng.uniform(0, 3), victim))
+            next_kill = now + plan.gap()
+        for when, name in [r for r in restarts if r[0] <= now]:
+            restarts.remove((when, name))
+            node.procs[name].start()
+        supervise()
+        refund.check()
+        state = _chaos_state(node)
+        for name, listed_obj in state.items():
+            obj = listed_obj
+            if now >= deadline.get(name, float("inf")) and not obj["spec"].get("nodeName"):
+                obj = cp.admin.get(pod_path(P.NS, name))  # bound since the list?
+            if obj["spec"].get("nodeName"):
+                remember(obj)
+            if now >= deadline.get(name, float("inf")):
+                # as kubectl delete does: the pod goes once the kubelet has stopped it, so
+                # the kubelet's units are free before the scheduler hands its devices out
+                cp.admin.request("DELETE", pod_path(P.NS, name))
+                del deadline[name]
+        live = sum(1 for name in state if name in deadline)
+        # one pod a second at most: the agent cannot tell apart pods created in the same
+        # second with the same demands (docs/deviceplugin.md), whose units then follow no
+        # record; what runs is the same either way
+        if created < C.PODS and live < C.LIVE and now - last_create >= 1.05:
+            last_create = now
+            kind = kinds[created % len(kinds)]
+            args = copy.deepcopy(C.KINDS[kind])
+            name = f"chaos-{kind}-{created:04d}-{node.name}"
+            obj = C.chaos_pod(_pinned(node, name, **args), seen)
+            cp.admin.create(pod_path(P.NS), obj)
+            deadline[name] = time.monotonic() + rng.uniform(*C.LIFETIME)
+            created += 1
+        time.sleep(rng.uniform(0.3, 1.0))
+    for _, name in restarts:
+        node.procs[name].start()
+    restarts.clear()
+    storm = time.monotonic() - started
+    print(
+        f"node chaos storm on {node.name}: {created} pods, kills {plan.kills}, {storm:.0f}s; "
+        f"exited on their own and restarted: {crashed}"
+    )
+    # the storm is over: the pods left settle
+    final: dict[str, str] = {}
+
+    def all_settled() -> bool:
+        supervise()
+        refund.check()
+        cp.check_alive()
+        state = _chaos_state(node)
+        for obj in state.values():
+            if obj["spec"].get("nodeName"):
+                remember(obj)
+        final.clear()
+        for name, obj in state.items():
+            if obj["metadata"].get("deletionTimestamp"):
+                return False  # the kubelet has yet to stop it
+            outcome = _settled(obj)
+            if outcome is None:
+                return False
+            final[name] = outcome
+        return True
+
+    wait_for(all_settled, C.SETTLE, "the pods left after the storm to run or fail", every=2)
+    failed = {n: o for n, o in final.items() if o.startswith("failed")}
+    for name, outcome in failed.items():
+        assert outcome.split(":", 2)[2].strip(), f"{name} failed without a reason: {outcome}"
+    # the kubelet's pod-resources against every running pod's record
+    listed = _pod_resources(node)
+    state = _chaos_state(node)
+    mismatched: list[str] = []
+    for name, outcome in final.items():
+        if outcome != "running":
+            continue
+        alloc = records[state[name]["metadata"]["uid"]]
+        for entry in alloc.containers if alloc else ():
+            if entry.init:  # the kubelet's List shows no (ordinary) init container
+                continue
+            held = listed.get((P.NS, name), {}).get(entry.name, {})
+            gpus = {
+                i.split("::")[0] for r, ids in held.items() if r in rn.GPU_RESOURCES for i in ids
+            }
+            if entry.gpus and gpus != {g.uuid for g in entry.gpus}:
+                mismatched.append(f"{name}/{entry.name}: pod-resources {held}, record {entry}")
+    assert not mismatched, "\n".join(mismatched)
+    # the scheduler's usage equals the sum of the live records
+    holding = {
+        o["metadata"]["uid"]: records.get(o["metadata"]["uid"])
+        for o in state.values()
+        if o["spec"].get("nodeName") and (o.get("status") or {}).get("phase") not in ("Failed",)
+    }
+    wait_for(
+        lambda: _usage_matches_live_records(node, holding) == "",
+        120,
+        "the scheduler's usage to equal the live records",
+        every=2,
+    )
+    # every container that ever ran
+    reports, partial = C.read_reports(seen)
+    judge = C.Judge(_granted, _check_chaos_env, records, pod_network)
+    for report in reports:
+        judge.judge(report)
+    ran_pods = len({r.pod_uid for r in reports})
+    print(
+        f"node chaos on {node.name}: {len(reports)} container starts reported by {ran_pods} "
+        f"pods ({partial} reports cut short), final states: "
+        f"{sum(o == 'running' for o in final.values())} running, {len(failed)} failed, "
+        f"{sum(o.startswith('pending') for o in final.values())} pending; "
+        f"{refund.refunds} VF pairs given back as the kernel gives back a VF"
+    )
+    for name, outcome in failed.items():
+        print(f"  {name}: {outcome[:300]}")
+    assert not judge.problems, "\n".join(judge.problems[:50])
+    assert ran_pods >= C.PODS // 4, f"only {ran_pods} pods ran: the storm proves little"
+    # all gone: every VF netdev back in the host namespace, none left in a pod's
+    for name in _chaos_state(node):
+        cp.admin.request("DELETE", pod_path(P.NS, name))
+
+    def vfs_home() -> bool:
+        refund.check()
+        return not _chaos_state(node) and set(node.vf_netdevs) <= links()
+
+    wait_for(vfs_home, C.SETTLE, "every VF netdev back in the host namespace", every=2)

@@ -426,3 +426,33 @@ def test_in_a_pod_the_service_account_and_its_namespace_are_used(
     code, out, err = run(capsys, "explain", "p")
     assert code == 0, err
     assert out.startswith("Pod ml/p:")
+
+
+def test_nodes_name_the_pods_on_a_gpu_gone_bad_or_missing(
+    cluster: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node agent republishes t4 after a reboot: the GPU of pod a unhealthy, that of
+    pod b gone. The scheduler lists both pods in the status; `nodes` names them."""
+    fake = cluster
+    with scheduling(fake, (pod("a", {rn.GPU: 100}), "t4"), (pod("b", {rn.GPU: 100}), "t4")):
+        status_written(fake, "t4", lambda s: s and sum(len(g["pods"]) for g in s["gpus"]) == 2)
+        held = {
+            p["name"]: g["uuid"]
+            for g in fake.get("nodedevices", "t4")["status"]["allocation"]["gpus"]
+            for p in g["pods"]
+        }
+        gpus = fake.get("nodedevices", "t4")["spec"]["gpus"]
+        for g in gpus:
+            if g["uuid"] == held["a"]:
+                g["healthy"] = False
+        gpus = [g for g in gpus if g["uuid"] != held["b"]]
+        fake.patch("nodedevices", "t4", {"spec": {"gpus": gpus}})
+        status_written(fake, "t4", lambda s: s and len(s.get("stranded") or []) == 2)
+        rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+    t4 = rows["t4"]
+    assert {(s["pod"], s["state"]) for s in t4["stranded"]} == {
+        ("default/a", "unhealthy"),
+        ("default/b", "missing"),
+    }
+    assert (t4["gpu_count"], t4["healthy_gpus"]) == (3, 2)
+    assert "pods on unhealthy or missing devices: default/a (GPU " in t4["reason"]

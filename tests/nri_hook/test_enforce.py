@@ -23,19 +23,23 @@ from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.record import Keyring, encode
 from tessera.resources import ALLOCATION_ANNOTATION
+from tessera_edge.host_paths import NRI_GATE_DESTINATION
 from tessera_edge.keyfiles import KeyringSource
 from tessera_testbed.containerd import (
     CONTAINERD_1_7,
     CONTAINERD_2_3,
     PluginConnection,
+    RuncRefusedError,
     RuntimeSimulator,
     RuntimeVersion,
     make_container,
     make_pod,
+    runc_create,
 )
 from tessera_testbed.devnodes import device_numbers, make_device_nodes
 from tessera_ttrpc import Code, RpcError
 from tests.keyfiles import write_public
+from tests.nri_hook.gate_helpers import agent_answer
 from tests.nri_hook.netns_helpers import NetLab, links, netlab
 from tests.nri_hook.vectors import Session
 
@@ -661,3 +665,113 @@ def test_without_the_drivers_gpu_list_a_privileged_container_is_reported_only_wi
     assert metrics.registry.get_sample_value(count) == 1
     (warning,) = [r.getMessage() for r in caplog.records if "own device rules" in r.getMessage()]
     assert "open every GPU of this node" in warning and "/dev/nvidia" not in warning
+
+
+# --- the fail-closed gate ---------------------------------------------------------------------
+
+
+def _given_devices(pod: api.PodSandbox, name: str) -> api.Container:
+    """A container of `pod` the kubelet gave tessera devices: it carries the agent's mounts."""
+    return make_container(pod, name, allocated=[agent_answer(f"{GPU0.uuid}::0")])
+
+
+def test_without_the_hook_a_container_given_devices_cannot_start() -> None:
+    pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
+    with pytest.raises(RuncRefusedError, match=NRI_GATE_DESTINATION):
+        runc_create(_given_devices(pod, "main"), None)  # created while no plugin was there
+    runc_create(make_container(pod, "plain"), None)  # nothing of tessera's: starts
+
+
+@pytest.mark.parametrize("version", [CONTAINERD_2_3, CONTAINERD_1_7], ids=["2.3", "1.7"])
+def test_the_hook_removes_the_gate_of_the_containers_it_adjusts(
+    hook: Hook, version: RuntimeVersion
+) -> None:
+    async def body() -> None:
+        h = await hook(version=version)
+        pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
+        main = _given_devices(pod, "main")
+        response = await h.conn.create_container(pod, main)
+        assert _env(response) == {"NVIDIA_VISIBLE_DEVICES": GPU0.uuid}
+        assert [m.destination for m in response.adjust.mounts] == ["-" + NRI_GATE_DESTINATION]
+        runc_create(main, response.adjust)
+        # a container without the gate (no tessera devices from the kubelet) gets no removal
+        ungated = await h.conn.create_container(pod, make_container(pod, "main"))
+        assert not ungated.adjust.mounts and _env(ungated) == _env(response)
+        await h.close()
+
+    _run(body)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "why"),
+    [
+        (None, "the pod has no allocation record"),
+        (record(ContainerAllocation("other", gpus=(GPU0,))), "record does not name it"),
+        ("{garbage", "invalid allocation record"),
+    ],
+    ids=["no-record", "not-named", "bad-record"],
+)
+def test_a_container_given_devices_that_its_record_does_not_cover_is_refused(
+    hook: Hook, annotation: str | None, why: str
+) -> None:
+    """Placed by another scheduler, or a record that does not cover it: refused saying
+    why; under `warn` it runs, with no device (its gate removed, nothing added)."""
+
+    async def body() -> None:
+        annotations = {ALLOCATION_ANNOTATION: annotation} if annotation is not None else {}
+        pod = make_pod("train", namespace="team-a", uid=UID, annotations=annotations)
+        main = _given_devices(pod, "main")
+        h = await hook()
+        with pytest.raises(RpcError) as refused:
+            await h.conn.create_container(pod, main)
+        assert why in refused.value.message and '"main"' in refused.value.message
+        if annotation is None or "other" in annotation:
+            assert refused.value.code == Code.FAILED_PRECONDITION
+            assert "tessera devices" in refused.value.message
+        await h.close()
+        h = await hook(on_invalid="warn")
+        response = await h.conn.create_container(pod, main)
+        assert not response.adjust.linux.devices and not response.adjust.env
+        runc_create(main, response.adjust)
+        await h.close()
+
+    _run(body)
+
+
+def test_synchronize_names_the_containers_created_while_the_hook_was_away(
+    device_root: Path, key_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE), KeyringSource(key_file), HostDevices(device_root)
+    )
+    pod = _train_pod(record(ContainerAllocation("main", gpus=(GPU0,))))
+    waiting = _given_devices(pod, "main")
+    asyncio.run(enforcer.synchronize([pod], [waiting, make_container(pod, "plain")]))
+    (line,) = [r.getMessage() for r in caplog.records if "fail-closed gate" in r.getMessage()]
+    assert line.startswith("1 container(s)") and "team-a/train/main" in line
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("synchronized", [False, True], ids=["never-seen", "synchronized"])
+def test_a_sandbox_started_while_the_hook_was_away_gets_its_vf_before_its_container(
+    lab: NetLab, hook: Hook, synchronized: bool
+) -> None:
+    """No RunPodSandbox reached the hook (it was down, or restarted since and only
+    learnt of the pod from Synchronize): the container the record names is created only
+    with the pod's VF in its namespace, else it would run without it."""
+    ns = lab.namespace()
+    vf = lab.vf()
+
+    async def body() -> None:
+        pod = _vf_pod(lab.path(ns), vf)
+        h = await hook(sync_pods=[pod] if synchronized else [])
+        assert vf in links() and vf not in links(ns)
+        await h.conn.create_container(pod, _given_devices(pod, "main"))
+        assert vf not in links() and vf in links(ns)
+        assert pod.id in h.enforcer.pod_netdevs  # brought back when the sandbox stops
+        await h.conn.create_container(pod, _given_devices(pod, "main"))  # a restart: no-op
+        await h.conn.event(api.STOP_POD_SANDBOX, pod)
+        assert vf in links() and vf not in links(ns)
+        await h.close()
+
+    _run(body)
