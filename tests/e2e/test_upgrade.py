@@ -20,6 +20,7 @@ one places it. Needs root (mknod, runc).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,7 @@ import yaml
 from kube_edge.client import pod_path
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, PodAllocation
+from tessera_edge.host_paths import NRI_GATE_DESTINATION
 from tests.deploy import install_modes as im
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
@@ -84,6 +86,16 @@ class Cluster:
     new: U.Release
     kubeconfig: Path
     pods: list[str] = field(default_factory=list)
+    on: dict[str, U.Release] = field(default_factory=dict)
+    """Which release each workload (scheduler, hook, agent) runs now."""
+    held: list[str] = field(default_factory=list)
+    """Pods created while the gate held them on an upgrade: they must run once the hook is
+    upgraded too."""
+
+    def gated(self) -> bool:
+        """This release's agent with the previous release's hook: the agent's fail-closed
+        gate is in every device container and the hook there does not remove it."""
+        return self.on.get("agent") is self.new and self.on.get("hook") is self.previous
 
 
 @pytest.fixture(scope="module")
@@ -412,9 +424,31 @@ def check_all(c: Cluster, before: Seen, step: str) -> Seen:
     return seen
 
 
-def place_one(c: Cluster, name: str) -> None:
+def place_one(c: Cluster, name: str, upgrading: bool) -> None:
+    """A new pod places and runs; while the node mixes this release's agent with the
+    previous hook, it is bound but its container is held by the gate, saying so. On an
+    upgrade it must run once the hook is upgraded too; on a rollback the kubelet keeps the
+    gate in its checkpoint, so the pod is deleted, as docs/operations.md tells an operator
+    to do after a rollback through that mix."""
     create(c, name, limits={rn.GPU: "25"})
-    running(c, name)
+    if not c.gated():
+        running(c, name)
+        return
+
+    def held() -> bool:
+        obj = c.cp.admin.get(pod_path(P.NS, name))
+        statuses = obj.get("status", {}).get("containerStatuses") or []
+        assert not any("running" in (s.get("state") or {}) for s in statuses), (
+            f"{name} runs although the previous hook cannot remove the gate: {statuses}"
+        )
+        return NRI_GATE_DESTINATION in json.dumps(statuses)
+
+    wait_for(held, RUN_TIMEOUT, f"pod {name} held by the gate, saying so", every=1)
+    c.pods.remove(name)
+    if upgrading:
+        c.held.append(name)
+    else:
+        P.delete_now(c.cp.admin, name)
 
 
 def roll(c: Cluster, release: U.Release, order: tuple[str, ...], tag: str, seen: Seen) -> Seen:
@@ -427,7 +461,11 @@ def roll(c: Cluster, release: U.Release, order: tuple[str, ...], tag: str, seen:
             time.sleep(3)
             assert not P.bound(c.cp.admin, gap), f"{gap} was bound while no scheduler ran"
         RUNS[workload](c, release)
-        place_one(c, f"{tag}-after-{workload}")
+        c.on[workload] = release
+        if not c.gated():
+            c.pods += c.held  # the kubelet's retries run them now, with their devices
+            c.held.clear()
+        place_one(c, f"{tag}-after-{workload}", upgrading=release is c.new)
         seen = check_all(c, seen, f"{tag}, {workload} on {release.name}")
     return seen
 
@@ -439,11 +477,12 @@ def test_upgrade_and_rollback_keep_every_running_container_and_record(
     cluster: Cluster, method: str, order: str
 ) -> None:
     c = cluster
-    c.pods = []
+    c.pods, c.held = [], []
     try:
         apply_release(c, method, c.previous, "install")
         for workload in ("hook", "agent", "scheduler"):
             RUNS[workload](c, c.previous)
+            c.on[workload] = c.previous
         for name, kwargs in WORKLOADS.items():
             create(c, f"{method}-{name}", **kwargs)
         seen = check_all(c, {}, f"{method}: the previous release")
@@ -453,7 +492,7 @@ def test_upgrade_and_rollback_keep_every_running_container_and_record(
         seen = roll(c, c.previous, ORDERS[order][::-1], f"{method}-down", seen)
         print(f"{method}, {order}: {len(seen)} pods kept their containers and devices")
     finally:
-        for name in c.pods:
+        for name in c.pods + c.held:
             P.delete_now(c.cp.admin, name)
         stop_scheduler(c)
         for proc in ("nri-hook", "agent"):
