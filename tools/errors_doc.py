@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.errors import ErrorTable, TesseraError
-from tools.generated import replace_between
+from tools.generated import replace_between, write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "errors.md"
@@ -225,15 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.errors_doc", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
     args = parser.parse_args(argv)
-    current = DOC.read_text()
-    wanted = page_with(current, render())
-    if args.check:
-        if wanted != current:
-            print(f"{DOC} is stale: run python -m tools.errors_doc", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
+    wanted = page_with(DOC.read_text(), render())
+    return write_or_check(DOC, wanted, args.check, "python -m tools.errors_doc")
 
 
 if __name__ == "__main__":

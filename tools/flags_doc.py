@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from scheduler_plugin.cli import build_parser
-from tools.generated import replace_between
+from tools.generated import replace_between, write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "operations.md"
@@ -64,15 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.flags_doc", description=__doc__)
     parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
     args = parser.parse_args(argv)
-    current = DOC.read_text()
-    wanted = page_with(current, render())
-    if args.check:
-        if wanted != current:
-            print(f"{DOC} is stale: run python -m tools.flags_doc", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
+    wanted = page_with(DOC.read_text(), render())
+    return write_or_check(DOC, wanted, args.check, "python -m tools.flags_doc")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -13,3 +14,15 @@ def replace_between(text: str, begin: str, end: str, generated: str, page: Path)
     if not sep or not sep2:
         raise ValueError(f"{page}: the markers {begin!r} and {end!r} are missing")
     return f"{head}{begin}\n{generated}{end}{tail}"
+
+
+def write_or_check(page: Path, wanted: str, check: bool, command: str) -> int:
+    """Write `wanted` to `page`; with `check`, only say (exit status 1) that the page is
+    stale and which command rewrites it."""
+    if not check:
+        page.write_text(wanted)
+        return 0
+    if wanted != page.read_text():
+        print(f"{page} is stale: run {command}", file=sys.stderr)
+        return 1
+    return 0

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.generated import replace_between
+from tools.generated import replace_between, write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "isolation.md"
@@ -83,15 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(table([path]))
         return 0
-    page = DOC.read_text()
-    wanted = render(page, table(REPORTS.glob("*.json")))
-    if args.check:
-        if wanted != page:
-            print(f"{DOC} is stale: run python -m tools.gpu_table", file=sys.stderr)
-            return 1
-        return 0
-    DOC.write_text(wanted)
-    return 0
+    wanted = render(DOC.read_text(), table(REPORTS.glob("*.json")))
+    return write_or_check(DOC, wanted, args.check, "python -m tools.gpu_table")
 
 
 if __name__ == "__main__":
