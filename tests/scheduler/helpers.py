@@ -8,7 +8,7 @@ import json
 import ssl
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
+from tessera_testbed.browser import wait_for
 from tessera_testbed.inventory import heartbeat_lease, nodedevices
 from tests.vectors import EXTENDER
 
@@ -165,17 +166,6 @@ class Http:
         resp = self.conn.getresponse()
         data = resp.read()
         return resp.status, data
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0, interval: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def schedule(http_: Http, fake: FakeApiServer, obj: dict[str, Any], nodes: list[str]) -> str | None:
