@@ -309,17 +309,22 @@ def run_agent(c: Cluster, release: U.Release) -> None:
             "--no-netlink": "",
         },
     )
-    n._spawn(
+    proc = n._spawn(
         "agent",
         release.command(_module(release, agent["command"]), args),
         release.env(NODE_NAME=n.name),
     )
 
     def advertised() -> bool:
+        # the node's allocatable still shows what the agent before this one advertised: wait
+        # until this process has registered every resource the node advertises (a pod
+        # admitted before that fails the kubelet's admission, having no plugin to ask)
         alloc = cp.admin.get(f"/api/v1/nodes/{n.name}")["status"].get("allocatable") or {}
-        return int(alloc.get(rn.GPU, "0")) > 0
+        ours = [r for r, v in alloc.items() if r in rn.TESSERA_RESOURCES and v != "0"]
+        log = U.since_start(proc)
+        return bool(ours) and all(f"{r}: registered with the kubelet" in log for r in ours)
 
-    wait_for(advertised, 120, f"{n.name} advertising tessera resources", every=1)
+    wait_for(advertised, 120, f"{n.name}'s agent registered with the kubelet", every=1)
 
 
 RUNS = {"scheduler": run_scheduler, "hook": run_hook, "agent": run_agent}
