@@ -281,18 +281,27 @@ def test_a_node_back_with_a_gpu_unhealthy_and_one_gone(control_plane: ControlPla
     is gone): the pods on them get an Event each and are listed in the node's status, new
     pods go to the good GPUs only, and when both GPUs return nothing is handed out twice."""
     cp = control_plane
-    node = NODES[1]
+
+    def gpus_of(node: str) -> list[dict[str, Any]] | None:
+        got = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node}")
+        return ((got.get("status") or {}).get("allocation") or {}).get("gpus")
+
+    def whole(node: str) -> list[str]:
+        """The GPUs of `node` the earlier tests left whole."""
+        listed = wait_for(lambda: gpus_of(node), 60, f"{node}'s status")
+        return [g["uuid"] for g in listed if g["core"]["used"] == 0]
+
+    # a node with four whole GPUs, whatever the earlier tests of the module left running
+    node, uuids = max(((n, whole(n)) for n in NODES), key=lambda nu: len(nu[1]))
+    assert len(uuids) >= 4, f"no node has 4 whole GPUs ({node} has {len(uuids)})"
     agent = cp.procs[f"agent-{node}"]
     topology = cp.work / f"{node}.yaml"
     original = topology.read_text()
     path = f"/apis/tessera.dev/v1alpha1/nodedevices/{node}"
 
     def gpus() -> list[dict[str, Any]] | None:
-        return ((cp.admin.get(path).get("status") or {}).get("allocation") or {}).get("gpus")
+        return gpus_of(node)
 
-    # the GPUs the earlier tests left whole
-    uuids = [g["uuid"] for g in wait_for(gpus, 60, f"{node}'s status") if g["core"]["used"] == 0]
-    assert len(uuids) >= 4, f"{node} has only {len(uuids)} free GPUs"
     held = [f"held-{i}" for i in range(3)]
     for i, name in enumerate(held):
         cp.admin.create(pod_path(P.NS), _pinned_here(name, node, {rn.GPU: "100"}, uuids[i]))
