@@ -22,7 +22,7 @@ from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
-from tessera_testbed.browser import wait_for
+from tessera_testbed.browser import wait_for as wait_for  # noqa: PLC0414 - re-exported
 from tessera_testbed.inventory import heartbeat_lease, nodedevices
 from tests.vectors import EXTENDER
 
