@@ -67,7 +67,6 @@ EXERCISED = {
     ),
     "helm upgrade tessera deploy/helm/tessera --namespace tessera-system": _UPGRADE,
     "kubectl apply --server-side --force-conflicts -k deploy/overlays/second-scheduler": _UPGRADE,
-    "helm rollback tessera --namespace tessera-system": _UPGRADE,
     "kubectl tessera explain POD": (
         "tests/kubectl/test_cli.py",
         "test_explain_agrees_with_the_scheduler_node_by_node",

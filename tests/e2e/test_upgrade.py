@@ -173,12 +173,12 @@ def apply_release(c: Cluster, method: str, release: U.Release, step: str) -> Non
         run = helm.Install(config).run(
             "tessera", str(release.chart), create_namespace=True, wait=False, timeout=HELM_TIMEOUT
         )
-    elif step == "upgrade":
+    else:
+        # a rollback as docs/operations.md gives it: the previous release's chart upgraded
+        # to (helm-sdkpy's Rollback sets no wait strategy, which Helm's SDK refuses)
         run = helm.Upgrade(config).run(
             "tessera", str(release.chart), wait=False, timeout=HELM_TIMEOUT
         )
-    else:
-        run = helm.Rollback(config).run("tessera")
     asyncio.run(run)
 
 
