@@ -422,44 +422,51 @@ class App:
         """Chunked JSON lines: a SYNC line with the node names, then one MODIFIED line with
         the node's summary whenever a node changes, PING lines when idle."""
         service = self.service
-        if service.watchers_full():
-            raise _ReplyError(503, "too many /debug/watch streams")
-        changes = service.watch_changes()
-        loop = asyncio.get_running_loop()
-        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
 
-        async def line(obj: Any) -> None:
-            await send(
-                {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
-            )
+        def first() -> list[Any]:
+            return [{"type": "SYNC", "nodes": [only] if only else service.cache.node_names()}]
 
-        gone = _departure(receive)
-        try:
-            names = [only] if only else service.cache.node_names()
-            await line({"type": "SYNC", "nodes": names})
-            while not service.stopping.is_set() and not gone.done():
-                dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
-                if not dirty:
-                    await line({"type": "PING"})
-                    continue
-                nodes = sorted(n for n in dirty if not only or n == only)
-                # off the event loop: a view may decode a usage annotation (up to 64 KiB)
-                views = await loop.run_in_executor(self.watch_pool, _views, service, nodes)
-                for node, summary in zip(nodes, views, strict=True):
-                    if summary is None:
-                        await line({"type": "DELETED", "node": {"node": node}})
-                    else:
-                        await line({"type": "MODIFIED", "node": summary})
-            await send({"type": "http.response.body", "body": b""})
-        finally:
-            gone.cancel()
-            changes.close()
+        def changed(dirty: set[str]) -> list[Any]:
+            nodes = sorted(n for n in dirty if not only or n == only)
+            # off the event loop: a view may decode a usage annotation (up to 64 KiB)
+            views = _views(service, nodes)
+            return [
+                {"type": "DELETED", "node": {"node": node}}
+                if summary is None
+                else {"type": "MODIFIED", "node": summary}
+                for node, summary in zip(nodes, views, strict=True)
+            ]
+
+        await self._lines(receive, send, first, changed)
 
     async def _stream_overview(self, receive: Receive, send: Send) -> None:
         """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
         model and every node's row, scheduler_plugin.overview), then a ROWS line with the
         rows that changed whenever nodes change, PING lines when idle."""
+        service = self.service
+        sent: dict[str, Any] = {}
+
+        def first() -> list[Any]:
+            whole = service.debug_overview()
+            sent.update((row["n"], row) for row in whole["nodes"])
+            return [{"type": "OVERVIEW", **whole}]
+
+        def changed(dirty: set[str]) -> list[Any]:
+            change = partial(overview.changes, names=sorted(dirty), sent=sent)
+            return [service.cache.reading(change)]
+
+        await self._lines(receive, send, first, changed)
+
+    async def _lines(
+        self,
+        receive: Receive,
+        send: Send,
+        first: Callable[[], list[Any]],
+        changed: Callable[[set[str]], list[Any]],
+    ) -> None:
+        """One change stream: `first()`'s lines, then `changed(nodes)`'s whenever nodes
+        change and a PING line when idle, until the scheduler stops or the reader goes.
+        Both run on the watch pool, off the event loop."""
         service = self.service
         if service.watchers_full():
             raise _ReplyError(503, "too many /debug/watch streams")
@@ -468,27 +475,20 @@ class App:
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
 
-        async def line(obj: Any) -> None:
-            await send(
-                {"type": "http.response.body", "body": _dumps(obj) + b"\n", "more_body": True}
-            )
+        async def emit(objs: list[Any]) -> None:
+            for obj in objs:
+                body = _dumps(obj) + b"\n"
+                await send({"type": "http.response.body", "body": body, "more_body": True})
 
         gone = _departure(receive)
         try:
-            first = await loop.run_in_executor(self.watch_pool, service.debug_overview)
-            sent: dict[str, Any] = {row["n"]: row for row in first["nodes"]}
-            await line({"type": "OVERVIEW", **first})
+            await emit(await loop.run_in_executor(self.watch_pool, first))
             while not service.stopping.is_set() and not gone.done():
                 dirty = await loop.run_in_executor(self.watch_pool, changes.take, 1.0)
                 if not dirty:
-                    await line({"type": "PING"})
+                    await emit([{"type": "PING"}])
                     continue
-                batch = await loop.run_in_executor(
-                    self.watch_pool,
-                    service.cache.reading,
-                    partial(overview.changes, names=sorted(dirty), sent=sent),
-                )
-                await line(batch)
+                await emit(await loop.run_in_executor(self.watch_pool, changed, dirty))
             await send({"type": "http.response.body", "body": b""})
         finally:
             gone.cancel()
