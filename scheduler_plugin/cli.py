@@ -82,7 +82,7 @@ def check_config(config: SchedulerConfig) -> ssl.SSLContext | None:
             f"({getattr(exc, 'reason', None) or exc})",
         ) from None
     try:
-        return tls_context(cert, key, ca)
+        return tls_context(cert, key, ca, http2=config.http2)
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise ConfigError(
             "--tls-client-ca-file",

@@ -69,6 +69,12 @@ class SchedulerConfig:
         "serve the verbs and /debug to anyone who reaches the port, without client "
         "certificates or tokens (never in production: anyone could bind pods)"
     )
+    http2: bool = _SERVING.off_switch(
+        "offer HTTP/1.1 only on the TLS port; by default HTTP/2 is offered too (ALPN), so "
+        "kube-scheduler keeps one connection for all its calls instead of a TLS handshake "
+        "for each call that overlaps another",
+        option="--no-http2",
+    )
     max_body_bytes: int = _SERVING.flag(
         "largest request body, refused with 413 before it is read; the default holds 5,000 "
         f"node names (nodeCacheCapable true); use {limits.NODE_OBJECTS_BODY_BYTES} with "

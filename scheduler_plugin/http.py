@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs, unquote
 
 import uvicorn
@@ -49,6 +49,7 @@ from uvicorn.server import Server as UvicornServer
 
 from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
+from scheduler_plugin.http2 import ALPN_PROTOCOLS, AlpnProtocol
 from scheduler_plugin.metrics import CONTENT_TYPE
 from scheduler_plugin.protocol import BoundedProtocol
 from tessera.boundedjson import JsonLimitError, loads
@@ -74,15 +75,20 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def tls_context(cert_file: str, key_file: str, client_ca_file: str | None) -> ssl.SSLContext:
+def tls_context(
+    cert_file: str, key_file: str, client_ca_file: str | None, *, http2: bool = True
+) -> ssl.SSLContext:
     """TLS 1.2+ with this certificate; with a client CA, client certificates it signed are
-    verified when offered (the extender verbs then require one, /debug takes one)."""
+    verified when offered (the extender verbs then require one, /debug takes one). With
+    `http2`, ALPN offers h2 before http/1.1 (scheduler_plugin.http2)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     # no TLS 1.3 session tickets: kube-scheduler's client keeps no session cache, so a
     # ticket is never used to resume, and issuing two per connection costs CPU
     ctx.num_tickets = 0
+    if http2:
+        ctx.set_alpn_protocols(ALPN_PROTOCOLS)
     if client_ca_file:
         ctx.load_verify_locations(cafile=client_ca_file)
         ctx.verify_mode = ssl.CERT_OPTIONAL
@@ -222,6 +228,12 @@ class App:
             self._budget = ByteBudget(self.max_body * limits.BODY_BUDGET_BODIES)
         return self._budget
 
+    def connection_opened(self, protocol: str) -> None:
+        """Counted per protocol (scheduler_plugin.http2 calls it once TLS is up)."""
+        metrics = self.service.metrics
+        if metrics is not None:
+            metrics.connections.labels(protocol).inc()
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
@@ -254,7 +266,9 @@ class App:
             body = await self._body(scope, receive)
             if not service.answering():
                 outcome = "not_ready"
-                raise _ReplyError(503, "this replica is not ready or not the leader")
+                # closed: the client's next connection reaches the leader (through the
+                # Service), where a kept one would keep reaching this replica
+                raise _ReplyError(503, "this replica is not ready or not the leader", close=True)
             try:
                 args = loads(
                     body,
@@ -296,7 +310,7 @@ class App:
             if not length_text.isdigit() or len(length_text) > 12:
                 raise _ReplyError(400, "bad Content-Length", close=True)
             expected = int(length_text)
-        elif chunked:
+        elif chunked or scope["http_version"] == "2":
             expected = self.max_body  # unknown: reserve the most it may be
         else:
             expected = 0
@@ -542,7 +556,8 @@ class Server:
         self.tls = tls
         config = UvicornConfig(
             app,
-            http=BoundedProtocol,
+            # over TLS the protocol is chosen by ALPN (HTTP/2 or HTTP/1.1)
+            http=cast(type[asyncio.Protocol], AlpnProtocol if tls is not None else BoundedProtocol),
             loop="uvloop",
             ws="none",
             lifespan="off",

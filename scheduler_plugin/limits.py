@@ -56,6 +56,20 @@ milliseconds, and kube-scheduler's httpTimeout (10 s shipped) gives up by then a
 KEEPALIVE_TIMEOUT: Final = 60.0
 """Seconds an idle keep-alive connection stays open. Go's HTTP client keeps idle
 connections 90 s and retries a request on a connection the server closed while idle."""
+H2_MAX_STREAMS: Final = 64
+"""Requests at once on one HTTP/2 connection. kube-scheduler has one scheduling cycle and
+its binding cycles in flight; the verb pool (BLOCKING_WORKERS) serves 16 binds at once, so
+more streams would only queue."""
+H2_UNREAD_BYTES: Final = 512 * 1024
+"""Request body bytes one HTTP/2 connection may hold that the application has not read yet;
+past it the connection's flow-control window stays shut until it reads. Each stream is
+also held to the default 64 KiB window ahead of the application."""
+H2_MAX_RESETS: Final = 200
+"""Streams a client may reset within H2_RESET_WINDOW before its connection is closed:
+kube-scheduler resets a stream only when a call times out; a flood of opened-and-reset
+streams makes the server start work it then drops."""
+H2_RESET_WINDOW: Final = 10.0
+"""Seconds over which H2_MAX_RESETS is counted."""
 BLOCKING_WORKERS: Final = 16
 """Threads for verbs that wait on the API server (bind) or are long (preempt, /debug
 views): kube-scheduler's parallel binds queue here instead of each holding a thread."""

@@ -220,6 +220,14 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.connections = Counter(
+            "tessera_scheduler_connections",
+            "Client connections accepted on the extender port, by protocol (h2, http/1.1): "
+            "kube-scheduler on HTTP/2 keeps one connection, on HTTP/1.1 it opens one per "
+            "overlapping call",
+            ["protocol"],
+            registry=r,
+        )
         r.register(_StateCollector(lambda: self._cache))
 
     def attach(self, cache: Cache) -> None:
