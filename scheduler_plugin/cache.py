@@ -11,8 +11,9 @@ the lock for a short, CPU-only section; no API call is ever made while holding i
 A node takes new tessera pods only if its inventory parsed, it is not fenced, and its node
 agent's heartbeat Lease is fresh; `problems()` holds the reason for every node that does
 not, kept up to date on every inventory, fence or Lease event and re-checked for expiry by
-`check_heartbeats`, which the service calls about once a second (so a heartbeat is noticed
-stale within a second).
+`check_heartbeats`, which the service calls about once a second for the heartbeats that
+just ran out (so a heartbeat is noticed stale within a second) and once a minute for every
+node.
 
 A node is *fenced* while a pod bound to it and not finished carries an allocation record
 that does not count (malformed, forged, copied, conflicting): that pod may be using
@@ -434,16 +435,21 @@ class Cache:
             for node in [n for n in self._use_texts.nodes() if n not in seen]:
                 self._use_gone(node)
 
-    def check_heartbeats(self) -> None:
-        """Re-check every node (heartbeats expire with time, not with events)."""
+    def check_heartbeats(self, *, every_node: bool = False) -> None:
+        """Re-check the nodes whose heartbeat ran out (heartbeats expire with time, not with
+        events); `every_node`: all of them (the service does so now and then, a safety net
+        that costs about 5 ms at 5,000 nodes, under the lock)."""
         with self._lock:
             now = self._clock()
-            names = (
-                set(self._inventories)
-                | set(self._inventory_errors)
-                | set(self._problems)
-                | set(self._fences)
-            )
+            if every_node:
+                names = (
+                    set(self._inventories)
+                    | set(self._inventory_errors)
+                    | set(self._problems)
+                    | set(self._fences)
+                )
+            else:
+                names = set(self._heartbeats.expired(now))
             for name in names:
                 self._update_problem(name, now)
 

@@ -1,9 +1,10 @@
 """Freshness of node agents' heartbeat Leases (a node whose agent is silent takes no new
-tessera pods: scheduler_plugin/cache.py asks `problem` on every Lease event and once a
-second)."""
+tessera pods: scheduler_plugin/cache.py asks `problem` on every Lease event, and once a
+second for the nodes whose heartbeat has just run out, `expired`)."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,12 +44,30 @@ class HeartbeatTracker:
     the written renewTime, capped at now.
     """
 
-    __slots__ = ("_beats", "grace", "namespace")
+    __slots__ = ("_beats", "_deadlines", "grace", "namespace")
 
     def __init__(self, namespace: str, grace: float) -> None:
         self.namespace = namespace
         self.grace = grace
         self._beats: dict[str, _Beat] = {}
+        # (when a beat runs out, node): one entry per renewal seen within about a lease
+        # duration; entries of renewed or forgotten beats are dropped when they come up
+        self._deadlines: list[tuple[float, str]] = []
+
+    def _deadline(self, beat: _Beat) -> float:
+        return beat.observed + beat.duration + self.grace
+
+    def expired(self, now: float) -> list[str]:
+        """Nodes whose heartbeat ran out since the last call (`problem` now says so): the
+        only change to a node's freshness that no event brings."""
+        due: list[str] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now:
+            deadline, node = heapq.heappop(deadlines)
+            beat = self._beats.get(node)
+            if beat is not None and self._deadline(beat) == deadline:
+                due.append(node)
+        return due
 
     def observe(self, lease: Mapping[str, Any], now: float) -> str | None:
         """Record a Lease; returns the node it belongs to (None if not a heartbeat)."""
@@ -63,14 +82,17 @@ class HeartbeatTracker:
             duration = DEFAULT_LEASE_DURATION
         previous = self._beats.get(node)
         if previous is not None and previous.renew_text == renew:
-            previous.duration = duration
+            if previous.duration != duration:
+                previous.duration = duration
+                heapq.heappush(self._deadlines, (self._deadline(previous), node))
             return node
         if previous is None:
             written = parse_time(renew)
             observed = min(now, written) if written is not None else float("-inf")
         else:
             observed = now
-        self._beats[node] = _Beat(renew, observed, float(duration))
+        beat = self._beats[node] = _Beat(renew, observed, float(duration))
+        heapq.heappush(self._deadlines, (self._deadline(beat), node))
         return node
 
     def forget(self, lease: Mapping[str, Any]) -> str | None:
@@ -90,8 +112,12 @@ class HeartbeatTracker:
         if beat is None:
             return f"node agent heartbeat Lease {lease} is missing"
         age = now - beat.observed
-        if age > beat.duration + self.grace:
-            silent = "ever" if age == float("inf") else f"{age:.0f}s"
+        limit = beat.duration + self.grace
+        if age > limit:
+            # the limit, not the age: the reason stays the same text while the node stays
+            # silent (it is re-checked only when the heartbeat runs out; `kubectl tessera
+            # nodes` shows the age)
+            silent = "ever" if age == float("inf") else f"over {limit:.0f}s"
             return (
                 f"node agent is silent: heartbeat Lease {lease} not renewed for {silent} "
                 f"(lease duration {beat.duration:.0f}s)"

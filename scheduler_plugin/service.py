@@ -49,6 +49,10 @@ from tessera.resources import DEFAULT_GANG_TIMEOUT_SECONDS, DEFAULT_HEARTBEAT_NA
 
 log = logging.getLogger(__name__)
 
+HEARTBEAT_SWEEP_SECONDS = 60.0
+"""How often the ticker re-checks every node's heartbeat rather than only those that just
+ran out (a safety net; each second costs only the nodes whose heartbeat expired)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Options:
@@ -266,7 +270,7 @@ class Service:
         self._settled = True
 
     def _tick(self) -> None:
-        last_expiry = time.monotonic()
+        last_expiry = last_sweep = time.monotonic()
         while not self.stopping.wait(1.0):
             try:
                 if not self._settled and self.synced:
@@ -279,7 +283,10 @@ class Service:
                         daemon=True,
                         name="resign",
                     ).start()
-                self.cache.check_heartbeats()
+                sweep = time.monotonic() - last_sweep >= HEARTBEAT_SWEEP_SECONDS
+                if sweep:
+                    last_sweep = time.monotonic()
+                self.cache.check_heartbeats(every_node=sweep)
                 if self.gangs is not None and self.answering():
                     self.gangs.tick()
                 self.stranded.flush()

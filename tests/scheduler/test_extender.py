@@ -13,6 +13,7 @@ import pytest
 
 from scheduler_plugin.cache import Cache
 from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
+from scheduler_plugin.heartbeats import HeartbeatTracker
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.recovery import Holds
 from scheduler_plugin.views import Assumed, PodSeen
@@ -130,6 +131,31 @@ def test_a_heartbeat_counts_from_when_we_see_it_change() -> None:
     assert "not renewed" in cache.problems()["n"]
     cache.lease_gone(lease)
     assert "missing" in cache.problems()["n"]
+
+
+def test_only_heartbeats_that_ran_out_are_checked_again() -> None:
+    tracker = HeartbeatTracker("tessera-system", grace=5.0)
+    now = 1_000.0
+
+    def renew(node: str, at: float, duration: int = 10) -> None:
+        lease = heartbeat(node, duration=duration)
+        lease["spec"]["renewTime"] = (
+            f"2000-01-01T00:00:{int(at) % 60:02d}.{int(at * 1e6) % 10**6:06d}Z"
+        )
+        tracker.observe(lease, at)
+
+    for node in ("a", "b", "c"):
+        renew(node, now)
+    assert tracker.expired(now + 14.0) == []
+    renew("b", now + 10.0)  # renewed: its first deadline no longer counts
+    tracker.forget_node("c")  # gone: nothing to check
+    assert tracker.expired(now + 16.0) == ["a"]
+    assert tracker.expired(now + 17.0) == []  # once
+    assert tracker.problem("a", now + 17.0) is not None
+    assert tracker.expired(now + 26.0) == ["b"]
+    renew("a", now + 30.0, duration=40)
+    assert tracker.expired(now + 50.0) == []
+    assert tracker.expired(now + 76.0) == ["a"]
 
 
 def test_prioritize_follows_the_policy_in_integers_0_to_10() -> None:

@@ -308,6 +308,11 @@ class Cluster(RuleBasedStateMachine):
         """Heartbeats go stale; binds the watch never confirmed are read back."""
         self.now += seconds
         self.cache.check_heartbeats()
+        # only the heartbeats that just ran out were looked at: a look at every node
+        # finds nothing more
+        seen = dict(self.cache.problems())
+        self.cache.check_heartbeats(every_node=True)
+        assert dict(self.cache.problems()) == seen
         self.reconciler.expire_assumed(self.api)  # type: ignore[arg-type]
         self.gangs.tick()  # reservations past their timeout are released
 
