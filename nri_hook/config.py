@@ -17,12 +17,11 @@ from nri_hook.plugin import (
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE
+from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE, DEFAULT_NRI_PLUGIN_NAME
 from tessera_cli.flags import FlagGroup
 from tessera_cli.values import absolute_path, node_name
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
-DEFAULT_PLUGIN_NAME = "tessera"
 DEFAULT_PLUGIN_INDEX = "50"
 MAX_REGISTRATION_TIMEOUT: Final = 3600.0
 """Seconds; containerd's own registration timeout is 5 s, so anything near an hour is a typo."""
@@ -57,7 +56,7 @@ class NriHookConfig:
     plugin_name: str = _CONNECTION.flag(
         "name to register under; letters, digits, _ . + - (default: %(default)s). "
         f"{PLUGIN_NAME_ENV} from a launching runtime takes precedence.",
-        default=DEFAULT_PLUGIN_NAME,
+        default=DEFAULT_NRI_PLUGIN_NAME,
         metavar="NAME",
     )
     plugin_index: str = _CONNECTION.flag(

@@ -3,8 +3,10 @@
 The API server applies a Binding's `metadata.annotations` to the pod in the same update
 that sets `spec.nodeName`, with the pod's UID as precondition. So the record and the node
 land together or not at all: there is no pod with a record but no node, and a bind costs
-one write. (Pods bound by older versions, record first and Binding second, are still read
-as before: an unbound pod's record holds nothing, see recovery.py.)
+one write. The same write names the NRI hook in NRI's required-plugins annotation
+(tessera.nri_required), so that containerd does not create the pod's containers without
+it. (Pods bound by older versions, record first and Binding second, are still read as
+before: an unbound pod's record holds nothing, see recovery.py.)
 
 There is no per-node lock. The only serialized step is a short in-memory section
 (`Cache.assume`, under the cache's lock) that computes the exact placement on the chosen
@@ -34,9 +36,10 @@ from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import AlreadyHeld, Refused
 from tessera.allocation import PodAllocation
 from tessera.errors import RequestError, TesseraError
+from tessera.nri_required import render
 from tessera.record import KeySource, encode
 from tessera.request import PodRequest
-from tessera.resources import ALLOCATION_ANNOTATION
+from tessera.resources import ALLOCATION_ANNOTATION, NRI_REQUIRED_PLUGINS_POD_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +162,10 @@ class Binder:
             text = encode(alloc, self.keyring)
             if self.signed is not None:  # before the write: its watch event may come first
                 self.signed(args.uid, args.namespace, args.name, args.node, text, alloc)
-            self._create_binding(args, {ALLOCATION_ANNOTATION: text})
+            annotations = {ALLOCATION_ANNOTATION: text}
+            if request.required_plugins:
+                annotations[NRI_REQUIRED_PLUGINS_POD_ANNOTATION] = render(request.required_plugins)
+            self._create_binding(args, annotations)
         except BindRefusedError:
             self.cache.forget(args.uid, alloc)
             raise

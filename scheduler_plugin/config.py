@@ -12,11 +12,13 @@ from tessera.gang.book import DEFAULT_RETRY_AFTER
 from tessera.policy_registry import POLICIES
 from tessera.resources import (
     DEFAULT_INTEGRITY_KEY_FILE,
+    DEFAULT_NRI_PLUGIN_NAME,
     DEFAULT_POLICY,
     HEARTBEAT_LEASE_PREFIX,
+    NRI_REQUIRED_PLUGINS_POD_ANNOTATION,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import listen_address
+from tessera_cli.values import listen_address, nri_plugin_name
 
 _SERVICE = Options()
 """The running service's own defaults: the flags below start from them."""
@@ -163,6 +165,21 @@ class SchedulerConfig:
     manage_nvidia_gpu: bool = _DECISIONS.switch(
         "also place nvidia.com/gpu requests (only where NVIDIA's device plugin is absent)"
     )
+    nri_plugin_name: str = _DECISIONS.flag(
+        "the NRI hook's name on the nodes (its --plugin-name). Each pod bound with a record "
+        f"gets the annotation {NRI_REQUIRED_PLUGINS_POD_ANNOTATION} naming it, beside any "
+        "plugins the pod names there itself, so that containerd 2.2 or later with NRI's "
+        "default validator enabled refuses to create the pod's containers while the hook is "
+        "not connected, see docs/nri_hook.md (default: %(default)s)",
+        type=nri_plugin_name,
+        default=DEFAULT_NRI_PLUGIN_NAME,
+        metavar="NAME",
+    )
+    require_nri_plugin: bool = _DECISIONS.off_switch(
+        f"do not write {NRI_REQUIRED_PLUGINS_POD_ANNOTATION} (containerd then relies on the "
+        "node agent's gate alone to keep a pod's containers from starting without the hook)",
+        option="--no-require-nri-plugin",
+    )
 
     leader_elect: bool = _HA.flag(
         "elect one leader among replicas on a Lease; only the leader is ready and answers",
@@ -217,6 +234,7 @@ class SchedulerConfig:
             status_interval=self.status_interval,
             write_status=self.write_status,
             manage_nvidia_gpu=self.manage_nvidia_gpu,
+            nri_plugin=self.nri_plugin_name if self.require_nri_plugin else None,
             filter_answer=self.filter_answer,
             gangs=self.gangs,
             gang_timeout=self.gang_timeout,

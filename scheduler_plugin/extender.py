@@ -129,12 +129,16 @@ class Extender:
         *,
         manage_nvidia_gpu: bool = False,
         answer: str = "all",
+        nri_plugin: str | None = None,
     ) -> None:
         if answer not in FILTER_ANSWERS:
             raise ValueError(f"answer must be one of {', '.join(FILTER_ANSWERS)}, got {answer!r}")
         self.cache = cache
         self.metrics = metrics
         self.manage_nvidia_gpu = manage_nvidia_gpu
+        self.nri_plugin = nri_plugin
+        """The NRI hook's name, required of containerd on every pod bound with a record
+        (None: no requirement written)."""
         self.answer_best = answer == "best"
         self.gangs: Gangs | None = None
         """Gang members are answered by their gang (scheduler_plugin/gangs.py)."""
@@ -145,7 +149,7 @@ class Extender:
 
     def parse(self, pod: Mapping[str, Any]) -> PodRequest:
         """The pod's request (RequestError when it breaks a rule)."""
-        return parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu)
+        return parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu, nri_plugin=self.nri_plugin)
 
     def request_of(self, pod: Mapping[str, Any]) -> PodRequest:
         """The pod's request, parsed once per version of the pod: kube-scheduler sends the

@@ -45,7 +45,11 @@ from tessera.errors import RecordError, RequestError
 from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource
 from tessera.request import PodRequest
-from tessera.resources import DEFAULT_GANG_TIMEOUT_SECONDS, DEFAULT_HEARTBEAT_NAMESPACE
+from tessera.resources import (
+    DEFAULT_GANG_TIMEOUT_SECONDS,
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_NRI_PLUGIN_NAME,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,9 @@ class Options:
     status_interval: float = 10.0
     write_status: bool = True
     manage_nvidia_gpu: bool = False
+    nri_plugin: str | None = DEFAULT_NRI_PLUGIN_NAME
+    """The NRI hook's name, written on each pod bound with a record as the plugin containerd
+    must have connected to create its containers (None: not written)."""
     filter_answer: str = "best"
     """What filter answers when a pod fits (extender.FILTER_ANSWERS)."""
     gangs: bool = True
@@ -129,6 +136,7 @@ class Service:
             self.metrics,
             manage_nvidia_gpu=options.manage_nvidia_gpu,
             answer=options.filter_answer,
+            nri_plugin=options.nri_plugin,
         )
         self.nudger = Nudger(client, enabled=self._leading)
         self.gangs: Gangs | None = None

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tessera import nri_required
 from tessera import resources as rn
 from tessera.errors import RequestError
 from tessera.quantity import MAX_QUANTITY, cpu_millis, memory_mib, whole_count
@@ -124,6 +125,9 @@ class PodRequest:
     cpu_milli: int = 0
     """The pod's effective CPU request (Kubernetes' rule: max of init, sum of app)."""
     memory_mib: int = 0
+    required_plugins: tuple[str, ...] = ()
+    """NRI plugins its containers must be created through, written with its record
+    (tessera.nri_required); empty: nothing to write."""
 
     @property
     def key(self) -> str:
@@ -151,11 +155,15 @@ class PodRequest:
 # --- parsing --------------------------------------------------------------------------------
 
 
-def parse_pod(pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True) -> PodRequest:
+def parse_pod(
+    pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True, nri_plugin: str | None = None
+) -> PodRequest:
     """Parse a pod dict. Raises RequestError on any broken rule.
 
     `nvidia_gpu_enabled` says whether tessera manages `nvidia.com/gpu` in this cluster; when
-    it does not, that resource is left alone (another plugin owns it).
+    it does not, that resource is left alone (another plugin owns it). `nri_plugin`, when
+    given, is the NRI hook's name, which a pod that wants devices must require of
+    containerd (with the plugins the pod already requires, `required_plugins`).
     """
     if not isinstance(pod, Mapping):
         raise RequestError(None, None, "the pod must be a JSON object")
@@ -198,6 +206,11 @@ def parse_pod(pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True) -> Pod
 
     hints = parse_hints(annotations) if containers else PodHints()
     _check_hints_fit(containers, hints)
+    required = (
+        nri_required.required_plugins(annotations, nri_plugin)
+        if containers and nri_plugin is not None
+        else ()
+    )
     return PodRequest(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -206,6 +219,7 @@ def parse_pod(pod: Mapping[str, Any], *, nvidia_gpu_enabled: bool = True) -> Pod
         hints=hints,
         cpu_milli=cpu_total,
         memory_mib=mem_total,
+        required_plugins=required,
     )
 
 

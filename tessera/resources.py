@@ -45,6 +45,17 @@ TOPOLOGY_ANNOTATION: Final = f"{DOMAIN}/topology"
 RDMA_AFFINITY_ANNOTATION: Final = f"{DOMAIN}/rdma-affinity"
 PLACEMENT_ANNOTATION: Final = f"{DOMAIN}/placement"
 
+NRI_REQUIRED_PLUGINS_ANNOTATION: Final = "required-plugins.noderesource.dev"
+"""NRI's own key (containerd 2.2+ with the default validator enabled): a YAML list of NRI
+plugin names that must be connected when a container is created, else the creation fails.
+Scopes, most specific first: `<key>/container.<name>`, `<key>/pod`, `<key>`."""
+NRI_REQUIRED_PLUGINS_POD_ANNOTATION: Final = f"{NRI_REQUIRED_PLUGINS_ANNOTATION}/pod"
+"""The pod-scope form the scheduler writes with the record: the NRI hook's name, so no
+container of a pod with a record is created while the hook is away (docs/nri_hook.md)."""
+DEFAULT_NRI_PLUGIN_NAME: Final = "tessera"
+"""The name the NRI hook registers under with containerd (its --plugin-name), which the
+scheduler names in that annotation (its --nri-plugin-name)."""
+
 HINT_ANNOTATIONS: Final = (
     GPU_MODEL_ANNOTATION,
     GPU_UUID_ANNOTATION,

@@ -12,6 +12,8 @@ import math
 import re
 from collections.abc import Callable
 
+from tessera.nri_required import valid_plugin_name
+
 MAX_INTERVAL_S = 86400.0
 """Longest accepted duration (one day): longer ones are typos for health checks, heartbeats
 or timeouts, and `threading.Event.wait` overflows on huge timeouts."""
@@ -116,6 +118,15 @@ def namespace(text: str) -> str:
     """A Kubernetes namespace: a DNS-1123 label."""
     rule = "a DNS-1123 label: lowercase letters, digits and '-'"
     return _dns_name(text, _LABEL, 63, "namespace", rule)
+
+
+def nri_plugin_name(text: str) -> str:
+    """An NRI plugin's name, as containerd accepts it at registration."""
+    if not valid_plugin_name(text):
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is not an NRI plugin name: use letters, digits, '_', '.', '+' and '-'"
+        )
+    return text
 
 
 def non_empty(text: str) -> str:

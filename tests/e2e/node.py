@@ -318,12 +318,25 @@ def _cni_section(table: str, work: Path, cni: Path | None, v2: bool) -> str:
 """
 
 
-def _major(release: Path) -> int:
+def containerd_version(release: Path) -> tuple[int, int]:
+    """(major, minor) of the release, as its `containerd --version` says."""
     out = subprocess.run(
         [str(release / "containerd"), "--version"], capture_output=True, text=True, check=True
     ).stdout
     version = next(w for w in out.split() if w.startswith("v") and w[1:2].isdigit())
-    return int(version[1:].split(".")[0])
+    major, minor = version[1:].split(".")[:2]
+    return int(major), int(minor)
+
+
+def _major(release: Path) -> int:
+    return containerd_version(release)[0]
+
+
+def enforces_required_plugins(release: Path) -> bool:
+    """Whether containerd refuses to create a container while an NRI plugin its pod
+    requires is not connected: NRI's default validator (2.2 and later), which the shipped
+    2.x configuration, and so `containerd_config`, enables."""
+    return containerd_version(release) >= (2, 2)
 
 
 @dataclass(eq=False)

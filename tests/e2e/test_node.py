@@ -44,6 +44,7 @@ from tests.e2e.node import (
     PLUGIN_DIR,
     Node,
     device_root,
+    enforces_required_plugins,
     links,
     node_host_or_skip,
 )
@@ -398,45 +399,105 @@ def _not_started_because(obj: dict[str, Any]) -> str:
     return "\n".join(said)
 
 
-def test_without_the_hook_containers_given_devices_wait_for_it(node: Node) -> None:
-    """Fail closed: with the NRI hook down, a container the kubelet gave tessera devices
-    does not start (runc refuses the node agent's gate, naming it); a pod without tessera
-    devices starts; once the hook is back the kubelet's retry runs the container with
-    exactly its record's devices and without the gate."""
+def _held_back(node: Node, name: str, says: str) -> str:
+    """Wait until the kubelet reports why `name`'s container did not start, containing
+    `says`; it must never run meanwhile. Returns what the kubelet said."""
     cp = node.cp
-    hook = node.procs["nri-hook"]
-    hook.kill()
-    gpu, plain = f"gate-gpu-{node.name}", f"gate-plain-{node.name}"
-    try:
-        cp.admin.create(pod_path(P.NS), _pinned(node, gpu, limits={rn.GPU: "100"}))
-        cp.admin.create(pod_path(P.NS), _pinned(node, plain, limits={}))
-        _running(cp, plain)
 
-        def refused() -> str | None:
-            obj = cp.admin.get(pod_path(P.NS, gpu))
-            assert not _containers_running(obj), f"{gpu} runs without the hook"
-            said = _not_started_because(obj)
-            return said if GATE in said else None
+    def refused() -> str | None:
+        obj = cp.admin.get(pod_path(P.NS, name))
+        assert not _containers_running(obj), f"{name} runs without the hook"
+        said = _not_started_because(obj)
+        return said if says in said else None
 
-        said = wait_for(refused, RUN_TIMEOUT, f"{gpu} refused for want of the hook", every=1)
-        print(f"without the hook, {gpu}: {said}")
-        time.sleep(5)
-        assert not _containers_running(cp.admin.get(pod_path(P.NS, gpu)))
-    finally:
-        hook.start()
+    said = wait_for(refused, RUN_TIMEOUT, f"{name} held back for want of the hook", every=1)
+    print(f"without the hook, {name}: {said}")
+    time.sleep(5)
+    assert not _containers_running(cp.admin.get(pod_path(P.NS, name)))
+    return said
+
+
+def _runs_with_its_record(node: Node, name: str) -> None:
+    """Once the hook is back, the kubelet's retry (its back-off, 10 s doubling, decides
+    when) runs `name`'s one container with exactly its record's devices and no gate."""
+    cp = node.cp
 
     def started() -> dict[str, Any] | None:
-        obj = cp.admin.get(pod_path(P.NS, gpu))
+        obj = cp.admin.get(pod_path(P.NS, name))
         return obj if _containers_running(obj) else None
 
-    # the kubelet's back-off (10 s, doubling) decides when it tries again
-    obj = wait_for(started, RUN_TIMEOUT, f"{gpu}'s container started", every=1)
+    obj = wait_for(started, RUN_TIMEOUT, f"{name}'s container started", every=1)
     (entry,) = P.record(obj, keyring(cp.integrity_dir)).containers
     (status,) = obj["status"]["containerStatuses"]
     spec = _oci_spec(node, status["containerID"].split("://", 1)[1])
     assert _oci_devices(spec) == _granted(entry)
     _check_env(_oci_env(spec), entry)
     assert GATE not in {m["destination"] for m in spec.get("mounts") or []}
+
+
+REQUIRED_BY_CONTAINER = f"{rn.NRI_REQUIRED_PLUGINS_ANNOTATION}/container.main"
+"""The container-scope form of NRI's required-plugins key, which containerd prefers to
+the pod-scope one the scheduler writes: a tenant can lift the requirement for their own
+container with it."""
+
+
+def test_without_the_hook_containers_given_devices_wait_for_it(node: Node) -> None:
+    """Fail closed: with the NRI hook down, a container the kubelet gave tessera devices
+    does not start (runc refuses the node agent's gate, naming it); a pod without tessera
+    devices starts; once the hook is back the kubelet's retry runs the container with
+    exactly its record's devices and without the gate. Where containerd enforces NRI's
+    required plugins, the GPU pod lifts the scheduler's requirement for its container (as
+    any tenant may), so that it reaches the gate: the gate still holds it."""
+    cp = node.cp
+    hook = node.procs["nri-hook"]
+    hook.kill()
+    gpu, plain = f"gate-gpu-{node.name}", f"gate-plain-{node.name}"
+    obj = _pinned(node, gpu, limits={rn.GPU: "100"})
+    if enforces_required_plugins(node.release):
+        obj["metadata"]["annotations"][REQUIRED_BY_CONTAINER] = "[]"
+    try:
+        cp.admin.create(pod_path(P.NS), obj)
+        cp.admin.create(pod_path(P.NS), _pinned(node, plain, limits={}))
+        _running(cp, plain)
+        _held_back(node, gpu, GATE)
+    finally:
+        hook.start()
+    _runs_with_its_record(node, gpu)
+    for name in (gpu, plain):
+        P.delete_now(cp.admin, name)
+
+
+def test_containerd_refuses_a_record_pods_containers_without_the_hook(node: Node) -> None:
+    """containerd 2.2+: the scheduler binds a pod with a record requiring the hook
+    (`required-plugins.noderesource.dev/pod`), and with the hook down containerd's default
+    validator refuses to create its container at all (CreateContainerError naming the
+    required plugin; runc never sees it, so no gate is needed); a pod without tessera
+    devices runs; once the hook is back the container is created through it."""
+    if not enforces_required_plugins(node.release):
+        pytest.skip(
+            f"containerd {node.release.name} has no NRI default validator (2.2 and later): "
+            "there the node agent's gate alone holds such containers back"
+        )
+    cp = node.cp
+    hook = node.procs["nri-hook"]
+    hook.kill()
+    gpu, plain = f"required-gpu-{node.name}", f"required-plain-{node.name}"
+    try:
+        cp.admin.create(pod_path(P.NS), _pinned(node, gpu, limits={rn.GPU: "100"}))
+        cp.admin.create(pod_path(P.NS), _pinned(node, plain, limits={}))
+        _running(cp, plain)
+        plain_annotations = cp.admin.get(pod_path(P.NS, plain))["metadata"].get("annotations")
+        assert rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION not in (plain_annotations or {})
+        said = _held_back(node, gpu, 'required plugin "tessera" not present')
+        assert "CreateContainerError" in said and GATE not in said, said
+        obj = cp.admin.get(pod_path(P.NS, gpu))
+        required = obj["metadata"]["annotations"][rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION]
+        assert required == '["tessera"]', required
+        (status,) = obj["status"]["containerStatuses"]
+        assert not status.get("containerID") and not status.get("lastState"), status
+    finally:
+        hook.start()
+    _runs_with_its_record(node, gpu)
     for name in (gpu, plain):
         P.delete_now(cp.admin, name)
 
@@ -720,6 +781,11 @@ def test_node_chaos_never_starts_a_container_with_wrong_devices(node: Node) -> N
     gated = sum(
         1 for line in kubelet_log.splitlines() if "RunContainerError" in line and GATE in line
     )
+    required = sum(
+        1
+        for line in kubelet_log.splitlines()
+        if "CreateContainerError" in line and "required plugin" in line
+    )
     hook_log = node.procs["nri-hook"].log.read_text(errors="replace")
     refused = sum(1 for line in hook_log.splitlines() if "refusing create" in line)
     print(
@@ -728,7 +794,8 @@ def test_node_chaos_never_starts_a_container_with_wrong_devices(node: Node) -> N
         f"{sum(o == 'running' for o in final.values())} running, {len(failed)} failed, "
         f"{sum(o.startswith('pending') for o in final.values())} pending; "
         f"{refund.refunds} VF pairs given back as the kernel gives back a VF; "
-        f"{gated} container starts refused by runc for the gate, {refused} creations "
+        f"{gated} container starts refused by runc for the gate, {required} creations "
+        f"refused by containerd for want of the hook, {refused} creations "
         f"refused by the hook; pod-resources of {len(elsewhere)} running containers name "
         "other GPUs than their record's"
     )

@@ -46,6 +46,17 @@ def test_containerd_snippets_enable_nri_with_external_connections() -> None:
         assert nri["socket_path"] == DEFAULT_SOCKET_PATH
 
 
+def test_containerd_2_refuses_record_pods_containers_without_the_hook() -> None:
+    """The 2.x snippet turns on NRI's default validator (2.2+), which enforces the
+    required-plugins annotation the scheduler writes; it requires nothing node-wide (that
+    would hold back static pods). 1.7 has no validator: its table is not there."""
+    nri_2 = tomllib.loads((DEPLOY / "containerd-2.x-nri.toml").read_text())
+    validator = nri_2["plugins"]["io.containerd.nri.v1.nri"]["default_validator"]
+    assert validator == {"enable": True}
+    nri_17 = tomllib.loads((DEPLOY / "containerd-1.7-nri.toml").read_text())
+    assert "default_validator" not in nri_17["plugins"]["io.containerd.nri.v1.nri"]
+
+
 def test_launched_wrapper_passes_valid_flags() -> None:
     script = (DEPLOY / "launched" / "50-tessera").read_text()
     command = script[script.index("exec ") + 5 :].replace("\\\n", " ")

@@ -202,3 +202,82 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
         fake.patch("pods", "p", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: text_q}}})
         wait_for(lambda: "p" in judged)
         wait_for(lambda: "n" in served.cache.snapshot().record_fenced_nodes)
+
+
+REQUIRED = rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION
+
+
+def test_the_binding_requires_the_nri_hook_of_record_pods_only(fake: FakeApiServer) -> None:
+    """The record's Binding also names the hook in NRI's required-plugins annotation (one
+    write), so containerd 2.2+ refuses the pod's containers while the hook is away; a pod
+    without devices gets no record and no requirement."""
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        created = fake.create("pods", pod("p", share(50, 50)))
+        plain = fake.create("pods", pod("plain"))
+        before = len(fake.writes())
+        assert served.bind(created, "n") == ""
+        assert len(fake.writes()) == before + 1
+        annotations = record_of(fake, "p")[1]["metadata"]["annotations"]
+        assert annotations[REQUIRED] == '["tessera"]'
+        assert rn.ALLOCATION_ANNOTATION in annotations
+        assert served.bind(plain, "n") == ""
+        obj = fake.get("pods", "plain", "default")
+        assert obj["spec"]["nodeName"] == "n"
+        assert not obj["metadata"].get("annotations")
+
+
+def test_the_pods_own_required_plugins_are_kept_beside_the_hook(fake: FakeApiServer) -> None:
+    """A tenant's pod-scope requirement (the /pod key, else the bare key, as containerd
+    reads them) is merged, never dropped; container-scope keys are left as written."""
+    container_key = f"{rn.NRI_REQUIRED_PLUGINS_ANNOTATION}/container.main"
+    cases = {
+        "own-pod": ({REQUIRED: "[policy, tessera]"}, '["tessera", "policy"]'),
+        "own-bare": ({rn.NRI_REQUIRED_PLUGINS_ANNOTATION: "- policy\n"}, '["tessera", "policy"]'),
+        "own-both": (
+            {REQUIRED: "['a']", rn.NRI_REQUIRED_PLUGINS_ANNOTATION: "[b]"},
+            '["tessera", "a"]',
+        ),
+        "own-container": ({container_key: "[]"}, '["tessera"]'),
+    }
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        for name, (annotations, _) in cases.items():
+            created = fake.create("pods", pod(name, share(10, 10), annotations=annotations))
+            assert served.schedule(created, ["n"]) == "n"
+        for name, (annotations, want) in cases.items():
+            written = record_of(fake, name)[1]["metadata"]["annotations"]
+            assert written[REQUIRED] == want, name
+            for key, value in annotations.items():
+                if key != REQUIRED:
+                    assert written[key] == value, (name, key)
+
+
+def test_an_unreadable_required_plugins_value_is_refused_at_filter(fake: FakeApiServer) -> None:
+    """tessera would have to drop it to write its own: the pod is refused, saying why,
+    instead of losing a requirement it asked for. Other pods are placed as usual."""
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        bad = fake.create("pods", pod("bad", share(10, 10), annotations={REQUIRED: "{a: b}"}))
+        answer = served.filter(bad, ["n"])
+        assert not answer["NodeNames"]
+        why = answer["FailedAndUnresolvableNodes"]["n"]
+        assert REQUIRED in why and "list of NRI plugin names" in why, why
+        good = fake.create("pods", pod("good", share(10, 10)))
+        assert served.schedule(good, ["n"]) == "n"
+
+
+def test_with_the_requirement_off_nothing_is_written_or_read(fake: FakeApiServer) -> None:
+    populate(fake, ["n"], gpus=1)
+    with serving(fake, nri_plugin=None) as served:
+        odd = fake.create("pods", pod("odd", share(10, 10), annotations={REQUIRED: "{a: b}"}))
+        created = fake.create("pods", pod("p", share(10, 10)))
+        assert served.schedule(odd, ["n"]) == "n"
+        assert served.schedule(created, ["n"]) == "n"
+        assert record_of(fake, "odd")[1]["metadata"]["annotations"][REQUIRED] == "{a: b}"
+        assert REQUIRED not in record_of(fake, "p")[1]["metadata"]["annotations"]
+
+
+def test_the_requirement_names_the_configured_hook(fake: FakeApiServer) -> None:
+    populate(fake, ["n"], gpus=1)
+    with serving(fake, nri_plugin="gpu-hook") as served:
+        created = fake.create("pods", pod("p", {rn.GPU: 100}))
+        assert served.bind(created, "n") == ""
+        assert record_of(fake, "p")[1]["metadata"]["annotations"][REQUIRED] == '["gpu-hook"]'

@@ -67,6 +67,8 @@ CASES = [
     (["--leader-elect-lease-duration", "inf"], "--leader-elect-lease-duration", "finite"),
     (["--max-body-bytes", "12"], "--max-body-bytes", "1024"),
     (["--policy", "nope"], "--policy", "invalid choice"),
+    (["--nri-plugin-name", "my hook"], "--nri-plugin-name", "not an NRI plugin name"),
+    (["--nri-plugin-name", ""], "--nri-plugin-name", "not an NRI plugin name"),
 ]
 
 
@@ -91,6 +93,15 @@ def test_bad_flags_are_one_line_naming_the_flag(
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert flag in lines[0] and why in lines[0], lines[0]
+
+
+def test_the_nri_plugin_requirement_names_the_flag_or_is_off() -> None:
+    def service(*argv: str) -> Options:
+        return config_from(SchedulerConfig, build_parser().parse_args(list(argv))).service
+
+    assert service().nri_plugin == "tessera"
+    assert service("--nri-plugin-name=tessera-gpu").nri_plugin == "tessera-gpu"
+    assert service("--nri-plugin-name=tessera-gpu", "--no-require-nri-plugin").nri_plugin is None
 
 
 def test_the_binary_refuses_to_serve_open_on_a_public_address_without_a_traceback() -> None:
