@@ -59,7 +59,7 @@ from scheduler_plugin.views import (
     Stats,
 )
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Decider, Evaluation
+from tessera.cluster_decision import Decider, Judgement
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
 from tessera.gang.book import Reservation, ReservationBook, Standing
@@ -205,7 +205,7 @@ class Cache:
         """UID -> when our bind finished, for assumed allocations awaiting the watch."""
         self._generation = 0
         """Grows on every change to any node's devices or pods (the assessment memo's key)."""
-        self._assess_memo: tuple[object, int, frozenset[str], Evaluation] | None = None
+        self._assess_memo: tuple[object, int, frozenset[str], Judgement] | None = None
         """The last assessment: prioritize usually asks what filter just asked."""
         self._listeners: list[NodeListener] = []
         self._fence_listeners: list[FenceListener] = []
@@ -866,11 +866,11 @@ class Cache:
                 and memo[1] == self._generation
                 and memo[2].issuperset(names)
             ):
-                evaluation = memo[3]
+                judgement = memo[3]
             else:
-                evaluation = self._decider.evaluate(request, names)
-                self._assess_memo = (key, self._generation, frozenset(names), evaluation)
-            return Assessment(evaluation, self._problems_now())
+                judgement = self._decider.judge(request, names)
+                self._assess_memo = (key, self._generation, frozenset(names), judgement)
+            return Assessment(judgement, self._problems_now())
 
     def problems(self) -> Mapping[str, str]:
         """Node -> why it takes no new tessera pods (read-only, as of now)."""

@@ -37,7 +37,7 @@ from scheduler_plugin.cache import Cache
 from scheduler_plugin.gangs import GangAnswer, Gangs
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import UNKNOWN_NODE
+from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
 from tessera.errors import InputError, RequestError
 from tessera.node_placement import Placement, place_pod
 from tessera.node_state import NodeState
@@ -203,7 +203,12 @@ class Extender:
             if gang is not None:
                 return self._gang_reply(nodes, gang)
         assessment = self.cache.assess(request, nodes.names)
-        evaluation, problems = assessment.evaluation, assessment.problems
+        judgement, problems = assessment.judgement, assessment.problems
+        if isinstance(judgement, RowVerdicts) and self.answer_best and not states_preferences(pod):
+            best = self._best_of(judgement, nodes.names, problems)
+            if best is not None:
+                return self._filter_reply(nodes, [best], {}, {})
+        evaluation = assessment.evaluation
         scores = evaluation.scores
         passed = [name for name in nodes.names if name in scores]
         # refused for the node's problem alone, counted and shown under that reason (a node
@@ -246,6 +251,45 @@ class Extender:
             unresolvable.pop(name, None)
             failed[name] = REASON_PREFIX + problems[name]
         return self._filter_reply(nodes, passed, failed, unresolvable)
+
+    def _best_of(
+        self, verdicts: RowVerdicts, names: list[str], problems: Mapping[str, str]
+    ) -> str | None:
+        """The `best` answer from the arrays, counting the failures as `filter` does; None
+        when no node passes or the names repeat (then `filter` answers from the dicts)."""
+        fits = verdicts.fits
+        rows = verdicts.rows
+        names_of = verdicts.names_of
+        candidates = fits
+        closed: list[int] = []
+        if problems:
+            closed = [k for k, row in enumerate(rows.tolist()) if names_of[row] in problems]
+            if closed:
+                candidates = fits.copy()
+                candidates[closed] = False
+        if not candidates.any() or len(set(names)) != len(names):
+            return None
+        levels = _levels(verdicts.scores)
+        if np.isnan(levels[candidates]).any():
+            return None
+        pos = int(np.argmax(np.where(candidates, levels, -np.inf)))
+        best = names_of[int(rows[pos])] or ""
+        if self.metrics is not None:
+            reasons: Counter[str] = Counter()
+            by_code = np.bincount(verdicts.codes[~fits])
+            for code in np.flatnonzero(by_code).tolist():
+                text = REASON_PREFIX + verdicts.reasons[code].reason
+                reasons[reason_category(text)] += int(by_code[code])
+            for k in closed:
+                if fits[k]:  # refused for the node's problem alone
+                    text = REASON_PREFIX + problems[names_of[int(rows[k])] or ""]
+                    reasons[reason_category(text)] += 1
+            for name in verdicts.unknown:
+                reason = problems.get(name)
+                text = REASON_PREFIX + (UNKNOWN_NODE.reason if reason is None else reason)
+                reasons[reason_category(text)] += 1
+            self._count_failures(reasons)
+        return best
 
     def _gang_reply(self, nodes: _Nodes, answer: GangAnswer) -> dict[str, Any]:
         """A gang member passes on its reserved node only; until its gang is reserved,

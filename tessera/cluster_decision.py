@@ -6,6 +6,9 @@ Two paths give the same answers:
   fit and score every node at once from the ClusterIndex arrays;
 - the exact path, for everything else: `place_pod` per node, cached by (request shape,
   policy, node version) so a node is only looked at again after it changed.
+The vector path's verdicts are kept per request shape and index row (`VerdictMemo`), so a
+row is only fitted and scored again after it changed; `judge` answers in array form
+(`RowVerdicts`) for callers that need only the best node and counts of the reasons.
 Binding always re-runs the exact placement on the chosen node, so the vector path only
 has to agree on fit and score (tests check that it does).
 """
@@ -14,15 +17,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from tessera.cluster_index import BoolArray, ClusterIndex, IntArray
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
+from tessera.row_verdicts import FITS, VerdictMemo
 from tessera.rowbits import row_any, row_count
 from tessera.scoring_policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
 
@@ -39,6 +44,66 @@ class Evaluation:
     failures: dict[str, NoFit]
     """Nodes where it does not, with the reason."""
     policy: str
+
+
+@dataclass(frozen=True)
+class RowVerdicts:
+    """Fit and score of one pod on each asked-about node, as arrays over the known
+    nodes' index rows (the vector path): what `Evaluation` says, made on demand."""
+
+    names_of: Sequence[str | None]
+    """`ClusterIndex.names`: the node of each row."""
+    rows: IntArray
+    """The rows of the asked-about nodes the index knows, in the order asked."""
+    unknown: list[str]
+    """The asked-about nodes the index does not know."""
+    fits: BoolArray
+    """Per entry of `rows`: whether the pod fits."""
+    scores: FloatArray
+    """Per entry of `rows`: the policy's node score where the pod fits."""
+    codes: npt.NDArray[np.int32]
+    """Per entry of `rows`: where the pod does not fit, the position of the reason in
+    `reasons`."""
+    reasons: Sequence[NoFit]
+    policy: str
+    _evaluation: list[Evaluation] = field(default_factory=list, compare=False, repr=False)
+    """`evaluation()` once made."""
+
+    def evaluation(self) -> Evaluation:
+        if not self._evaluation:
+            self._evaluation.append(self._make_evaluation())
+        return self._evaluation[0]
+
+    def _make_evaluation(self) -> Evaluation:
+        names_of = self.names_of
+        failures: dict[str, NoFit] = dict.fromkeys(self.unknown, UNKNOWN_NODE)
+        ok = np.flatnonzero(self.fits)
+        scores = dict(
+            zip(
+                [names_of[r] or "" for r in self.rows[ok].tolist()],
+                self.scores[ok].tolist(),
+                strict=True,
+            )
+        )
+        bad = np.flatnonzero(~self.fits)
+        if bad.size:
+            reasons = self.reasons
+            failures.update(
+                zip(
+                    [names_of[r] or "" for r in self.rows[bad].tolist()],
+                    [reasons[c] for c in self.codes[bad].tolist()],
+                    strict=True,
+                )
+            )
+        return Evaluation(scores, failures, self.policy)
+
+
+Judgement = Evaluation | RowVerdicts
+"""`Decider.judge`'s answer: arrays from the vector path, dicts from the exact one."""
+
+
+def evaluation_of(judgement: Judgement) -> Evaluation:
+    return judgement if isinstance(judgement, Evaluation) else judgement.evaluation()
 
 
 @dataclass(frozen=True)
@@ -74,6 +139,7 @@ class Decider:
         self._cache: OrderedDict[tuple[object, str, int], dict[str, tuple[int, float | NoFit]]] = (
             OrderedDict()
         )
+        self._verdicts = VerdictMemo()
         self._model_tables: dict[tuple[object, int], BoolArray] = {}
         """Per allowed-model set and number of known models: which model ids it allows."""
 
@@ -88,6 +154,14 @@ class Decider:
         policy.observe(request)
         if names is None:
             names = list(self.index.row_of)
+        if _vectorizable(request):
+            return self._vector(request, policy, names).evaluation()
+        return self._exact(request, policy, names)
+
+    def judge(self, request: PodRequest, names: Sequence[str]) -> Judgement:
+        """What `evaluate` says, in array form where the vector path decides."""
+        policy = self.policy_for(request)
+        policy.observe(request)
         if _vectorizable(request):
             return self._vector(request, policy, names)
         return self._exact(request, policy, names)
@@ -154,22 +228,39 @@ class Decider:
 
     # --- vector path -----------------------------------------------------------------------
 
-    def _vector(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> Evaluation:
+    def _vector(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
         idx = self.index
         rows, unknown = idx.rows_for(names)
-        failures: dict[str, NoFit] = dict.fromkeys(unknown, UNKNOWN_NODE)
-        scores: dict[str, float] = {}
-        if rows.size == 0:
-            return Evaluation(scores, failures, policy.name)
-        ok, case, eligible, host_ok, node_scores = self._vector_scores(request, policy, rows)
-        names_of = idx.names
-        ok_rows = np.flatnonzero(ok)
-        ok_names = [names_of[r] for r in rows[ok_rows].tolist()]
-        scores.update(zip(ok_names, node_scores[ok_rows].tolist(), strict=True))
-        bad = np.flatnonzero(~ok)
-        if bad.size:
-            self._explain(request, rows, bad, eligible, host_ok, case, failures)
-        return Evaluation(scores, failures, policy.name)
+        shape = (request.shape(), policy.name)
+        for attempt in range(2):
+            key = (policy.generation, idx.epoch, len(idx.models))
+            entry = self._verdicts.entry(shape, key, idx.capacity_rows)
+            stale = entry.stale(idx, rows) if rows.size else rows
+            if stale.size == 0:
+                break
+            ok, case, eligible, host_ok, node_scores = self._vector_scores(request, policy, stale)
+            bad = np.flatnonzero(~ok)
+            reasons = (
+                self._explain(request, stale, bad, eligible, host_ok, case) if bad.size else []
+            )
+            if attempt == 0 and (policy.generation, idx.epoch, len(idx.models)) != key:
+                # the policy moved on while scoring (what it weighs across the index
+                # changed): the other rows' verdicts are out of date, judge all again
+                # (the second time every row is judged, and kept under the key it had)
+                continue
+            entry.store(idx, stale, ok, node_scores, reasons)
+            break
+        code = entry.code[rows]
+        return RowVerdicts(
+            idx.names,
+            rows,
+            unknown,
+            code == FITS,
+            entry.score[rows],
+            code,
+            entry.reasons,
+            policy.name,
+        )
 
     def _vector_scores(
         self, request: PodRequest, policy: Policy, rows: IntArray
@@ -266,15 +357,13 @@ class Decider:
         eligible: BoolArray,
         host_ok: BoolArray,
         case: VectorCase,
-        failures: dict[str, NoFit],
-    ) -> None:
-        """Say why each failing node fails, classifying all of them with array operations
-        and sharing one NoFit per distinct reason."""
+    ) -> list[NoFit]:
+        """Why each failing row (`rows[bad]`) fails, classifying all of them with array
+        operations and sharing one NoFit per distinct reason."""
         idx = self.index
         rows_b = rows[bad]
         if isinstance(case, HostCase):
-            self._explain_host(request, rows_b, failures)
-            return
+            return self._explain_host(request, rows_b)
         c = request.containers[0]
         present = idx.model[rows_b] >= 0
         model_ok = self._model_mask(request, rows_b) & present
@@ -311,11 +400,9 @@ class Decider:
             if nofit is None:
                 nofit = reasons[key] = _reason(c, *key, wanted)
             row_reasons.append(nofit)
-        failures.update(zip(self._names(rows_b), row_reasons, strict=True))
+        return row_reasons
 
-    def _explain_host(
-        self, request: PodRequest, rows_b: IntArray, failures: dict[str, NoFit]
-    ) -> None:
+    def _explain_host(self, request: PodRequest, rows_b: IntArray) -> list[NoFit]:
         """The exact path's reasons for a pod that wants host CPU and memory only."""
         idx = self.index
         cpu_free = idx.cpu_free[rows_b]
@@ -337,12 +424,7 @@ class Decider:
                     )
                 nofit = reasons[key] = NoFit(text)
             row_reasons.append(nofit)
-        failures.update(zip(self._names(rows_b), row_reasons, strict=True))
-
-    def _names(self, rows: IntArray) -> list[str]:
-        """The node names of index rows that hold nodes."""
-        names_of = self.index.names
-        return [names_of[row] or "" for row in rows.tolist()]
+        return row_reasons
 
 
 def _reason(

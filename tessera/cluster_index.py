@@ -79,6 +79,8 @@ class ClusterIndex:
         self.row_of: dict[str, int] = {}
         self._all_rows: IntArray | None = None
         """`all_rows` until a node comes or goes."""
+        self.epoch = 0
+        """Counts the times a node came or went (caches of index-wide facts key on it)."""
         self.names: list[str | None] = []
         self._free_rows: list[int] = []
         self._stamps = 0
@@ -135,6 +137,7 @@ class ClusterIndex:
                 self._clear(row)
                 del self.row_of[name]
                 self._all_rows = None
+                self.epoch += 1
                 self.names[row] = None
                 self._free_rows.append(row)
             return
@@ -151,6 +154,7 @@ class ClusterIndex:
                 self._alloc(self.capacity_rows * 2, self.slots)
         self.row_of[name] = row
         self._all_rows = None
+        self.epoch += 1
         self.names[row] = name
         self.name_order[row] = name_order(name)
         return row
@@ -194,9 +198,11 @@ class ClusterIndex:
 
     def rows_for(self, names: Sequence[str]) -> tuple[IntArray, list[str]]:
         """Rows of the named nodes that the index knows, and the names it does not know."""
-        found = list(map(self.row_of.get, names))  # one C-level pass: the usual case
-        if None not in found:
-            return np.asarray(found, dtype=np.int64), []
+        try:  # one C-level pass: the usual case (a None, an unknown name, stops it)
+            return np.fromiter(map(self.row_of.__getitem__, names), np.int64, len(names)), []
+        except KeyError:
+            pass
+        found = list(map(self.row_of.get, names))
         rows = [row for row in found if row is not None]
         unknown = [name for name, row in zip(names, found, strict=True) if row is None]
         return np.asarray(rows, dtype=np.int64), unknown

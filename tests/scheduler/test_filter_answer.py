@@ -3,15 +3,20 @@ asks kube-scheduler to weigh nodes itself."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler_plugin.extender import Extender, best_node, rank_priorities, states_preferences
+from scheduler_plugin.metrics import Metrics
+from scheduler_plugin.views import Assumed
 from tessera import resources as rn
-from tests.scheduler.helpers import pod, share
+from tessera.request import parse_pod
+from tests.scheduler.helpers import heartbeat, pod, share
 from tests.scheduler.test_extender import args, make_cache, occupy
 
 NODES = {"a": {"gpus": 2}, "b": {"gpus": 2}, "c": {"gpus": 2}, "d": {"gpus": 1}}
@@ -103,3 +108,61 @@ def test_best_node_is_prioritizes_first_ten(scores: dict[str, float], rnd: Any) 
     rnd.shuffle(names)
     priorities = rank_priorities(scores, names)
     assert best_node(scores, names) == names[priorities.index(max(priorities))]
+
+
+class _Counted(Metrics):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted: Counter[str] = Counter()
+
+    def node_failures(self, reasons: Mapping[str, int]) -> None:
+        self.counted.update(reasons)
+
+
+class _DictsOnly(Extender):
+    """filter answering from the Evaluation's dicts only (the general path)."""
+
+    def _best_of(self, *args: Any) -> str | None:
+        return None
+
+
+SHAPES: list[dict[str, Any]] = [
+    share(30, 30),
+    share(60, 60),
+    {rn.GPU: 100},
+    {rn.GPU: 200},
+    {rn.GPU_CORE: 20, rn.GPU_MEMORY: 4},
+]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from(["binpack", "fragmentation"]),
+    st.sampled_from(range(len(SHAPES))),
+    st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "ghost"]), min_size=1, max_size=9),
+    st.sets(st.sampled_from(["a", "b", "c", "d", "e", "f", "ghost"])),
+    st.lists(st.tuples(st.sampled_from(range(len(SHAPES))), st.sampled_from("abcdef"))),
+)
+@example("binpack", 3, list("abcdef"), set(), [])
+@example("fragmentation", 0, ["ghost", "a", "b", "c", "d"], {"a", "c", "ghost"}, [(2, "b")])
+@example("binpack", 2, ["a", "b", "a", "c"], {"b"}, [])
+def test_the_array_answer_is_the_dict_answer(
+    policy: str, shape: int, names: list[str], silent: set[str], pods: list[tuple[int, str]]
+) -> None:
+    """The best node and the failure counts read from the verdict arrays are those the
+    dicts give, with repeated and unknown names and nodes closed for a problem."""
+    cache = make_cache(
+        {n: {"gpus": g} for n, g in zip("abcdef", (1, 1, 2, 2, 4, 8), strict=True)}, policy
+    )
+    for k, (s, node) in enumerate(pods):
+        request = parse_pod(pod(f"o{k}", SHAPES[s], uid=f"uid-o{k}"))
+        if isinstance(cache.assume(request, node), Assumed):
+            cache.bind(request.uid)
+    for node in silent:  # no heartbeat: the node takes no new pods
+        cache.lease_gone(heartbeat(node))
+    fast, slow = _Counted(), _Counted()
+    asked = pod("p", SHAPES[shape], uid="uid-p")
+    got = Extender(cache, fast, answer="best").filter(args(asked, names))
+    want = _DictsOnly(cache, slow, answer="best").filter(args(asked, names))
+    assert got == want
+    assert fast.counted == slow.counted

@@ -1,0 +1,158 @@
+"""The Decider's per-shape verdict memo never changes an answer: after any sequence of
+binds, releases, nodes coming and going and GPUs changing health, a Decider with the memo
+says exactly (same scores to the bit, same reasons, same order) what one without it says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tessera.cluster_decision import Decider, evaluation_of
+from tessera.cluster_index import ClusterIndex
+from tessera.cluster_state import ClusterState
+from tessera.node_placement import Placement
+from tessera.node_state import HostCapacity
+from tessera.policy_registry import make_policies
+from tessera.request import PodRequest
+from tessera.resources import PLACEMENT_POLICIES
+from tessera.row_verdicts import VerdictMemo
+from tessera.scoring_policy import BinpackPolicy, FloatArray, IntArray, VectorCase
+from tests.core.test_cluster_decision_paths import Learning
+from tests.core.test_fragmentation_policy import inventory, pod
+
+SHAPES: tuple[dict[str, Any], ...] = (
+    {"gpu": 100},
+    {"gpu": 200},
+    {"core": 30, "units": 4},
+    {"core": 50, "units": 20},
+    {"core": 20, "units": 2, "cpu": 2000, "mem": 4096},
+    {"gpu": 100, "models": "T4"},
+    {"cpu": 1000, "mem": 2048},
+)
+NODES = [f"n{i}" for i in range(7)]
+KINDS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
+    (4, 0, ()),
+    (2, 1, ()),
+    (8, 2, ()),
+    (4, 0, (1,)),
+    (1, 1, ()),
+    (8, 2, (0, 3)),
+)
+"""(GPUs, model, unhealthy slots) of the node kinds."""
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("ask"),
+            st.integers(0, len(SHAPES) - 1),
+            st.lists(st.sampled_from([*NODES, "ghost"]), max_size=9),
+        ),
+        st.tuples(st.just("place"), st.integers(0, len(SHAPES) - 1), st.sampled_from(NODES)),
+        st.tuples(st.just("release"), st.integers(0, 50), st.just("")),
+        st.tuples(st.just("node"), st.integers(0, 5), st.sampled_from(NODES)),
+        st.tuples(st.just("gone"), st.just(0), st.sampled_from(NODES)),
+    ),
+    min_size=4,
+    max_size=40,
+)
+
+
+def _node(state: ClusterState, name: str, kind: int) -> None:
+    gpus, model, unhealthy = KINDS[kind]
+    node = inventory(name, gpus, model, unhealthy)
+    if kind % 2:
+        state.set_node(node, HostCapacity(16000, 65536))
+    else:
+        state.set_node(node)  # host not tracked
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(PLACEMENT_POLICIES), ops)
+@example("binpack", [("ask", 0, []), ("place", 0, "n0"), ("ask", 0, [])])
+@example("fragmentation", [("ask", 2, []), ("gone", 0, "n1"), ("ask", 2, ["n0", "n1", "n0"])])
+@example("spread", [("ask", 5, []), ("node", 2, "n0"), ("ask", 5, ["ghost", "n0"])])
+def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, int, Any]]) -> None:
+    state = ClusterState()
+    for i, name in enumerate(NODES[:5]):
+        _node(state, name, i % 6)
+    memo = Decider(state, make_policies(), policy)
+    fresh = Decider(state, make_policies(), policy)
+    fresh._verdicts = VerdictMemo(max_shapes=0)  # every row judged afresh
+    placed: list[str] = []
+    for n, (op, a, b) in enumerate(steps):
+        if op == "ask":
+            # a new pod each time (the learning policy counts each once), same for both
+            request = _request(f"ask-{n}", a)
+            names = b or NODES
+            got = evaluation_of(memo.judge(request, names))
+            want = evaluation_of(fresh.judge(_request(f"ask-{n}", a), names))
+            assert list(got.scores.items()) == list(want.scores.items())
+            assert list(got.failures.items()) == list(want.failures.items())
+            assert got == memo.evaluate(_request(f"ask-{n}", a), names)
+            fresh.evaluate(_request(f"ask-{n}", a), names)  # keep the two learning alike
+        elif op == "place":
+            placement = memo.place(_request(f"p-{n}", a), b)
+            if isinstance(placement, Placement):
+                state.add(placement.allocation)
+                placed.append(placement.allocation.pod_uid)
+        elif op == "release" and placed:
+            state.remove(placed.pop(a % len(placed)))
+        elif op == "node" and _empty(state, b):
+            _node(state, b, a)
+        elif op == "gone" and _empty(state, b):
+            state.remove_node(b)
+
+
+def _empty(state: ClusterState, node: str) -> bool:
+    return next(iter(state.pods_on(node)), None) is None
+
+
+def _request(uid: str, shape: int) -> PodRequest:
+    return pod(uid, **SHAPES[shape])
+
+
+def test_the_memo_is_bounded() -> None:
+    state = ClusterState()
+    _node(state, "n0", 0)
+    decider = Decider(state, make_policies(), "binpack")
+    for k in range(1, 80):
+        decider.judge(pod(f"u{k}", core=k, units=1), ["n0"])
+    assert len(decider._verdicts) == VerdictMemo().max_shapes
+
+
+class Crowded(BinpackPolicy):
+    """Scores every node by how many nodes the index holds (an index-wide fact, as the
+    fragmentation policy's model scarcity is), without a generation of its own."""
+
+    name = "crowded"
+
+    def vector_node_scores(
+        self, index: ClusterIndex, rows: IntArray, case: VectorCase
+    ) -> FloatArray | None:
+        return np.full(rows.size, 1.0 / len(index.row_of))
+
+
+def test_a_node_coming_or_going_starts_every_shape_afresh() -> None:
+    state = ClusterState()
+    for name in NODES[:3]:
+        _node(state, name, 0)
+    policy = Crowded()
+    decider = Decider(state, {policy.name: policy}, policy.name)
+    assert decider.evaluate(pod("a", 100), ["n0"]).scores == {"n0": 1 / 3}
+    _node(state, "n5", 0)
+    assert decider.evaluate(pod("b", 100), ["n0"]).scores == {"n0": 1 / 4}
+    state.remove_node("n5")
+    state.remove_node("n1")
+    assert decider.evaluate(pod("c", 100), ["n0"]).scores == {"n0": 1 / 2}
+
+
+def test_the_memo_follows_the_policy_generation() -> None:
+    state = ClusterState()
+    _node(state, "a", 0)
+    policy = Learning()
+    decider = Decider(state, {policy.name: policy}, policy.name)
+    assert decider.evaluate(pod("p1", 100), ["a"]).scores == {"a": 0.5}
+    assert decider.evaluate(pod("p2", 100), ["a"]).scores == {"a": 0.25}
