@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ import h2.exceptions
 import h2.settings
 
 from scheduler_plugin import limits
-from scheduler_plugin.protocol import BoundedProtocol, client_cert_name
+from scheduler_plugin.protocol import BoundedProtocol, client_cert_name, no_delay
 
 if TYPE_CHECKING:
     from uvicorn.config import Config
@@ -163,10 +162,7 @@ class H2Protocol(asyncio.Protocol):
         if len(self.connections) > limits.MAX_CONNECTIONS:
             self.transport.abort()
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(transport)
         self.server = _address(transport.get_extra_info("sockname"))
         self.client = _address(transport.get_extra_info("peername"))
         self.cert_name = client_cert_name(transport)

@@ -57,6 +57,14 @@ class OneWrite:
         return getattr(self._transport, name)
 
 
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """TCP_NODELAY: a reply must not wait for the client's delayed ACK of the one before."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def client_cert_name(transport: asyncio.BaseTransport) -> str | None:
     """The subject of the client certificate the TLS handshake verified, if any."""
     ssl_object = transport.get_extra_info("ssl_object")
@@ -83,10 +91,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if len(self.connections) > self.max_connections:
             transport.abort()
             return
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(transport)
         self._cert_name = client_cert_name(transport)
         self._arm()
 
