@@ -12,8 +12,8 @@ A node takes new tessera pods only if its inventory parsed, it is not fenced, an
 agent's heartbeat Lease is fresh; `problems()` holds the reason for every node that does
 not, kept up to date on every inventory, fence or Lease event and re-checked for expiry by
 `check_heartbeats`, which the service calls about once a second for the heartbeats that
-just ran out (so a heartbeat is noticed stale within a second) and once a minute for every
-node.
+just ran out (so a heartbeat is noticed stale within a second) and the nodes that have a
+problem, and once a minute for every node.
 
 A node is *fenced* while a pod bound to it and not finished carries an allocation record
 that does not count (malformed, forged, copied, conflicting): that pod may be using
@@ -449,7 +449,11 @@ class Cache:
                     | set(self._fences)
                 )
             else:
-                names = set(self._heartbeats.expired(now))
+                # the nodes with a problem too: a silent node's reason gives its silence in
+                # seconds, and kube-scheduler retries a refused pod whenever the reason it
+                # records changes (its own status update requeues the pod), so a pod that
+                # waits for a silent node keeps being retried and goes once it is back
+                names = set(self._heartbeats.expired(now)) | set(self._problems)
             for name in names:
                 self._update_problem(name, now)
 

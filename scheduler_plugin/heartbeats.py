@@ -112,12 +112,8 @@ class HeartbeatTracker:
         if beat is None:
             return f"node agent heartbeat Lease {lease} is missing"
         age = now - beat.observed
-        limit = beat.duration + self.grace
-        if age > limit:
-            # the limit, not the age: the reason stays the same text while the node stays
-            # silent (it is re-checked only when the heartbeat runs out; `kubectl tessera
-            # nodes` shows the age)
-            silent = "ever" if age == float("inf") else f"over {limit:.0f}s"
+        if age > beat.duration + self.grace:
+            silent = "ever" if age == float("inf") else f"{age:.0f}s"
             return (
                 f"node agent is silent: heartbeat Lease {lease} not renewed for {silent} "
                 f"(lease duration {beat.duration:.0f}s)"
