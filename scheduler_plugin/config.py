@@ -71,11 +71,11 @@ class SchedulerConfig:
         "serve the verbs and /debug to anyone who reaches the port, without client "
         "certificates or tokens (never in production: anyone could bind pods)"
     )
-    http2: bool = _SERVING.off_switch(
-        "offer HTTP/1.1 only on the TLS port; by default HTTP/2 is offered too (ALPN), so "
-        "kube-scheduler keeps one connection for all its calls instead of a TLS handshake "
-        "for each call that overlaps another",
-        option="--no-http2",
+    http2: bool = _SERVING.switch(
+        "also offer HTTP/2 on the TLS port (ALPN h2 first): kube-scheduler then keeps one "
+        "connection for all its calls instead of a TLS handshake for each call that "
+        "overlaps another; measured slower at 5,000 nodes on a 2-core control plane "
+        "(docs/benchmarks.md), so off by default"
     )
     max_body_bytes: int = _SERVING.flag(
         "largest request body, refused with 413 before it is read; the default holds 5,000 "

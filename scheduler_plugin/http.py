@@ -76,11 +76,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 def tls_context(
-    cert_file: str, key_file: str, client_ca_file: str | None, *, http2: bool = True
+    cert_file: str, key_file: str, client_ca_file: str | None, *, http2: bool = False
 ) -> ssl.SSLContext:
     """TLS 1.2+ with this certificate; with a client CA, client certificates it signed are
     verified when offered (the extender verbs then require one, /debug takes one). With
-    `http2`, ALPN offers h2 before http/1.1 (scheduler_plugin.http2)."""
+    `http2`, ALPN offers h2 before http/1.1 (scheduler_plugin.http2; `--http2`)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)

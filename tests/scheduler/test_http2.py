@@ -50,7 +50,9 @@ def fake() -> Iterator[FakeApiServer]:
 
 @pytest.fixture
 def served(fake: FakeApiServer, pki: Path) -> Iterator[Service]:
-    tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
+    tls = tls_context(
+        str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), http2=True
+    )
     with running(fake, tls, open_debug=False) as service:
         yield service
 
@@ -246,7 +248,9 @@ def test_the_verbs_still_need_the_client_certificate(served: Service, pki: Path)
 def test_an_oversized_body_is_refused_and_the_connection_survives(
     fake: FakeApiServer, pki: Path
 ) -> None:
-    tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
+    tls = tls_context(
+        str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), http2=True
+    )
     with running(fake, tls, open_debug=False, max_body=2048) as service:
         client = H2Client(service.server.port, client_context(pki))
         try:
@@ -315,7 +319,9 @@ def test_a_replica_that_does_not_answer_sends_its_client_elsewhere(
     # kube-scheduler keeps one HTTP/2 connection: a replica that is not (or no longer) the
     # leader must end it, so the next connection reaches the leader through the Service
     fake.fail("/pods", method="GET", status=500, times=10**6)
-    tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
+    tls = tls_context(
+        str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), http2=True
+    )
     service = start(fake, tls, open_debug=False)
     try:
         client = H2Client(service.server.port, client_context(pki))
@@ -343,10 +349,8 @@ def test_a_replica_that_does_not_answer_sends_its_client_elsewhere(
         service.stop()
 
 
-def test_http2_can_be_turned_off(fake: FakeApiServer, pki: Path) -> None:
-    tls = tls_context(
-        str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"), http2=False
-    )
+def test_http2_is_offered_only_when_asked(fake: FakeApiServer, pki: Path) -> None:
+    tls = tls_context(str(pki / "server.crt"), str(pki / "server.key"), str(pki / "ca.crt"))
     with running(fake, tls, open_debug=False) as service:
         ctx = client_context(pki)
         with (
