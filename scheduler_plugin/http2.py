@@ -1,9 +1,10 @@
-"""HTTP/2 on the extender's TLS port, beside uvicorn's HTTP/1.1.
+"""HTTP/2 on the extender's TLS port, beside uvicorn's HTTP/1.1 (`--http2`; off by default).
 
 Why: kube-scheduler's extender client offers h2 by ALPN and, given it, keeps one connection
 and multiplexes every call on it. Over HTTP/1.1 it keeps two idle connections, so each bind
 that overlaps another call opens a new one: a full TLS handshake with a verified client
-certificate, more CPU than the call itself (docs/benchmarks.md).
+certificate. Why off by default: this protocol runs in Python, and at 5,000 nodes on a
+2-core control plane it cost more per call than those handshakes (docs/benchmarks.md).
 
 The `h2` library does the protocol (framing, HPACK, stream states, flow control, settings);
 this module connects it to the same ASGI application the HTTP/1.1 side serves. Bounds, on
