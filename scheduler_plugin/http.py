@@ -49,9 +49,8 @@ from uvicorn.server import Server as UvicornServer
 
 from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
-from scheduler_plugin.http2 import ALPN_PROTOCOLS, AlpnProtocol
 from scheduler_plugin.metrics import CONTENT_TYPE
-from scheduler_plugin.protocol import BoundedProtocol
+from scheduler_plugin.protocol import ALPN_PROTOCOLS, AlpnProtocol, BoundedProtocol
 from tessera.boundedjson import JsonLimitError, loads
 from tessera.errors import ErrorTable, InputError, TesseraError
 
@@ -229,7 +228,8 @@ class App:
         return self._budget
 
     def connection_opened(self, protocol: str) -> None:
-        """Counted per protocol (scheduler_plugin.http2 calls it once TLS is up)."""
+        """Counted per protocol (scheduler_plugin.protocol.AlpnProtocol calls it once TLS
+        is up)."""
         metrics = self.service.metrics
         if metrics is not None:
             metrics.connections.labels(protocol).inc()

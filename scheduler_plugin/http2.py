@@ -45,16 +45,13 @@ import h2.exceptions
 import h2.settings
 
 from scheduler_plugin import limits
-from scheduler_plugin.protocol import BoundedProtocol, client_cert_name, no_delay
+from scheduler_plugin.protocol import client_cert_name, no_delay
 
 if TYPE_CHECKING:
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
 log = logging.getLogger(__name__)
-
-ALPN_PROTOCOLS = ["h2", "http/1.1"]
-"""What the extender's TLS port offers, preferred first."""
 
 _H2_CONFIG = h2.config.H2Configuration(
     client_side=False,
@@ -63,53 +60,6 @@ _H2_CONFIG = h2.config.H2Configuration(
     validate_outbound_headers=False,
     normalize_outbound_headers=False,
 )
-
-
-class AlpnProtocol:
-    """The protocol of one accepted connection, chosen once TLS is up: HTTP/2 when the
-    client and this server agreed on `h2` by ALPN, HTTP/1.1 (BoundedProtocol) otherwise
-    (plain HTTP, or a client without h2). uvicorn constructs it like its own protocols."""
-
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        self._args = (config, server_state, app_state, _loop)
-        self._impl: Any = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        config, server_state, app_state, loop = self._args
-        ssl_object = transport.get_extra_info("ssl_object")
-        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
-            self._impl = H2Protocol(config, server_state, loop or asyncio.get_event_loop())
-            protocol = "h2"
-        else:
-            self._impl = BoundedProtocol(config, server_state, app_state, _loop=loop)
-            protocol = "http/1.1"
-        counted = getattr(config.app, "connection_opened", None)
-        if counted is not None:
-            counted(protocol)
-        self._impl.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self._impl.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        result: bool | None = self._impl.eof_received()
-        return result
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._impl is not None:
-            self._impl.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._impl.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._impl.resume_writing()
 
 
 @dataclass(eq=False)

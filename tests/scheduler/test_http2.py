@@ -10,6 +10,7 @@ clients that never send a request) lose their connection only.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import shutil
 import socket
@@ -38,7 +39,7 @@ from scheduler_plugin.http import tls_context
 from scheduler_plugin.metrics import sample
 from scheduler_plugin.service import Service
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, pod, populate, running, share, start
+from tests.scheduler.helpers import pod, populate, running, share, start
 
 
 @pytest.fixture
@@ -445,16 +446,8 @@ def test_connections_count_against_the_ports_limit(
             c.close()
 
 
-def test_alpn_is_offered_h2_first() -> None:
-    assert http2.ALPN_PROTOCOLS[0] == "h2" and "http/1.1" in http2.ALPN_PROTOCOLS
-
-
 def test_http11_clients_are_unchanged(served: Service, pki: Path) -> None:
     ctx = client_context(pki, alpn=["http/1.1"])
-    h = Http(served.server.port)
-    h.close()
-    import http.client
-
     conn = http.client.HTTPSConnection("127.0.0.1", served.server.port, context=ctx, timeout=10)
     try:
         conn.request("POST", "/filter", body=json.dumps(filter_body(["n"])))

@@ -32,6 +32,10 @@ NOT_LOADED = frozenset(
         # uvicorn's package __init__ imports its command line (scheduler_plugin/__init__.py)
         "uvicorn.main",
         "click",
+        # HTTP/2 is served only with --http2 (scheduler_plugin/protocol.py)
+        "h2",
+        "hpack",
+        "hyperframe",
     }
 )
 
