@@ -239,6 +239,7 @@ class H2Protocol(asyncio.Protocol):
             self._open_window(length)  # nobody will read it
             return
         # padding counts against both windows but is never read: return it at once
+        self._open_window(length - len(data))
         self._open_window(length - len(data), stream)
         self.unread += len(data)
         if self.unread <= limits.H2_UNREAD_BYTES:

@@ -234,6 +234,27 @@ def test_a_body_larger_than_the_window_arrives_in_pieces(served: Service, pki: P
         client.close()
 
 
+def test_padding_does_not_use_up_the_windows(served: Service, pki: Path) -> None:
+    # padding counts against the flow-control windows but is never read: a body sent in
+    # padded frames, with more padding than a whole window, still arrives
+    body = json.dumps(filter_body(["n"])).encode()
+    client = H2Client(served.server.port, client_context(pki))
+    try:
+        sid = client.start("POST", "/filter", b"", end=False, length=len(body))
+        for at in range(len(body)):
+            while client.conn.local_flow_control_window(sid) < 257:  # 1 + 255 + length byte
+                client.flush()
+                client.pump()
+            end = at == len(body) - 1
+            client.conn.send_data(sid, body[at : at + 1], end_stream=end, pad_length=255)
+        client.flush()
+        assert len(body) * 255 > 65_535  # more padding than the whole connection window
+        (answer,) = client.wait(sid)
+        assert answer["status"] == 200 and json.loads(answer["body"])["NodeNames"] == ["n"]
+    finally:
+        client.close()
+
+
 def test_the_verbs_still_need_the_client_certificate(served: Service, pki: Path) -> None:
     client = H2Client(served.server.port, client_context(pki, cert=False))
     try:
