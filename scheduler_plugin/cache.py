@@ -59,7 +59,7 @@ from scheduler_plugin.views import (
     Stats,
 )
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Decider, Judgement
+from tessera.cluster_decision import Decider, RowVerdicts
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError, TesseraError
 from tessera.gang.book import Reservation, ReservationBook, Standing
@@ -205,7 +205,7 @@ class Cache:
         """UID -> when our bind finished, for assumed allocations awaiting the watch."""
         self._generation = 0
         """Grows on every change to any node's devices or pods (the assessment memo's key)."""
-        self._assess_memo: tuple[object, int, frozenset[str], Judgement] | None = None
+        self._assess_memo: tuple[object, int, frozenset[str], RowVerdicts] | None = None
         """The last assessment: prioritize usually asks what filter just asked."""
         self._listeners: list[NodeListener] = []
         self._fence_listeners: list[FenceListener] = []

@@ -39,7 +39,7 @@ from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
 from tessera.errors import InputError, RequestError
-from tessera.node_placement import Placement, place_pod
+from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import NodeState
 from tessera.request import PodRequest, parse_pod
 
@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_PRIORITY = 10
 REASON_PREFIX = "tessera: "
+_MAX_CATEGORIES = 4096
+"""Failure reasons whose metrics label is kept (they quote node figures, so new ones keep
+coming slowly; past this many the memo starts afresh)."""
 _REQUEST_CACHE = 4096
 _PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")
 """Node names are DNS subdomains: when all are plain, they need no JSON escaping."""
@@ -144,6 +147,8 @@ class Extender:
         """Gang members are answered by their gang (scheduler_plugin/gangs.py)."""
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
         self._requests_lock = threading.Lock()
+        self._categories: dict[NoFit, str] = {}
+        """The metrics label of each failure reason met (reasons repeat from pod to pod)."""
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -204,7 +209,7 @@ class Extender:
                 return self._gang_reply(nodes, gang)
         assessment = self.cache.assess(request, nodes.names)
         judgement, problems = assessment.judgement, assessment.problems
-        if isinstance(judgement, RowVerdicts) and self.answer_best and not states_preferences(pod):
+        if self.answer_best and not states_preferences(pod):
             best = self._best_of(judgement, nodes.names, problems)
             if best is not None:
                 return self._filter_reply(nodes, [best], {}, {})
@@ -231,7 +236,7 @@ class Extender:
         reasons: Counter[str] = Counter()
         for key, count in counts.items():
             if count:
-                reasons[reason_category(text_of[key])] += count
+                reasons[self._category(nofit_of[key])] += count
         for name in by_problem:
             reasons[reason_category(REASON_PREFIX + problems[name])] += 1
         self._count_failures(reasons)
@@ -278,8 +283,7 @@ class Extender:
             reasons: Counter[str] = Counter()
             by_code = np.bincount(verdicts.codes[~fits])
             for code in np.flatnonzero(by_code).tolist():
-                text = REASON_PREFIX + verdicts.reasons[code].reason
-                reasons[reason_category(text)] += int(by_code[code])
+                reasons[self._category(verdicts.reasons[code])] += int(by_code[code])
             for k in closed:
                 if fits[k]:  # refused for the node's problem alone
                     text = REASON_PREFIX + problems[names_of[int(rows[k])] or ""]
@@ -299,6 +303,14 @@ class Extender:
         self._count_failures(Counter({"gang": len(nodes.names)}))
         text = REASON_PREFIX + answer.reason
         return self._filter_reply(nodes, [], dict.fromkeys(nodes.names, text), {})
+
+    def _category(self, nofit: NoFit) -> str:
+        label = self._categories.get(nofit)
+        if label is None:
+            if len(self._categories) >= _MAX_CATEGORIES:
+                self._categories.clear()
+            label = self._categories[nofit] = reason_category(REASON_PREFIX + nofit.reason)
+        return label
 
     def _count_failures(self, reasons: Counter[str]) -> None:
         if self.metrics is not None and reasons:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Decider, Evaluation, Judgement, evaluation_of
+from tessera.cluster_decision import Decider, Evaluation, RowVerdicts
 from tessera.cluster_state import ClusterState
 from tessera.model import NodeInventory
 from tessera.scoring_policy import Policy
@@ -81,13 +81,13 @@ class Assessment:
     """Filter and prioritize's view: fit and score per node, and the nodes that take no
     new tessera pods with the reason, both as of one moment."""
 
-    judgement: Judgement
-    """The fit and score (arrays where the vector path decided; see `evaluation`)."""
+    judgement: RowVerdicts
+    """The fit and score per node, as arrays (`evaluation` gives them as dicts)."""
     problems: Mapping[str, str]
 
     @property
     def evaluation(self) -> Evaluation:
-        return evaluation_of(self.judgement)
+        return self.judgement.evaluation()
 
 
 @dataclass(frozen=True, slots=True)

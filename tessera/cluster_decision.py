@@ -4,11 +4,12 @@ Two paths give the same answers:
 - the vector path, for the common request (one container, a share or whole GPUs with no
   required scope, no RDMA, no UUID hints; or no devices at all, host CPU and memory only):
   fit and score every node at once from the ClusterIndex arrays;
-- the exact path, for everything else: `place_pod` per node, cached by (request shape,
-  policy, node version) so a node is only looked at again after it changed.
-The vector path's verdicts are kept per request shape and index row (`VerdictMemo`), so a
-row is only fitted and scored again after it changed; `judge` answers in array form
+- the exact path, for everything else: `place_pod` per node.
+Both paths keep their verdicts per request shape and index row (`VerdictMemo`), so a row
+is only fitted and scored again after it changed; `judge` answers in array form
 (`RowVerdicts`) for callers that need only the best node and counts of the reasons.
+`rank` and the vector path's unsettled rows use a per-node cache of exact results keyed by
+(request shape, policy, node version) instead.
 Binding always re-runs the exact placement on the chosen node, so the vector path only
 has to agree on fit and score (tests check that it does).
 """
@@ -98,14 +99,6 @@ class RowVerdicts:
         return Evaluation(scores, failures, self.policy)
 
 
-Judgement = Evaluation | RowVerdicts
-"""`Decider.judge`'s answer: arrays from the vector path, dicts from the exact one."""
-
-
-def evaluation_of(judgement: Judgement) -> Evaluation:
-    return judgement if isinstance(judgement, Evaluation) else judgement.evaluation()
-
-
 @dataclass(frozen=True)
 class Ranking:
     """Fit and score of one pod over index rows, as arrays (no failure reasons): the fast
@@ -150,21 +143,15 @@ class Decider:
 
     def evaluate(self, request: PodRequest, names: Sequence[str] | None = None) -> Evaluation:
         """Fit and score `request` on the named nodes (all known nodes when None)."""
-        policy = self.policy_for(request)
-        policy.observe(request)
-        if names is None:
-            names = list(self.index.row_of)
-        if _vectorizable(request):
-            return self._vector(request, policy, names).evaluation()
-        return self._exact(request, policy, names)
+        return self.judge(request, list(self.index.row_of) if names is None else names).evaluation()
 
-    def judge(self, request: PodRequest, names: Sequence[str]) -> Judgement:
-        """What `evaluate` says, in array form where the vector path decides."""
+    def judge(self, request: PodRequest, names: Sequence[str]) -> RowVerdicts:
+        """What `evaluate` says, in array form."""
         policy = self.policy_for(request)
         policy.observe(request)
         if _vectorizable(request):
             return self._vector(request, policy, names)
-        return self._exact(request, policy, names)
+        return self._exact_rows(request, policy, names)
 
     def rank(self, request: PodRequest) -> Ranking:
         """Fit and score `request` on every known node; the same fit and scores as
@@ -225,6 +212,54 @@ class Decider:
             else:
                 scores[name] = result
         return Evaluation(scores, failures, policy.name)
+
+    def _exact_rows(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
+        """The exact path in array form, with its verdicts kept per row in the memo as the
+        vector path's are: only the rows that changed since this shape last looked at them
+        are placed again, and the answer is a gather, not a walk over every name."""
+        idx = self.index
+        rows, unknown = idx.rows_for(names)
+        shape = ("exact", request.shape(), policy.name)
+        for attempt in range(2):
+            key = (policy.generation, idx.epoch, len(idx.models))
+            entry = self._verdicts.entry(shape, key, idx.capacity_rows)
+            stale = entry.stale(idx, rows) if rows.size else rows
+            if stale.size == 0:
+                break
+            fits, scores, reasons = self._place_rows(request, policy, stale)
+            if attempt == 0 and (policy.generation, idx.epoch, len(idx.models)) != key:
+                continue  # the policy moved on while placing: judge every row again
+            entry.store(idx, stale, fits, scores, reasons)
+            break
+        code = entry.code[rows]
+        return RowVerdicts(
+            idx.names,
+            rows,
+            unknown,
+            code == FITS,
+            entry.score[rows],
+            code,
+            entry.reasons,
+            policy.name,
+        )
+
+    def _place_rows(
+        self, request: PodRequest, policy: Policy, rows: IntArray
+    ) -> tuple[BoolArray, FloatArray, list[NoFit]]:
+        """`place_pod` on each row's node: (fits, score where it fits, the reasons of the
+        rows where it does not, in order)."""
+        nodes, names_of = self.state.nodes, self.index.names
+        fits = np.zeros(rows.size, dtype=np.bool_)
+        scores = np.zeros(rows.size, dtype=np.float64)
+        reasons: list[NoFit] = []
+        for k, row in enumerate(rows.tolist()):
+            placed = place_pod(nodes[names_of[row] or ""], request, policy)
+            if isinstance(placed, Placement):
+                fits[k] = True
+                scores[k] = placed.score
+            else:
+                reasons.append(placed)
+        return fits, scores, reasons
 
     # --- vector path -----------------------------------------------------------------------
 

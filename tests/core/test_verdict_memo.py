@@ -4,22 +4,26 @@ says exactly (same scores to the bit, same reasons, same order) what one without
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tessera.cluster_decision import Decider, evaluation_of
+from tessera import resources as rn
+from tessera.cluster_decision import Decider
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
-from tessera.node_placement import Placement
+from tessera.node_placement import Placement, place_pod
 from tessera.node_state import HostCapacity
 from tessera.policy_registry import make_policies
-from tessera.request import PodRequest
+from tessera.request import PodRequest, parse_pod
 from tessera.resources import PLACEMENT_POLICIES
 from tessera.row_verdicts import VerdictMemo
 from tessera.scoring_policy import BinpackPolicy, FloatArray, IntArray, VectorCase
+from tests.core import builders
+from tests.core.builders import nic
 from tests.core.test_cluster_decision_paths import Learning
 from tests.core.test_fragmentation_policy import inventory, pod
 
@@ -31,7 +35,10 @@ SHAPES: tuple[dict[str, Any], ...] = (
     {"core": 20, "units": 2, "cpu": 2000, "mem": 4096},
     {"gpu": 100, "models": "T4"},
     {"cpu": 1000, "mem": 2048},
+    {"gpu": 200, "rdma": 100},
+    {"gpu": 50, "rdma": 25},
 )
+"""The last two ask for RDMA beside GPUs: the exact path, with its verdicts in the memo too."""
 NODES = [f"n{i}" for i in range(7)]
 KINDS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
     (4, 0, ()),
@@ -41,7 +48,7 @@ KINDS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
     (1, 1, ()),
     (8, 2, (0, 3)),
 )
-"""(GPUs, model, unhealthy slots) of the node kinds."""
+"""(GPUs, model, unhealthy slots) of the node kinds; the odd kinds also have two RDMA NICs."""
 
 ops = st.lists(
     st.one_of(
@@ -64,6 +71,7 @@ def _node(state: ClusterState, name: str, kind: int) -> None:
     gpus, model, unhealthy = KINDS[kind]
     node = inventory(name, gpus, model, unhealthy)
     if kind % 2:
+        node = replace(node, nics=(nic(0, vfs=2), nic(1)))
         state.set_node(node, HostCapacity(16000, 65536))
     else:
         state.set_node(node)  # host not tracked
@@ -87,11 +95,18 @@ def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, i
             # a new pod each time (the learning policy counts each once), same for both
             request = _request(f"ask-{n}", a)
             names = b or NODES
-            got = evaluation_of(memo.judge(request, names))
-            want = evaluation_of(fresh.judge(_request(f"ask-{n}", a), names))
+            got = memo.judge(request, names).evaluation()
+            want = fresh.judge(_request(f"ask-{n}", a), names).evaluation()
             assert list(got.scores.items()) == list(want.scores.items())
             assert list(got.failures.items()) == list(want.failures.items())
             assert got == memo.evaluate(_request(f"ask-{n}", a), names)
+            if "rdma" in SHAPES[a]:  # the exact path: what place_pod says on each node now
+                for name in set(names) & set(state.nodes):
+                    placed_now = place_pod(state.nodes[name], request, memo.policy_for(request))
+                    if isinstance(placed_now, Placement):
+                        assert got.scores[name] == placed_now.score
+                    else:
+                        assert got.failures[name] == placed_now
             fresh.evaluate(_request(f"ask-{n}", a), names)  # keep the two learning alike
         elif op == "place":
             placement = memo.place(_request(f"p-{n}", a), b)
@@ -111,7 +126,12 @@ def _empty(state: ClusterState, node: str) -> bool:
 
 
 def _request(uid: str, shape: int) -> PodRequest:
-    return pod(uid, **SHAPES[shape])
+    fields = dict(SHAPES[shape])
+    rdma = fields.pop("rdma", None)
+    if rdma is None:
+        return pod(uid, **fields)
+    limits = {rn.GPU: str(fields["gpu"]), rn.RDMA: str(rdma)}
+    return parse_pod(builders.pod(uid, {"c": limits}, uid=uid))
 
 
 def test_the_memo_is_bounded() -> None:
