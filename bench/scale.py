@@ -76,8 +76,8 @@ def real(args: argparse.Namespace) -> list[str]:
         "",
         "| run | control-plane CPU s per 1,000 pods (apiserver / etcd / kube-scheduler / "
         "tessera-scheduler) | extender filter p50 / prioritize p50 / bind p99 "
-        "| API server's Binding p50 / p99 | valid records |",
-        "|---|---|---|---|---|",
+        "| API server's Binding p50 / p99 | extender connections opened | valid records |",
+        "|---|---|---|---|---|---|",
     ]
     for (who, qps), s in series.items():
         cpu = s.cpu_per_1000()
@@ -92,13 +92,14 @@ def real(args: argparse.Namespace) -> list[str]:
                 for v, q in (("filter", 0.5), ("prioritize", 0.5), ("bind", 0.99))
             )
             records = f"{s.best.valid_records} of {args.pods}"
+            opened = f"{s.best.connections:.0f}"
         else:
-            lat, records = "-", "-"
+            lat, records, opened = "-", "-", "-"
         binding = s.best.binding
         api = f"{sc.ms(binding.quantile(0.5))} / {sc.ms(binding.quantile(0.99))}"
         lines.append(
             f"| {who}, qps {qps} | {cpu_text} (sum {sum(cpu.values()):.1f}) | {lat} | {api} "
-            f"| {records} |"
+            f"| {opened} | {records} |"
         )
     lines += ["", f"tessera-scheduler peak RSS (VmHWM): {rss:.0f} MiB."]
     return lines

@@ -174,6 +174,20 @@ def verb_histograms(metrics_text: str) -> dict[str, Histogram]:
     return out
 
 
+def connections_opened(metrics_text: str) -> float:
+    """Connections tessera-scheduler's extender port has accepted, every protocol
+    (tessera_scheduler_connections_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        if family.name == "tessera_scheduler_connections"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
 def api_server_metrics(metrics_text: str) -> tuple[dict[str, float], Histogram]:
     """kube-apiserver's request counts by "VERB resource/subresource", and its latency
     histogram of Binding POSTs (apiserver_request_duration_seconds), from its /metrics."""

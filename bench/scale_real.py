@@ -60,6 +60,8 @@ class Round:
     valid_records: int = 0
     binding: sc.Histogram = field(default_factory=sc.Histogram)
     """The API server's own latency of the round's Binding POSTs (whoever sent them)."""
+    connections: float = 0.0
+    """Connections kube-scheduler opened to the extender port during the round."""
 
 
 @dataclass
@@ -290,12 +292,16 @@ class RealScale:
         if not watcher.done.is_set():
             self.cp.check_alive()
             raise RuntimeError(f"round {run}: {len(watcher.bound)} of {count} pods bound")
-        result = Round(seconds, cpu, sc.histogram_delta(self.metrics(), before))
+        now = self.metrics()
+        result = Round(seconds, cpu, sc.histogram_delta(now, before))
+        result.connections = sc.connections_opened(now) - sc.connections_opened(before)
         after, binding_after = self.api_metrics()
         result.binding = binding_after.minus(binding)
         calls = {k: v - requests.get(k, 0.0) for k, v in after.items()}
         busiest = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
         self.log(f"{run} API calls: " + ", ".join(f"{k} {v:.0f}" for k, v in busiest if v))
+        if tessera:
+            self.log(f"{run} extender connections opened: {result.connections:.0f}")
         if tessera:
             result.valid_records = self._valid_records(run)
         self._delete(run)

@@ -45,6 +45,15 @@ def test_histograms_are_read_per_verb_from_the_metrics_text() -> None:
     assert verb[0] == "bind" and verb[1].count == 4.0
 
 
+def test_connections_are_counted_from_the_schedulers_own_metrics() -> None:
+    from scheduler_plugin.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.connections.labels("http/1.1").inc(3)
+    metrics.connections.labels("h2").inc()
+    assert sc.connections_opened(b"".join(metrics.chunks()).decode()) == 4.0
+
+
 @pytest.mark.parametrize(("nodes", "sent"), [(50, 50), (500, 230), (5000, 500), (20000, 1000)])
 def test_node_names_sent_follow_kube_schedulers_adaptive_percentage(nodes: int, sent: int) -> None:
     assert sc.feasible_to_find(nodes) == sent
