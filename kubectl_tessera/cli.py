@@ -26,10 +26,12 @@ from kubectl_tessera import pods as pods_view
 from kubectl_tessera.config import KubectlConfig
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_NRI_PLUGIN_NAME,
     DEFAULT_POLICY,
     INVENTORY_GROUP,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
+    NRI_REQUIRED_PLUGINS_POD_ANNOTATION,
     PLACEMENT_POLICIES,
     POD_GROUP_GROUP,
     POD_GROUP_LABEL,
@@ -37,7 +39,7 @@ from tessera.resources import (
     POD_GROUP_VERSION,
 )
 from tessera_cli import CliParser, config_from, exit_code
-from tessera_cli.values import seconds
+from tessera_cli.values import nri_plugin_name, seconds
 
 PROG = "kubectl tessera"
 MAX_TIMEOUT_S = 3600.0
@@ -101,6 +103,21 @@ def parser() -> CliParser:
         "--manage-nvidia-gpu",
         action="store_true",
         help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
+    )
+    e.add_argument(
+        "--nri-plugin-name",
+        type=nri_plugin_name,
+        default=DEFAULT_NRI_PLUGIN_NAME,
+        metavar="NAME",
+        help="the scheduler's --nri-plugin-name: a pod whose "
+        f"{NRI_REQUIRED_PLUGINS_POD_ANNOTATION} annotation does not read is refused by the "
+        "scheduler, and so here (default: %(default)s)",
+    )
+    e.add_argument(
+        "--no-require-nri-plugin",
+        dest="require_nri_plugin",
+        action="store_false",
+        help="the scheduler runs with --no-require-nri-plugin (that annotation is not read)",
     )
     return top
 
@@ -203,6 +220,7 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
         now,
         policy=config.policy,
         nvidia_gpu=config.manage_nvidia_gpu,
+        nri_plugin=config.nri_plugin_name if config.require_nri_plugin else None,
         lease_namespace=config.heartbeat_namespace,
         gang=gang,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_POLICY
+from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, DEFAULT_NRI_PLUGIN_NAME, DEFAULT_POLICY
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,3 +26,7 @@ class KubectlConfig:
     """explain: the scheduler's --policy."""
     manage_nvidia_gpu: bool = False
     """explain, gangs: the scheduler runs with --manage-nvidia-gpu."""
+    nri_plugin_name: str = DEFAULT_NRI_PLUGIN_NAME
+    """explain: the scheduler's --nri-plugin-name."""
+    require_nri_plugin: bool = True
+    """explain: false when the scheduler runs with --no-require-nri-plugin."""

@@ -26,8 +26,12 @@ from tessera.explain import NodeVerdict, asks, nearest, verdicts
 from tessera.model import NodeInventory
 from tessera.pod_fields import section
 from tessera.policy_registry import make_policies
-from tessera.request import parse_pod
-from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
+from tessera.request import PodRequest, parse_pod
+from tessera.resources import (
+    DEFAULT_HEARTBEAT_NAMESPACE,
+    DEFAULT_NRI_PLUGIN_NAME,
+    HEARTBEAT_LEASE_PREFIX,
+)
 
 NOTE = (
     "estimated from the NodeDevices and allocation records read now (records not verified); "
@@ -64,13 +68,23 @@ def explain(
     *,
     policy: str,
     nvidia_gpu: bool = False,
+    nri_plugin: str | None = DEFAULT_NRI_PLUGIN_NAME,
     lease_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE,
     gang: GangRow | None = None,
 ) -> Explanation:
     key = f"{namespace_of(pod)}/{name_of(pod)}"
     if node_of(pod):
         return Explanation(key, f"the pod is already bound to node {node_of(pod)}")
-    result = _explain(key, pod, nodedevices, pods, leases, now, policy, nvidia_gpu, lease_namespace)
+    try:
+        # what the scheduler's filter parses, with the same switches
+        request = parse_pod(pod, nvidia_gpu_enabled=nvidia_gpu, nri_plugin=nri_plugin)
+    except RequestError as exc:
+        return Explanation(
+            key,
+            f"the request breaks a rule, so it fits no node: {exc}",
+            notes=["fix the pod's resources or tessera.dev/ annotations (docs/resources.md)"],
+        )
+    result = _explain(key, request, nodedevices, pods, leases, now, policy, lease_namespace)
     if gang is not None:
         result.gang = gang
         result.notes.insert(0, GANG_NOTE)
@@ -93,23 +107,14 @@ def gang_line(gang: GangRow) -> str:
 
 def _explain(
     key: str,
-    pod: Mapping[str, Any],
+    request: PodRequest,
     nodedevices: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     leases: Iterable[Mapping[str, Any]] | None,
     now: float,
     policy: str,
-    nvidia_gpu: bool,
     lease_namespace: str,
 ) -> Explanation:
-    try:
-        request = parse_pod(pod, nvidia_gpu_enabled=nvidia_gpu)
-    except RequestError as exc:
-        return Explanation(
-            key,
-            f"the request breaks a rule, so it fits no node: {exc}",
-            notes=["fix the pod's resources or tessera.dev/ annotations (docs/resources.md)"],
-        )
     if not request.wants_devices:
         return Explanation(key, "the pod asks for no tessera devices; tessera does not hold it")
 
@@ -133,7 +138,7 @@ def _explain(
         except (TesseraError, ValueError, TypeError, OverflowError) as exc:
             broken[name] = f"device inventory does not parse: {exc}"
 
-    held = sorted((p for p in pods if holds_devices(p) and uid_of(p) != uid_of(pod)), key=_order)
+    held = sorted((p for p in pods if holds_devices(p) and uid_of(p) != request.uid), key=_order)
     skipped = 0
     for other in held:
         try:

@@ -373,6 +373,24 @@ def test_explain_prints_the_broken_rule_and_unrelated_pods(
     assert "no tessera devices" in doc["summary"]
 
 
+def test_explain_reads_the_required_plugins_annotation_as_the_scheduler_does(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_node(fake, "t4", "t4-4x")
+    unreadable = {rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION: "[tessera, [nested]]"}
+    fake.create("pods", pod("odd", share(10, 10), annotations=unreadable))
+    doc = run_json(capsys, "explain", "odd", "--kubeconfig", kubeconfig)
+    assert doc["summary"].startswith("the request breaks a rule")
+    assert rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION in doc["summary"]
+    # a scheduler run with --no-require-nri-plugin does not read it
+    off = run_json(capsys, "explain", "odd", "--kubeconfig", kubeconfig, "--no-require-nri-plugin")
+    assert [v["fits"] for v in off["nodes"]] == [True]
+    code, _, err = run(
+        capsys, "explain", "odd", "--kubeconfig", kubeconfig, "--nri-plugin-name", "bad name"
+    )
+    assert code == 2 and "not an NRI plugin name" in err
+
+
 def test_errors_are_one_line(
     fake: FakeApiServer, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
