@@ -55,6 +55,38 @@ def _one_line(text: object, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def no_answer(method: str, path: str, why: object) -> ApiError:
+    """No HTTP answer (refused, timeout, TLS, a broken or cut answer): status 0, transient."""
+    return ApiError(NO_ANSWER, f"cannot reach the API server: {method} {path}: {_one_line(why)}")
+
+
+def too_large(status: int, method: str, path: str, limit: int) -> ApiError:
+    """An answer longer than the caller reads; it keeps the answer's HTTP status."""
+    return ApiError(status, f"{method} {path}: answer too large (over {limit} bytes)")
+
+
+def answer_error(status: int, http_reason: str, raw: bytes, method: str, path: str) -> ApiError:
+    """An ApiError from a non-2xx answer, with the Status object's message and reason."""
+    try:
+        doc = loads(raw, what=f"{method} {path}", max_bytes=1024 * 1024, max_depth=16)
+    except JsonLimitError:
+        doc = None
+    if isinstance(doc, dict):
+        message = doc.get("message")
+        text = message if isinstance(message, str) and message else http_reason
+        return ApiError(status, _one_line(text), doc)
+    return ApiError(status, _one_line(raw.decode("utf-8", "replace") or http_reason))
+
+
+def decode_answer(raw: bytes, method: str, path: str, max_bytes: int, max_depth: int | None) -> Any:
+    """The JSON document of a 2xx answer; ApiError(0, reason UnreadableAnswer) when it is not
+    one within the bounds."""
+    try:
+        return loads(raw, what=f"{method} {path}", max_bytes=max_bytes, max_depth=max_depth)
+    except JsonLimitError as exc:
+        raise ApiError(NO_ANSWER, f"unreadable answer: {exc}", reason="UnreadableAnswer") from None
+
+
 class KubeClient:
     """JSON requests against one API server. Thread-safe (the urllib3 pool is)."""
 
@@ -141,9 +173,7 @@ class KubeClient:
                 redirect=False,
             )
         except Exception as exc:  # refused, timeout, TLS, DNS, a broken proxy: no status
-            raise ApiError(
-                NO_ANSWER, f"cannot reach the API server: {method} {path}: {_one_line(exc)}"
-            ) from None
+            raise no_answer(method, path, exc) from None
 
     def _read(self, response: Any, method: str, path: str) -> bytes:
         """The whole answer, at most max_response_bytes (ApiError beyond)."""
@@ -160,23 +190,8 @@ class KubeClient:
         finally:
             response.release_conn()
         if len(data) > self.max_response_bytes:
-            raise ApiError(
-                int(response.status),
-                f"{method} {path}: answer too large (over {self.max_response_bytes} bytes)",
-            )
+            raise too_large(int(response.status), method, path, self.max_response_bytes)
         return data
-
-    def _error(self, status: int, http_reason: str, raw: bytes, method: str, path: str) -> ApiError:
-        """An ApiError from a non-2xx answer, with the Status object's message and reason."""
-        try:
-            doc = loads(raw, what=f"{method} {path}", max_bytes=1024 * 1024, max_depth=16)
-        except JsonLimitError:
-            doc = None
-        if isinstance(doc, dict):
-            message = doc.get("message")
-            text = message if isinstance(message, str) and message else http_reason
-            return ApiError(status, _one_line(text), doc)
-        return ApiError(status, _one_line(raw.decode("utf-8", "replace") or http_reason))
 
     def request(
         self,
@@ -199,20 +214,11 @@ class KubeClient:
         raw = self._read(response, method, path)
         status = int(response.status)
         if not 200 <= status < 300:
-            raise self._error(status, str(response.reason or ""), raw, method, path)
+            raise answer_error(status, str(response.reason or ""), raw, method, path)
         if not raw or not decode:
             return None
-        try:
-            return loads(
-                raw,
-                what=f"{method} {path}",
-                max_bytes=self.max_response_bytes,
-                max_depth=self.max_depth if max_depth == -1 else max_depth,
-            )
-        except JsonLimitError as exc:
-            raise ApiError(
-                NO_ANSWER, f"unreadable answer: {exc}", reason="UnreadableAnswer"
-            ) from None
+        depth = self.max_depth if max_depth == -1 else max_depth
+        return decode_answer(raw, method, path, self.max_response_bytes, depth)
 
     def stream(
         self, path: str, query: Mapping[str, Any], *, read_timeout: float
@@ -223,7 +229,7 @@ class KubeClient:
         try:
             if response.status >= 300:
                 raw = response.read(1024 * 1024, decode_content=True)
-                raise self._error(
+                raise answer_error(
                     int(response.status), str(response.reason or ""), raw, "watch", path
                 )
             buffer = b""

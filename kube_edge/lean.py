@@ -60,6 +60,9 @@ class KubernetesClient:
 
     Configuration: Any
     RESTClientObject: Any
+    should_bypass_proxies: Any
+    """(url, no_proxy) -> whether the REST client reaches `url` without its proxy (None in
+    releases that read no no_proxy: the proxy is always used)."""
     load_kube_config: Any
     load_incluster_config: Any
 
@@ -199,6 +202,7 @@ def load() -> KubernetesClient:
     return KubernetesClient(
         Configuration=configuration.Configuration,
         RESTClientObject=rest.RESTClientObject,
+        should_bypass_proxies=getattr(rest, "should_bypass_proxies", None),
         load_kube_config=_loader("kube_config", "load_kube_config"),
         load_incluster_config=_loader("incluster_config", "load_incluster_config"),
     )
