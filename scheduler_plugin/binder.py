@@ -18,15 +18,20 @@ bind and watch.
 When the Binding fails the assumed allocation is removed. When its answer was lost
 (timeout, 5xx), the pod is read back first: if it is bound to our node, the bind (and so
 the record) landed after all.
+
+The steps are written once, as a coroutine over the two API calls they make (`BindApi`).
+The extender's event loop awaits them with kube_edge.loop_client, so a bind never waits
+for a thread to get the interpreter back from the loop; `bind` runs the same steps with
+the blocking client, whose calls complete without suspending.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
@@ -46,6 +51,42 @@ log = logging.getLogger(__name__)
 
 class BindRefusedError(TesseraError):
     """The bind cannot be done; the message goes back to kube-scheduler as `Error`."""
+
+
+class BindApi(Protocol):
+    """The API calls a bind makes (kube_edge.loop_client.LoopClient has them)."""
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+
+class _Blocking:
+    """The blocking client behind `BindApi`: each call completes before it returns, so a
+    bind's coroutine over it never suspends."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._client.create(path, body)
+
+    async def get(self, path: str) -> dict[str, Any]:
+        return self._client.get(path)
+
+
+_T = TypeVar("_T")
+
+
+def _run_to_end(steps: Coroutine[Any, Any, _T]) -> _T:
+    """The result of a coroutine that never suspends (steps over `_Blocking`)."""
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    steps.close()
+    raise RuntimeError("a bind step over the blocking client suspended")
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
@@ -104,25 +145,30 @@ class Binder:
     carries a record (the Reconciler, so that the watch need not verify it again)."""
 
     def bind(self, raw: Any) -> dict[str, Any]:
-        """The ExtenderBindingResult for one ExtenderBindingArgs body."""
+        """The ExtenderBindingResult for one ExtenderBindingArgs body (blocking)."""
+        return _run_to_end(self.bind_with(raw, _Blocking(self.client)))
+
+    async def bind_with(self, raw: Any, api: BindApi) -> dict[str, Any]:
+        """The ExtenderBindingResult for one ExtenderBindingArgs body, the API calls made
+        through `api`."""
         try:
             args = BindArgs.parse(raw)
         except BadArgsError as exc:  # answered in Error too, as the bind protocol wants
             return {"Error": f"tessera: bad bind request: {exc}"}
         try:
-            self._bind(args)
+            await self._bind(args, api)
         except BindRefusedError as exc:
             return {"Error": f"tessera: {exc}"}
         return {"Error": ""}
 
     # --- the steps ---------------------------------------------------------------------
 
-    def _request(self, args: BindArgs) -> PodRequest:
+    async def _request(self, args: BindArgs, api: BindApi) -> PodRequest:
         request = self.extender.remembered(args.uid)
         if request is not None:
             return request
         try:
-            pod = self.client.get(pod_path(args.namespace, args.name))
+            pod = await api.get(pod_path(args.namespace, args.name))
         except ApiError as exc:
             self._failed("read_pod")
             raise BindRefusedError(f"cannot read pod {args.namespace}/{args.name}: {exc}") from None
@@ -137,12 +183,12 @@ class Binder:
         if self.metrics is not None:
             self.metrics.bind_failures.labels(step).inc()
 
-    def _bind(self, args: BindArgs) -> None:
-        request = self._request(args)
+    async def _bind(self, args: BindArgs, api: BindApi) -> None:
+        request = await self._request(args, api)
         if request.uid != args.uid:
             raise BindRefusedError(f"pod {args.namespace}/{args.name} is not UID {args.uid}")
         if not request.wants_devices:
-            self._create_binding(args)
+            await self._create_binding(args, api)
             return
         gangs = self.extender.gangs
         gang = None if gangs is None else gangs.key_of(args.uid)
@@ -152,7 +198,7 @@ class Binder:
         if isinstance(outcome, AlreadyHeld):
             # a retried bind whose first attempt succeeded (its answer was lost) succeeds
             held = outcome.allocation
-            if held.node == args.node and self._bound_to(args):
+            if held.node == args.node and await self._bound_to(args, api):
                 return
             raise BindRefusedError(
                 f"pod {args.namespace}/{args.name} already holds devices on {held.node}"
@@ -165,7 +211,7 @@ class Binder:
             annotations = {ALLOCATION_ANNOTATION: text}
             if request.required_plugins:
                 annotations[NRI_REQUIRED_PLUGINS_POD_ANNOTATION] = render(request.required_plugins)
-            self._create_binding(args, annotations)
+            await self._create_binding(args, api, annotations)
         except BindRefusedError:
             self.cache.forget(args.uid, alloc)
             raise
@@ -183,7 +229,9 @@ class Binder:
             allocation_summary(alloc),
         )
 
-    def _create_binding(self, args: BindArgs, annotations: dict[str, str] | None = None) -> None:
+    async def _create_binding(
+        self, args: BindArgs, api: BindApi, annotations: dict[str, str] | None = None
+    ) -> None:
         """Bind the pod (UID as precondition), setting `annotations` on it in the same
         update."""
         meta: dict[str, Any] = {"name": args.name, "namespace": args.namespace, "uid": args.uid}
@@ -197,16 +245,16 @@ class Binder:
         }
         path = pod_path(args.namespace, args.name) + "/binding"
         try:
-            self.client.create(path, binding)
+            await api.create(path, binding)
         except ApiError as exc:
-            if exc.transient and self._bound_to(args):
+            if exc.transient and await self._bound_to(args, api):
                 return  # the answer was lost but the Binding exists
             self._failed("binding")
             raise BindRefusedError(f"creating the Binding failed: {exc}") from None
 
-    def _bound_to(self, args: BindArgs) -> bool:
+    async def _bound_to(self, args: BindArgs, api: BindApi) -> bool:
         try:
-            pod = self.client.get(pod_path(args.namespace, args.name))
+            pod = await api.get(pod_path(args.namespace, args.name))
         except ApiError:
             return False
         meta = pod.get("metadata") or {}

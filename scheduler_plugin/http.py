@@ -19,7 +19,11 @@ Health server (`--health-listen`, plain HTTP for kubelet probes and Prometheus):
 GET /healthz (alive), /readyz (synced and leader, 503 otherwise), /metrics.
 
 Filter and prioritize run on the event loop (they are CPU-bound and short; a thread hop
-costs more than the HTTP work); bind, preempt and the debug views run on a bounded pool.
+costs more than the HTTP work). Bind runs there too, its API calls awaited on the loop
+(kube_edge.loop_client): on a thread it waited for the interpreter, held by the loop,
+once to start and once when the API server answered, which tripled its latency on a busy
+scheduler. Preempt, the debug views, and binds where the API client needs a proxy run on
+a bounded pool.
 Bodies are counted against a process-wide byte budget before they are read, refused with
 413 past --max-body-bytes (Content-Length or chunked), parsed with tessera.boundedjson;
 client input that is not ExtenderArgs-shaped gets 400 with a reason, never 5xx.
@@ -47,6 +51,7 @@ import uvicorn
 from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import Server as UvicornServer
 
+from kube_edge.loop_client import LoopClient
 from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
@@ -219,6 +224,8 @@ class App:
     pool: ThreadPoolExecutor
     watch_pool: ThreadPoolExecutor
     _budget: ByteBudget | None = field(default=None, init=False, repr=False)
+    _api: LoopClient | None = field(default=None, init=False, repr=False)
+    _api_made: bool = field(default=False, init=False, repr=False)
 
     @property
     def budget(self) -> ByteBudget:
@@ -226,6 +233,20 @@ class App:
         if self._budget is None:
             self._budget = ByteBudget(self.max_body * limits.BODY_BUDGET_BODIES)
         return self._budget
+
+    def loop_api(self) -> LoopClient | None:
+        """The API client of this server's event loop, made there on first use; None where
+        the client's settings need the blocking one (a proxy), and binds then take the
+        pool as other blocking verbs do."""
+        if not self._api_made:
+            self._api_made = True
+            self._api = LoopClient.of(self.service.client, pool_size=limits.BLOCKING_WORKERS)
+        return self._api
+
+    async def close(self) -> None:
+        """Close what this app holds open on its event loop (before the loop ends)."""
+        if self._api is not None:
+            await self._api.close()
 
     def connection_opened(self, protocol: str) -> None:
         """Counted per protocol (scheduler_plugin.protocol.AlpnProtocol calls it once TLS
@@ -283,6 +304,9 @@ class App:
             try:
                 if verb in INLINE_VERBS:
                     reply, outcome = service.call(verb, args)
+                elif verb == "bind" and (api := self.loop_api()) is not None:
+                    # on this loop: a thread would wait for the interpreter twice per bind
+                    reply, outcome = await service.bind_on_loop(args, api)
                 else:
                     loop = asyncio.get_running_loop()
                     reply, outcome = await loop.run_in_executor(self.pool, service.call, verb, args)
@@ -539,6 +563,20 @@ def _client_cert(scope: Scope) -> bool:
     return bool(tls.get("client_cert_name"))
 
 
+class _Serving(UvicornServer):
+    """uvicorn's server, then the app's own connections closed on the same loop."""
+
+    def __init__(self, config: UvicornConfig, app: App) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().serve(sockets=sockets)
+        finally:
+            await self._app.close()
+
+
 class Server:
     """One uvicorn server on its own thread and event loop. The socket is bound in the
     constructor, so a busy or forbidden address fails there (OSError)."""
@@ -572,7 +610,7 @@ class Server:
             backlog=128,
             ssl_context_factory=(lambda _cfg, _default: tls) if tls is not None else None,
         )
-        self._server = UvicornServer(config)
+        self._server = _Serving(config, app)
         self._thread: threading.Thread | None = None
 
     @property

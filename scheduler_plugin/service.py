@@ -9,6 +9,7 @@ status writer stop; the leader Lease is released.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
@@ -27,7 +28,7 @@ from kube_edge.informer import Informer
 from kube_edge.leader import LeaderElector
 from scheduler_plugin import limits, overview
 from scheduler_plugin.auth import TokenAuthorizer
-from scheduler_plugin.binder import Binder
+from scheduler_plugin.binder import BindApi, Binder
 from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
 from scheduler_plugin.cluster import Reconciler, gang_informers, informers
 from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
@@ -372,14 +373,23 @@ class Service:
         if verb == "prioritize":
             return self.extender.prioritize_json(args), "ok"
         if verb == "bind":
-            result = self.binder.bind(args)
-            if not result["Error"] and isinstance(args, dict):
-                self.refusals.forget(str(args.get("PodUID", "")))
-            return result, "refused" if result["Error"] else "bound"
+            return self._bound(args, self.binder.bind(args))
         if verb == "preempt":
             result = self.extender.preempt(args)
             return result, "ok"
         raise ValueError(verb)
+
+    async def bind_on_loop(self, args: Any, api: BindApi) -> tuple[Any, str]:
+        """`call("bind", args)` with the API calls awaited on the running event loop. The
+        bind runs to its end even if the request is cancelled (a cancelled Binding would
+        leave its devices assumed, or free them while the write may yet land)."""
+        result = await asyncio.shield(asyncio.ensure_future(self.binder.bind_with(args, api)))
+        return self._bound(args, result)
+
+    def _bound(self, args: Any, result: dict[str, Any]) -> tuple[Any, str]:
+        if not result["Error"] and isinstance(args, dict):
+            self.refusals.forget(str(args.get("PodUID", "")))
+        return result, "refused" if result["Error"] else "bound"
 
     def _refused(self, args: Any, reply: Mapping[str, Any]) -> None:
         """Note a pod the filter passed no node for (the allocation page's "why pending")."""

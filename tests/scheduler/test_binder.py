@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
+from kube_edge.client import KubeClient
+from kube_edge.loop_client import LoopClient
 from tessera import resources as rn
 from tessera.record import decode
 from tessera_testbed.apiserver import FakeApiServer
@@ -21,6 +25,15 @@ from tests.scheduler.helpers import (
     share,
     wait_for,
 )
+
+
+@pytest.fixture(autouse=True, params=["loop", "pool"])
+def bind_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here binds both ways: its API calls awaited on the extender's event loop
+    (the default), and on the blocking pool (where the API client needs a proxy)."""
+    if request.param == "pool":
+        monkeypatch.setattr(LoopClient, "of", classmethod(lambda cls, client, **kw: None))
+    return str(request.param)
 
 
 def record_of(fake: FakeApiServer, name: str) -> tuple[str | None, dict[str, Any]]:
@@ -281,3 +294,56 @@ def test_the_requirement_names_the_configured_hook(fake: FakeApiServer) -> None:
         created = fake.create("pods", pod("p", {rn.GPU: 100}))
         assert served.bind(created, "n") == ""
         assert record_of(fake, "p")[1]["metadata"]["annotations"][REQUIRED] == '["gpu-hook"]'
+
+
+def test_the_bind_takes_the_path_asked_for(fake: FakeApiServer, bind_path: str) -> None:
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        created = fake.create("pods", pod("p", share(10, 10)))
+        assert served.bind(created, "n") == ""
+        on_loop = served.service.server.app.loop_api() is not None
+        assert on_loop == (bind_path == "loop")
+
+
+class _SlowApi:
+    """The blocking client behind BindApi, each call after a pause on the loop."""
+
+    def __init__(self, client: KubeClient, pause: float) -> None:
+        self.client = client
+        self.pause = pause
+        self.created = 0
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(self.pause)
+        self.created += 1
+        return self.client.create(path, body)
+
+    async def get(self, path: str) -> dict[str, Any]:
+        await asyncio.sleep(self.pause)
+        return self.client.get(path)
+
+
+def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
+    fake: FakeApiServer, bind_path: str
+) -> None:
+    """Cancelling the request (the loop shutting down, a lost caller) must neither leave the
+    devices assumed nor free them while the Binding may yet land: the bind finishes."""
+    if bind_path == "pool":
+        pytest.skip("the loop path only")
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        created = fake.create("pods", pod("p", share(30, 30)))
+        uid = created["metadata"]["uid"]
+        served.filter(created, ["n"])  # remembered, as before a real bind
+        api = _SlowApi(served.service.client, 0.2)
+
+        async def cancel_midway() -> None:
+            task = asyncio.ensure_future(served.service.bind_on_loop(bind_body(created, "n"), api))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.5)  # the shielded bind goes on meanwhile
+
+        asyncio.run(cancel_midway())
+        assert api.created == 1
+        assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
+        assert served.cache.allocation(uid) is not None

@@ -22,6 +22,7 @@ import pytest
 
 from kube_edge import config
 from kube_edge.client import KubeClient
+from kube_edge.loop_client import LoopClient
 from scheduler_plugin.recovery import Holds, Invalid, Nothing, judge, rebuild
 from scheduler_plugin.service import Service
 from tessera import resources as rn
@@ -213,18 +214,45 @@ class CrashingClient(KubeClient):
         self.dead = threading.Event()
         self._count = threading.Lock()
 
+    def dies_at(self, method: str, path: str) -> tuple[bool, bool]:
+        """(whether this write dies, whether it reaches the API server first)."""
+        if method not in ("PATCH", "POST") or "/pods/" not in path:
+            return False, False
+        with self._count:
+            self.writes += 1
+            n = self.writes
+        if self.dead.is_set() or n >= self.crash_at:
+            first = not self.dead.is_set()
+            self.dead.set()
+            return True, first and self.land
+        return False, False
+
     def request(self, method: str, path: str, body: Any = None, *args: Any, **kw: Any) -> Any:
-        if method in ("PATCH", "POST") and "/pods/" in path:
-            with self._count:
-                self.writes += 1
-                n = self.writes
-            if self.dead.is_set() or n >= self.crash_at:
-                first = not self.dead.is_set()
-                self.dead.set()
-                if first and self.land:
-                    super().request(method, path, body, *args, **kw)
-                raise Crash()
+        dies, lands = self.dies_at(method, path)
+        if lands:
+            super().request(method, path, body, *args, **kw)
+        if dies:
+            raise Crash()
         return super().request(method, path, body, *args, **kw)
+
+
+def _crash_on_the_loop_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Binds await their writes on the extender's event loop (kube_edge.loop_client): the
+    same death there."""
+    real = LoopClient.request
+
+    async def request(self: LoopClient, method: str, path: str, *args: Any, **kw: Any) -> Any:
+        client = self.client
+        dies, lands = (
+            client.dies_at(method, path) if isinstance(client, CrashingClient) else (False, False)
+        )
+        if lands:
+            await real(self, method, path, *args, **kw)
+        if dies:
+            raise Crash()
+        return await real(self, method, path, *args, **kw)
+
+    monkeypatch.setattr(LoopClient, "request", request)
 
 
 def _run_burst(
@@ -270,6 +298,7 @@ def test_crash_at_a_random_point_of_a_burst_leaks_nothing(
             else sys.__excepthook__(args.exc_type, args.exc_value, args.exc_traceback)
         ),
     )
+    _crash_on_the_loop_too(monkeypatch)
     pods = burst(24)
     with FakeApiServer() as fake:
         populate(fake, NODES, gpus=2)
