@@ -13,11 +13,13 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ class TestbedRound:
     prioritize_ms: list[float] = field(default_factory=list)
     bind_ms: list[float] = field(default_factory=list)
     failed: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    """Why pods failed: the bind's or the filter's refusal, figures left out."""
     cpu_s: float = 0.0
     """tessera-scheduler's CPU seconds (user + system, /proc) during the round."""
 
@@ -163,6 +167,7 @@ class TestbedScale:
                 result.bind_ms.append(elapsed)
                 if answer.get("Error"):
                     result.failed += 1
+                    result.reasons[_gist(str(answer["Error"]))] += 1
 
         cpu0 = sc.cpu_seconds(self.sched.pid)
         start = time.perf_counter()
@@ -177,6 +182,8 @@ class TestbedScale:
                 candidates = passed.get("NodeNames") or []
                 if not candidates:
                     result.failed += 1
+                    failed = {**(passed.get("FailedNodes") or {})}
+                    result.reasons[_gist(next(iter(failed.values()), "filter: no node"))] += 1
                     continue
                 result.filter_ms.append((t1 - t0) * 1000)
                 best = candidates[0]
@@ -205,6 +212,11 @@ class TestbedScale:
                 f"{percentile(done.prioritize_ms, 50):.1f} ms, failed {done.failed}, "
                 f"tessera-scheduler CPU {done.cpu_s * 1000 / self.pods:.2f} ms per pod"
             )
+            if done.reasons:
+                # a pod the driver does not retry: a refused bind is usually a node another
+                # pod's bind, still in flight when this pod was filtered, just filled
+                top = ", ".join(f"{n} x {why!r}" for why, n in done.reasons.most_common(3))
+                self.log(f"testbed round {r}: failed pods, most common reasons: {top}")
         return out
 
     def peak_rss(self) -> float:
@@ -221,3 +233,8 @@ class TestbedScale:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _gist(reason: str) -> str:
+    """A refusal without its figures, so that alike refusals count together."""
+    return re.sub(r"\d+(\.\d+)?", "N", reason)[:160]
