@@ -188,6 +188,8 @@ class Service:
         )
         self.cache.subscribe_fences(self._fence_changed)
         self.refusals = Refusals()
+        self._binds: set[asyncio.Future[dict[str, Any]]] = set()
+        """Binds running on the extender's event loop (`bind_on_loop`)."""
         self._feeds: set[ChangeFeed] = set()
         self._feeds_lock = threading.Lock()
         self.cache.subscribe(self._feed)
@@ -383,8 +385,17 @@ class Service:
         """`call("bind", args)` with the API calls awaited on the running event loop. The
         bind runs to its end even if the request is cancelled (a cancelled Binding would
         leave its devices assumed, or free them while the write may yet land)."""
-        result = await asyncio.shield(asyncio.ensure_future(self.binder.bind_with(args, api)))
-        return self._bound(args, result)
+        task = asyncio.ensure_future(self.binder.bind_with(args, api))
+        # held until done (the loop keeps only weak references to tasks); its outcome is
+        # taken even when nobody awaits it any more
+        self._binds.add(task)
+        task.add_done_callback(self._bind_done)
+        return self._bound(args, await asyncio.shield(task))
+
+    def _bind_done(self, task: asyncio.Future[dict[str, Any]]) -> None:
+        self._binds.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a bind ended with %r", task.exception())
 
     def _bound(self, args: Any, result: dict[str, Any]) -> tuple[Any, str]:
         if not result["Error"] and isinstance(args, dict):
