@@ -47,6 +47,7 @@ MAX_HEADER_BYTES: Final = 64 * 1024
 _METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 """Methods whose answers carry a body when they say so (a HEAD answer would not)."""
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
+_IDENTITY: Final = "Accept-Encoding: identity"
 _STALE: Final = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 
 
@@ -60,7 +61,8 @@ class _Answer:
         self.reason = b""
         self.chunks: list[bytes] = []
         self.size = 0
-        self.head_bytes = 0
+        self.head_bytes = 0  # bytes fed while the headers were not complete
+        self.head_size = 0  # bytes of the status line and headers
         self.framed = False  # Content-Length or Transfer-Encoding: not ended by the close
         self.length = -1
         self.headers_done = self.complete = self.keep_alive = self.over = False
@@ -74,8 +76,10 @@ class _Answer:
 
     def on_status(self, reason: bytes) -> None:
         self.reason += reason
+        self.head_size += len(reason)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
         name = name.lower()
         if name == b"content-length":
             self.framed = True
@@ -116,14 +120,15 @@ class _Answer:
             if not self.complete and not self.over:
                 self._end(no_answer(self.method, self.path, f"malformed answer: {exc}"))
                 return
-        if self.over:
+        head = self.head_size if self.headers_done else max(self.head_size, self.head_bytes)
+        if head > MAX_HEADER_BYTES:
+            why = f"answer headers over {MAX_HEADER_BYTES} bytes"
+            self._end(no_answer(self.method, self.path, why))
+        elif self.over:
             status = self.parser.get_status_code()
             self._end(too_large(status, self.method, self.path, self.max_bytes))
         elif self.complete:
             self._end(None)
-        elif not self.headers_done and self.head_bytes > MAX_HEADER_BYTES:
-            why = f"answer headers over {MAX_HEADER_BYTES} bytes"
-            self._end(no_answer(self.method, self.path, why))
 
     def closed(self, exc: Exception | None) -> None:
         if self.done.done():
@@ -235,6 +240,7 @@ class LoopClient:
         default = 443 if scheme == "https" else 80
         self._host_header = name if port == default else f"{name}:{port}"
         self._slots = asyncio.Semaphore(pool_size)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: deque[_Connection] = deque(maxlen=pool_size)
 
     @classmethod
@@ -309,9 +315,10 @@ class LoopClient:
     async def close(self) -> None:
         """Close the idle connections (those in use close or come back when done)."""
         while self._idle:
-            conn = self._idle.pop()
-            if conn.transport is not None:
-                conn.transport.close()
+            # no TLS close_notify exchange: an idle connection has nothing left to say, and
+            # a graceful close would outlive a loop that is shutting down
+            self._idle.pop().abort()
+        await asyncio.sleep(0)  # the sockets close on the next turn of the loop
 
     # --- plumbing ---------------------------------------------------------------------------
 
@@ -322,7 +329,8 @@ class LoopClient:
             raise no_answer(method, path, "the path is not a printable ASCII path")
         if " " in target:
             raise no_answer(method, path, "the path holds a space")
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}"]
+        # identity: as http.client asks, so no answer comes compressed
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host_header}", _IDENTITY]
         headers = self.client.headers(content_type if data is not None else None)
         for name, value in headers.items():
             if any(c in f"{name}{value}" for c in "\r\n\0") or not name or ":" in name:
@@ -338,16 +346,21 @@ class LoopClient:
     async def _exchange(
         self, method: str, path: str, data: bytes | None, content_type: str, max_bytes: int
     ) -> tuple[int, str, bytes]:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:  # its connections and semaphore belong to that loop
+                raise RuntimeError("a LoopClient serves the one event loop it was first used on")
+            self._loop = loop
         request = self._head(method, path, data, content_type) + (data or b"")
         async with self._slots:
             conn = self._reuse() or await self._connect(method, path)
-            answer = _Answer(asyncio.get_running_loop(), method, path, max_bytes)
+            answer = _Answer(loop, method, path, max_bytes)
             keep = False
             try:
                 error = await conn.exchange(request, answer)
                 if error is not None:
                     raise error
-                keep = answer.keep_alive and not answer.extra and not conn.broken
+                keep = answer.keep_alive and not conn.broken  # broken: it also sent more
                 status = answer.parser.get_status_code()
                 return status, answer.reason.decode("latin-1"), answer.body
             finally:
