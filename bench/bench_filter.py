@@ -14,6 +14,9 @@ sees changed nodes as in a live cluster. The filter's thread CPU (`time.thread_t
 wall time are recorded; the first 250 pods are a warm-up and are not counted (the policy
 learns the workload from the first pods it sees, as a freshly started scheduler does).
 
+Then the same in `make bench-scale`'s pattern (`scale_pattern`): its four pod shapes in turn,
+windows of 500 names moving on by about 500 from pod to pod, p50 per shape.
+
 `python -m bench.bench_filter [--quick] [--profile FILE]`: with --profile, a cProfile of
 the 500-name filters goes to FILE (read it with `python -m pstats FILE`).
 """
@@ -136,6 +139,45 @@ def measure(
     return cpu, wall, answers
 
 
+def scale_pattern(cache: Any, pods: int) -> dict[str, list[float]]:
+    """Thread CPU ms of each counted filter call in `make bench-scale`'s pattern, per pod
+    shape: its four shapes in turn (bench/scale_common.py), 500 names in a window that
+    moves on by about 500 names from pod to pod (kube-scheduler starts where the last
+    search stopped), each answer bound, nothing deleted (as in a round)."""
+    from bench.scale_common import SHAPES
+    from scheduler_plugin.extender import Extender
+    from scheduler_plugin.metrics import Metrics
+    from scheduler_plugin.views import Assumed
+
+    metrics = Metrics()
+    metrics.attach(cache)
+    extender = Extender(cache, metrics, answer="best")
+    rng = random.Random(7)
+    every = cache.node_names()
+    start = 0
+    out: dict[str, list[float]] = {}
+    for i in range(pods + WARMUP):
+        window = (every[start:] + every[:start])[:500]
+        start = (start + 500 + rng.randrange(16)) % len(every)
+        limits = SHAPES[i % len(SHAPES)]
+        body = {"Pod": pod(900000 + i, dict(limits)), "Nodes": None, "NodeNames": window}
+        body = json.loads(json.dumps(body))
+        c0 = time.thread_time()
+        reply = extender.filter(body)
+        c1 = time.thread_time()
+        if i >= WARMUP:
+            out.setdefault(",".join(f"{k}={v}" for k, v in limits.items()), []).append(
+                (c1 - c0) * 1000
+            )
+        meta = body["Pod"]["metadata"]
+        request = extender.remembered(meta["uid"])
+        chosen = reply["NodeNames"]
+        if chosen and request is not None and isinstance(cache.assume(request, chosen[0]), Assumed):
+            cache.bind(meta["uid"])
+        extender.forget(meta["uid"])
+    return out
+
+
 def _results(names: int, cpu: list[float], wall: list[float], target: float) -> list[Result]:
     note = (
         f"{NODES} nodes x 8 H100 + 4 RDMA NICs, half full, default policy, "
@@ -166,6 +208,16 @@ def run(ctx: BenchContext) -> list[Result]:
     for names, target in ((500, 0.4), (NODES, 2.0)):
         cpu, wall, _ = measure(cache, names, pods, seed=names)
         results += _results(names, cpu, wall, target)
+    for shape, cpu in scale_pattern(cluster(), pods).items():
+        results.append(
+            Result(
+                f"filter decision p50, bench-scale pattern, {shape}",
+                percentile(cpu, 50),
+                "ms CPU",
+                note=f"500 names of {NODES} nodes; {len(cpu)} pods of this shape; p90 "
+                f"{percentile(cpu, 90):.3f} ms thread CPU (Extender.filter in process)",
+            )
+        )
     return results
 
 
