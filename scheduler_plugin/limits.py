@@ -76,10 +76,12 @@ views): kube-scheduler's parallel binds queue here instead of each holding a thr
 MAX_WATCHERS: Final = 4
 """Concurrent /debug/watch streams (each holds a thread while it waits for changes)."""
 API_CONNECTIONS: Final = 32
-"""Connections kept to the API server: one per verb thread that may wait on it
-(BLOCKING_WORKERS: binds, TokenReviews), one per watch (pods, nodes, NodeDevices, Leases),
-the Lease renewals, the status writer and the event recorder, with room to spare. Sized
-so that a burst of binds never opens a connection beyond the pool only to close it."""
+"""Connections the blocking client keeps to the API server: one per verb thread that may
+wait on it (BLOCKING_WORKERS: TokenReviews, and binds where a proxy is configured), one per
+watch (pods, nodes, NodeDevices, Leases), the Lease renewals, the status writer and the
+event recorder, with room to spare. Sized so that a burst of binds never opens a
+connection beyond the pool only to close it. Binds awaited on the extender's event loop
+keep their own, at most BLOCKING_WORKERS (kube_edge.loop_client)."""
 AUTH_CACHE_SECONDS: Final = 10.0
 """How long a TokenReview + SubjectAccessReview answer for /debug is reused: a revoked token
 or role binding takes effect within this time, and a client polling /debug costs the API
