@@ -17,7 +17,7 @@ has to agree on fit and score (tests check that it does).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -214,21 +214,37 @@ class Decider:
         return Evaluation(scores, failures, policy.name)
 
     def _exact_rows(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
-        """The exact path in array form, with its verdicts kept per row in the memo as the
-        vector path's are: only the rows that changed since this shape last looked at them
-        are placed again, and the answer is a gather, not a walk over every name."""
+        """The exact path in array form: only the rows that changed since this shape last
+        looked at them are placed again, and the answer is a gather, not a walk over every
+        name."""
+        shape = ("exact", request.shape(), policy.name)
+        return self._judged(
+            policy, names, shape, lambda stale: self._place_rows(request, policy, stale)
+        )
+
+    def _judged(
+        self,
+        policy: Policy,
+        names: Sequence[str],
+        shape: object,
+        judge: Callable[[IntArray], tuple[BoolArray, FloatArray, list[NoFit]]],
+    ) -> RowVerdicts:
+        """The named nodes' verdicts for `shape` from the memo, `judge` asked for (fits,
+        scores, the failing rows' reasons) of the rows that changed since it last looked."""
         idx = self.index
         rows, unknown = idx.rows_for(names)
-        shape = ("exact", request.shape(), policy.name)
         for attempt in range(2):
             key = (policy.generation, idx.epoch, len(idx.models))
             entry = self._verdicts.entry(shape, key, idx.capacity_rows)
             stale = entry.stale(idx, rows) if rows.size else rows
             if stale.size == 0:
                 break
-            fits, scores, reasons = self._place_rows(request, policy, stale)
+            fits, scores, reasons = judge(stale)
             if attempt == 0 and (policy.generation, idx.epoch, len(idx.models)) != key:
-                continue  # the policy moved on while placing: judge every row again
+                # the policy moved on while judging (what it weighs across the index
+                # changed): the other rows' verdicts are out of date, judge all again
+                # (the second time every row is judged, and kept under the key it had)
+                continue
             entry.store(idx, stale, fits, scores, reasons)
             break
         code = entry.code[rows]
@@ -264,38 +280,15 @@ class Decider:
     # --- vector path -----------------------------------------------------------------------
 
     def _vector(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
-        idx = self.index
-        rows, unknown = idx.rows_for(names)
-        shape = (request.shape(), policy.name)
-        for attempt in range(2):
-            key = (policy.generation, idx.epoch, len(idx.models))
-            entry = self._verdicts.entry(shape, key, idx.capacity_rows)
-            stale = entry.stale(idx, rows) if rows.size else rows
-            if stale.size == 0:
-                break
+        def judge(stale: IntArray) -> tuple[BoolArray, FloatArray, list[NoFit]]:
             ok, case, eligible, host_ok, node_scores = self._vector_scores(request, policy, stale)
             bad = np.flatnonzero(~ok)
             reasons = (
                 self._explain(request, stale, bad, eligible, host_ok, case) if bad.size else []
             )
-            if attempt == 0 and (policy.generation, idx.epoch, len(idx.models)) != key:
-                # the policy moved on while scoring (what it weighs across the index
-                # changed): the other rows' verdicts are out of date, judge all again
-                # (the second time every row is judged, and kept under the key it had)
-                continue
-            entry.store(idx, stale, ok, node_scores, reasons)
-            break
-        code = entry.code[rows]
-        return RowVerdicts(
-            idx.names,
-            rows,
-            unknown,
-            code == FITS,
-            entry.score[rows],
-            code,
-            entry.reasons,
-            policy.name,
-        )
+            return ok, node_scores, reasons
+
+        return self._judged(policy, names, (request.shape(), policy.name), judge)
 
     def _vector_scores(
         self, request: PodRequest, policy: Policy, rows: IntArray
