@@ -52,6 +52,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("pod parsing", ("request.py", "pod_fields.py")),
     ("TLS", ("libssl", "libcrypto", "ssl.py", "sslproto")),
     ("HTTP client (urllib3)", ("urllib3", "http/client.py", "kube_edge/client.py")),
+    ("API client on the event loop", ("loop_client.py",)),
     ("HTTP server (uvicorn, httptools)", ("uvicorn", "httptools", "protocol.py", "uvloop")),
     ("metrics", ("prometheus_client", "metrics.py")),
     ("logging", ("logging/",)),

@@ -36,20 +36,31 @@ def test_shares_by_thread_part_and_frame(tmp_path: Path) -> None:
                     "http-extender", [_BOOT, "Decider._exact (tessera/cluster_decision.py:9)"], 4
                 ),
                 _line("http-extender", [_BOOT, "take_gil (ceval_gil.c:1)", _LIBC], 10),
+                _line(
+                    "http-extender",
+                    [
+                        _BOOT,
+                        "run_asgi (uvicorn/protocols/http/httptools_impl.py:1)",
+                        "_Connection.exchange (kube_edge/loop_client.py:200)",
+                    ],
+                    2,
+                ),
                 "not a stack line",
             ]
         )
         + "\n"
     )
     profile = pt.read([raw])
-    assert (profile.samples, profile.waits) == (8, 10)
+    assert (profile.samples, profile.waits) == (10, 10)
     # thread numbers are folded: verb_3 and verb_7 are one pool
-    assert profile.threads == {"verb": 4, "http-extender": 4}
+    assert profile.threads == {"verb": 4, "http-extender": 6}
+    # the API client on the loop is its own part, not the HTTP server it runs under
+    assert profile.parts["http-extender: API client on the event loop"] == 2
     assert profile.parts["verb: record signing"] == 3
     assert profile.parts["verb: HTTP client (urllib3)"] == 1
     assert profile.parts["http-extender: decision (Decider, policies)"] == 4
     assert profile.self_frames["Keyring.sign (record.py)"] == 3
-    assert profile.total_frames["Thread.run (threading.py)"] == 8
+    assert profile.total_frames["Thread.run (threading.py)"] == 10
     lines = pt.table(profile, top=2)
-    assert lines[0] == "8 CPU samples (10 samples in waits left out)."
-    assert "| verb: record signing | 37.5 % |" in lines
+    assert lines[0] == "10 CPU samples (10 samples in waits left out)."
+    assert "| verb: record signing | 30.0 % |" in lines
