@@ -296,12 +296,24 @@ def test_the_requirement_names_the_configured_hook(fake: FakeApiServer) -> None:
         assert record_of(fake, "p")[1]["metadata"]["annotations"][REQUIRED] == '["gpu-hook"]'
 
 
-def test_the_bind_takes_the_path_asked_for(fake: FakeApiServer, bind_path: str) -> None:
+def test_the_bind_takes_the_path_asked_for(
+    fake: FakeApiServer, bind_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Binding goes through the blocking client only on the pool path."""
+    blocking: list[str] = []
+    real = KubeClient.create
+
+    def counted(self: KubeClient, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
+        blocking.append(path)
+        return real(self, path, obj)
+
+    monkeypatch.setattr(KubeClient, "create", counted)
     with serving_nodes(fake, ["n"], gpus=1) as served:
         created = fake.create("pods", pod("p", share(10, 10)))
         assert served.bind(created, "n") == ""
-        on_loop = served.service.server.app.loop_api() is not None
-        assert on_loop == (bind_path == "loop")
+        assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
+    bindings = [p for p in blocking if p.endswith("/binding")]
+    assert len(bindings) == (0 if bind_path == "loop" else 1)
 
 
 class _SlowApi:
