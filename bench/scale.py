@@ -102,6 +102,13 @@ def real(args: argparse.Namespace) -> list[str]:
             f"| {opened} | {records} |"
         )
     lines += ["", f"tessera-scheduler peak RSS (VmHWM): {rss:.0f} MiB."]
+    for (who, qps), s in series.items():
+        if who == "tessera" and s.best.threads:
+            lines += [
+                "",
+                f"tessera-scheduler CPU ms per pod by thread (qps {qps}, best round): "
+                f"{sc.by_thread(s.best.threads, args.pods)}.",
+            ]
     return lines
 
 

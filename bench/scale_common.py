@@ -114,6 +114,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int) -> dict[str, float]:
+    """utime + stime of a process's threads by OS thread name (tessera names its threads as
+    Python does, tessera_edge.threads), a pool's numbered threads together (`verb_0`,
+    `verb_1`: `verb`). Threads that ended are not counted."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().rstrip("\n")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended while being read
+            continue
+        name = re.sub(r"_\d+$", "", name)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def cpu_delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def by_thread(threads: dict[str, float], pods: int, least_ms: float = 0.005) -> str:
+    """`http-extender 2.10, watch-pods 0.40, ...`: CPU ms per pod, busiest first."""
+    per_pod = sorted(((v * 1000 / pods, k) for k, v in threads.items()), reverse=True)
+    return ", ".join(f"{k} {ms:.2f}" for ms, k in per_pod if ms >= least_ms) or "-"
+
+
 def peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):

@@ -62,6 +62,8 @@ class Round:
     """The API server's own latency of the round's Binding POSTs (whoever sent them)."""
     connections: float = 0.0
     """Connections kube-scheduler opened to the extender port during the round."""
+    threads: dict[str, float] = field(default_factory=dict)
+    """tessera-scheduler's CPU seconds in the round by thread name."""
 
 
 @dataclass
@@ -280,6 +282,8 @@ class RealScale:
             requests, binding = self.api_metrics()
             self._spy_start(run, pids.get("tessera-scheduler"))
             cpu0 = {k: sc.cpu_seconds(p) for k, p in pids.items()}
+            tessera_pid = pids.get("tessera-scheduler")
+            threads0 = sc.thread_cpu_seconds(tessera_pid) if tessera_pid else {}
             start = time.perf_counter()
         finally:
             if pause:
@@ -287,6 +291,7 @@ class RealScale:
         watcher.done.wait(ROUND_TIMEOUT_S)
         seconds = time.perf_counter() - start
         cpu = {k: sc.cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+        threads = sc.cpu_delta(sc.thread_cpu_seconds(tessera_pid), threads0) if tessera_pid else {}
         self._spy_stop()
         watcher.stop()
         if not watcher.done.is_set():
@@ -295,6 +300,7 @@ class RealScale:
         now = self.metrics()
         result = Round(seconds, cpu, sc.histogram_delta(now, before))
         result.connections = sc.connections_opened(now) - sc.connections_opened(before)
+        result.threads = threads
         after, binding_after = self.api_metrics()
         result.binding = binding_after.minus(binding)
         calls = {k: v - requests.get(k, 0.0) for k, v in after.items()}
@@ -302,6 +308,8 @@ class RealScale:
         self.log(f"{run} API calls: " + ", ".join(f"{k} {v:.0f}" for k, v in busiest if v))
         if tessera:
             self.log(f"{run} extender connections opened: {result.connections:.0f}")
+            per_thread = sc.by_thread(threads, count)
+            self.log(f"{run} tessera-scheduler CPU ms per pod by thread: {per_thread}")
         if tessera:
             result.valid_records = self._valid_records(run)
         self._delete(run)

@@ -48,6 +48,8 @@ class TestbedRound:
     """Why pods failed: the bind's or the filter's refusal, figures left out."""
     cpu_s: float = 0.0
     """tessera-scheduler's CPU seconds (user + system, /proc) during the round."""
+    threads: dict[str, float] = field(default_factory=dict)
+    """The same by thread name."""
 
 
 class _Conn(threading.local):
@@ -170,6 +172,7 @@ class TestbedScale:
                     result.reasons[_gist(str(answer["Error"]))] += 1
 
         cpu0 = sc.cpu_seconds(self.sched.pid)
+        threads0 = sc.thread_cpu_seconds(self.sched.pid)
         start = time.perf_counter()
         with ThreadPoolExecutor(BIND_WORKERS) as binders:
             for obj in created:
@@ -196,6 +199,7 @@ class TestbedScale:
                 binders.submit(bind, obj, best)
         result.seconds = time.perf_counter() - start
         result.cpu_s = sc.cpu_seconds(self.sched.pid) - cpu0
+        result.threads = sc.cpu_delta(sc.thread_cpu_seconds(self.sched.pid), threads0)
         for obj in created:
             self.api.request("DELETE", pod_path(sc.NAMESPACE, obj["metadata"]["name"]))
         return result
@@ -211,6 +215,10 @@ class TestbedScale:
                 f"{percentile(done.filter_ms, 50):.1f} ms, prioritize p50 "
                 f"{percentile(done.prioritize_ms, 50):.1f} ms, failed {done.failed}, "
                 f"tessera-scheduler CPU {done.cpu_s * 1000 / self.pods:.2f} ms per pod"
+            )
+            self.log(
+                f"testbed round {r}: tessera-scheduler CPU ms per pod by thread: "
+                f"{sc.by_thread(done.threads, self.pods)}"
             )
             if done.reasons:
                 # a pod the driver does not retry: a refused bind is usually a node another

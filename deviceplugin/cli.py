@@ -31,6 +31,7 @@ from tessera_cli.paths import (
     check_socket_path,
 )
 from tessera_edge.logs import setup_logging
+from tessera_edge.threads import name_os_threads
 from tessera_edge.node_cli import node_parser
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
@@ -95,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     config = config_from(DevicePluginConfig, parser.parse_args(argv))
     setup_logging(config.log_format, config.log_level)
+    name_os_threads()
     try:
         return _run(config)
     except ConfigError as exc:

@@ -34,6 +34,7 @@ from tessera_cli.metrics import serve_metrics
 from tessera_cli.paths import check_directory, check_socket_path
 from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.logs import setup_logging
+from tessera_edge.threads import name_os_threads
 from tessera_edge.node_cli import node_parser
 
 log = logging.getLogger("nri_hook")
@@ -157,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         fail(ConfigError("--log-file", f"{config.log_file}: cannot open: {exc.strerror or exc}"))
     logging_set_up = True
+    name_os_threads()
     try:
         return run(config, settings, name, index)
     except ConfigError as exc:

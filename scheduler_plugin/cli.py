@@ -21,6 +21,7 @@ from tessera_cli.flags import add_flags
 from tessera_cli.paths import check_readable_file
 from tessera_edge.keyfiles import KeyringSource, load_legacy_hmac_keys
 from tessera_edge.logs import add_log_flags, setup_logging
+from tessera_edge.threads import name_os_threads
 
 log = logging.getLogger("scheduler_plugin")
 
@@ -115,6 +116,7 @@ def run(config: SchedulerConfig) -> int:
     """Serve until SIGTERM/SIGINT; a `ConfigError` for settings that cannot work."""
     tls = check_config(config)
     setup_logging(config.log_format, config.log_level)
+    name_os_threads()
     keyring = _keyring(config)
 
     from kube_edge.client import KubeClient

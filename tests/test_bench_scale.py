@@ -119,3 +119,41 @@ def test_the_api_servers_counts_and_binding_latency_are_read_from_its_metrics() 
     assert counts == {"POST pods/binding": 8.0, "GET pods/": 3.0}
     assert latency.count == 8
     assert 0.025 < latency.quantile(0.5) < 0.05
+
+
+def test_thread_cpu_is_read_per_named_thread_and_pools_are_summed() -> None:
+    import os
+    import threading
+    import time
+
+    from tessera_edge.threads import name_os_threads
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.05
+        while time.thread_time() < end:
+            pass
+        stop.wait(5)
+
+    name_os_threads()
+    try:
+        threads = [threading.Thread(target=spin, name=f"spinner_{i}") for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        seen = sc.thread_cpu_seconds(os.getpid())
+    finally:
+        stop.set()
+        threading.setprofile(None)
+        for t in threads:
+            t.join(5)
+    # both numbered threads land under one name, with at least most of their 0.1 s of CPU
+    assert "spinner" in seen and "spinner_0" not in seen
+    assert seen["spinner"] >= 0.07
+
+
+def test_cpu_by_thread_reads_busiest_first_in_ms_per_pod() -> None:
+    text = sc.by_thread({"watch-pods": 0.4, "http-extender": 2.0, "idle": 0.0}, pods=1000)
+    assert text == "http-extender 2.00, watch-pods 0.40"
+    assert sc.cpu_delta({"a": 3.0, "b": 1.0}, {"a": 1.0}) == {"a": 2.0, "b": 1.0}
