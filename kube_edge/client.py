@@ -6,7 +6,9 @@ parses); the typed API classes and their generated models are not used: they cos
 "Kubernetes"). `kubernetes.client.rest.RESTClientObject` holds the connection pool, TLS,
 proxies and keep-alive as the client configures them; `Configuration.auth_settings()`
 gives the credentials, running the loaders' refresh hook (rotated service-account tokens,
-exec plugins) before each request.
+exec plugins); their headers are kept for CREDENTIALS_SECONDS (the hook costs about 70 µs
+a call, most of it the official client re-reading the proxy environment) and dropped when
+the API server answers 401.
 
 Every answer is read within `max_response_bytes` and parsed with tessera.boundedjson; a
 non-2xx answer, no answer or an unreadable one is an ApiError.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import quote, urlencode
@@ -48,6 +51,10 @@ MAX_PAGES: Final = 10_000
 """Pages per list (5 million objects): a server that never ends its `continue` chain cannot
 keep a caller listing forever."""
 _CHUNK: Final = 64 * 1024
+CREDENTIALS_SECONDS: Final = 1.0
+"""How long the credential headers are reused before the refresh hook runs again. Tokens
+rotate on a scale of minutes (the in-cluster loader itself re-reads its token file once a
+minute); a 401 answer drops them at once."""
 
 
 def _one_line(text: object, limit: int = 300) -> str:
@@ -112,6 +119,8 @@ class KubeClient:
         self.configuration.connection_pool_maxsize = pool_size
         self.rest = lean.load().RESTClientObject(self.configuration)
         self._user_agent = user_agent
+        self._credentials: tuple[float, dict[str, str]] | None = None
+        """(when read, the credential headers): one tuple, so threads never see half."""
 
     @classmethod
     def connect(
@@ -131,10 +140,29 @@ class KubeClient:
         headers = {"Accept": JSON, "User-Agent": self._user_agent}
         if content_type:
             headers["Content-Type"] = content_type
-        for auth in self.configuration.auth_settings().values():
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[auth["key"]] = auth["value"]
+        headers.update(self.credentials())
         return headers
+
+    def credentials(self) -> dict[str, str]:
+        """The credential headers (e.g. Authorization), from the refresh hook at most once
+        per CREDENTIALS_SECONDS."""
+        now = time.monotonic()
+        kept = self._credentials
+        if kept is not None and 0 <= now - kept[0] < CREDENTIALS_SECONDS:
+            return kept[1]
+        fresh = {
+            auth["key"]: auth["value"]
+            for auth in self.configuration.auth_settings().values()
+            if auth.get("in") == "header" and auth.get("value")
+        }
+        self._credentials = (now, fresh)
+        return fresh
+
+    def answered(self, status: int) -> None:
+        """Called with each answer's status: a 401 (credentials refused, perhaps rotated)
+        makes the next request run the refresh hook."""
+        if status == 401:
+            self._credentials = None
 
     def url(self, path: str, query: Mapping[str, Any] | None = None) -> str:
         url = self.host + path
@@ -214,6 +242,7 @@ class KubeClient:
         raw = self._read(response, method, path)
         status = int(response.status)
         if not 200 <= status < 300:
+            self.answered(status)
             raise answer_error(status, str(response.reason or ""), raw, method, path)
         if not raw or not decode:
             return None
@@ -228,6 +257,7 @@ class KubeClient:
         response = self._send("GET", path, None, JSON, query, (self.timeout, read_timeout))
         try:
             if response.status >= 300:
+                self.answered(int(response.status))
                 raw = response.read(1024 * 1024, decode_content=True)
                 raise answer_error(
                     int(response.status), str(response.reason or ""), raw, "watch", path

@@ -301,6 +301,7 @@ class LoopClient:
         except TimeoutError:
             raise no_answer(method, path, f"no answer within {timeout} s") from None
         if not 200 <= status < 300:
+            self.client.answered(status)
             raise answer_error(status, reason, raw, method, path)
         if not raw:
             return None

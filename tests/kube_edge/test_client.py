@@ -152,3 +152,63 @@ def test_in_cluster_auth_without_the_kubeconfig_loader(tmp_path: Path) -> None:
     assert report["host"] == "https://10.0.0.1:443"
     assert report["headers"]["authorization"] == "bearer sa-token"
     assert report["kubeconfig loader"] is False and report["requests"] is False
+
+
+def _counting_hook(api: Api) -> list[int]:
+    """Replace the loader's refresh hook with one that hands out a new token each call."""
+    calls: list[int] = []
+
+    def hook(configuration: object) -> None:
+        calls.append(1)
+        api.configuration.api_key["BearerToken"] = f"Bearer t{len(calls)}"
+
+    api.configuration.refresh_api_key_hook = hook
+    return calls
+
+
+def _tokens(server: StubServer) -> list[str]:
+    return [headers["authorization"] for _, _, headers, _ in server.seen]
+
+
+def test_credentials_are_refreshed_at_most_once_a_second(
+    server: StubServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kube_edge import client as client_module
+
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    api = Api.connect(_kubeconfig(tmp_path, url), timeout=5)
+    calls = _counting_hook(api)
+    now = [1000.0]
+    monkeypatch.setattr("kube_edge.client.time.monotonic", lambda: now[0])
+    server.answers["/api/v1/nodes/n"] = (200, b"{}")
+    for _ in range(5):
+        api.request("GET", "/api/v1/nodes/n")
+    assert len(calls) == 1 and set(_tokens(server)) == {"Bearer t1"}
+    now[0] += client_module.CREDENTIALS_SECONDS  # a rotated token is picked up
+    api.request("GET", "/api/v1/nodes/n")
+    assert len(calls) == 2 and _tokens(server)[-1] == "Bearer t2"
+    now[0] -= 60  # a clock that went back cannot keep stale credentials for ever
+    api.request("GET", "/api/v1/nodes/n")
+    assert len(calls) == 3
+
+
+def test_a_401_makes_the_next_request_refresh_the_credentials(
+    server: StubServer, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    api = Api.connect(_kubeconfig(tmp_path, url), timeout=5)
+    calls = _counting_hook(api)
+    server.answers["/api/v1/nodes/n"] = (200, b"{}")
+    server.answers["/api/v1/nodes/denied"] = (401, b'{"kind": "Status", "code": 401}')
+    api.request("GET", "/api/v1/nodes/n")
+    with pytest.raises(ApiError) as denied:
+        api.request("GET", "/api/v1/nodes/denied")
+    assert denied.value.status == 401 and len(calls) == 1
+    api.request("GET", "/api/v1/nodes/n")
+    assert len(calls) == 2 and _tokens(server) == ["Bearer t1", "Bearer t1", "Bearer t2"]
+    # other refusals keep them (a 403 is about the request, not the token)
+    server.answers["/api/v1/nodes/forbidden"] = (403, b'{"kind": "Status", "code": 403}')
+    with pytest.raises(ApiError):
+        api.request("GET", "/api/v1/nodes/forbidden")
+    api.request("GET", "/api/v1/nodes/n")
+    assert len(calls) == 2

@@ -111,6 +111,35 @@ def test_the_same_request_and_headers_as_kube_client(server: StubServer, tmp_pat
     assert headers2 == headers
 
 
+def test_a_401_on_the_loop_makes_the_next_request_refresh_the_credentials(
+    server: StubServer, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    client = KubeClient.connect(write_kubeconfig(tmp_path / "kc", url, token="s3cret"), timeout=5)
+    calls: list[int] = []
+
+    def hook(configuration: object) -> None:
+        calls.append(1)
+        client.configuration.api_key["BearerToken"] = f"Bearer t{len(calls)}"
+
+    client.configuration.refresh_api_key_hook = hook
+    server.answers["/api/v1/namespaces/default/pods/p"] = (200, b"{}")
+    server.answers["/api/v1/namespaces/default/pods/q"] = (401, b'{"kind": "Status"}')
+    api = _loop_client(client)
+
+    async def main() -> int:
+        await api.get(pod_path("default", "p"))
+        with pytest.raises(ApiError) as denied:
+            await api.get(pod_path("default", "q"))
+        await api.get(pod_path("default", "p"))
+        await api.close()
+        return denied.value.status
+
+    assert _run(main()) == 401
+    tokens = [headers["authorization"] for _, _, headers, _ in server.seen]
+    assert tokens == ["Bearer t1", "Bearer t1", "Bearer t2"]
+
+
 def test_errors_read_as_kube_clients_do(fake: FakeApiServer) -> None:
     client = KubeClient.for_host(fake.url, timeout=5)
     api = _loop_client(client)
