@@ -7,6 +7,9 @@
 - bind decisions per second on one core: binds against a local (fake) API server in another
   process, both pinned to the same core (so the figure includes the API server's work);
   the scheduler's own CPU per bind is reported beside it;
+- what HTTP adds to a filter call: the serving thread's CPU per call over one kept-alive
+  connection (the client in another process) against the handler's own CPU in process,
+  for the same 500-name bodies;
 - resident memory of a scheduler process holding a 5,000-node half-full cluster, after
   serving filter/prioritize calls.
 """
@@ -224,6 +227,78 @@ def call_latency(nodes: int, rounds: int, filter_answer: str) -> list[float]:
     return samples
 
 
+def _thread_cpu(native_id: int) -> float:
+    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+_HTTP_CLIENT = """
+import http.client, json, sys
+bodies = json.load(open(sys.argv[1]))
+conn = http.client.HTTPConnection("127.0.0.1", int(sys.argv[2]))
+for body in bodies:
+    conn.request("POST", "/filter", body.encode(), {"Content-Type": "application/json"})
+    conn.getresponse().read()
+"""
+
+
+def http_cost(calls: int, nodes: int = 5000, names: int = 500) -> tuple[float, float]:
+    """(serving thread CPU ms per filter call over HTTP, handler CPU ms per call in
+    process) for a whole-GPU pod and `names` node names, plain HTTP, one kept-alive
+    connection from another process (so the client does not share this interpreter)."""
+    import tempfile
+
+    from tessera import resources as rn
+
+    cache = half_full_cache(nodes)
+    service = serving(cache, "best")
+    window = cache.node_names()[:names]
+    limits = {rn.GPU: "100"}
+    bodies = [
+        json.dumps(
+            {
+                "Pod": {
+                    "metadata": {
+                        "name": f"http-{i}",
+                        "namespace": "default",
+                        "uid": f"http-uid-{i}",
+                        "resourceVersion": str(i),
+                    },
+                    "spec": {
+                        "containers": [
+                            {"name": "main", "resources": {"limits": limits, "requests": limits}}
+                        ]
+                    },
+                },
+                "Nodes": None,
+                "NodeNames": window,
+            }
+        )
+        for i in range(calls)
+    ]
+    try:
+        thread = next(t for t in threading.enumerate() if t.name == "http-extender")
+        assert thread.native_id is not None
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+            json.dump(bodies, file)
+            file.flush()
+            before = _thread_cpu(thread.native_id)
+            subprocess.run(
+                [sys.executable, "-c", _HTTP_CLIENT, file.name, str(service.server.port)],
+                check=True,
+            )
+            over_http = (_thread_cpu(thread.native_id) - before) * 1000 / calls
+    finally:
+        service.server.stop()
+    # the same bodies again, as new pods, straight to the handler (decode included)
+    extender = service.extender
+    start = time.thread_time()
+    for body in bodies:
+        extender.filter(json.loads(body.replace("http-uid-", "again-uid-")))
+    in_process = (time.thread_time() - start) * 1000 / calls
+    return over_http, in_process
+
+
 # --- binds ----------------------------------------------------------------------------------------
 
 
@@ -416,6 +491,20 @@ def run(ctx: BenchContext) -> list[Result]:
                     ),
                 )
             )
+    over_http, in_process = http_cost(ctx.sized(quick=300, full=2000))
+    results.append(
+        Result(
+            "filter call over HTTP, serving thread CPU",
+            over_http,
+            "ms CPU",
+            note=(
+                f"a whole-GPU pod, 500 names of 5000 nodes, plain HTTP, one kept-alive "
+                f"connection from another process; the handler alone (JSON decode, decision, "
+                f"reply) takes {in_process:.3f} ms in process, so HTTP adds "
+                f"{over_http - in_process:.3f} ms"
+            ),
+        )
+    )
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})  # the API server process inherits it
     try:
