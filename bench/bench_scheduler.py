@@ -227,11 +227,6 @@ def call_latency(nodes: int, rounds: int, filter_answer: str) -> list[float]:
     return samples
 
 
-def _thread_cpu(native_id: int) -> float:
-    fields = Path(f"/proc/self/task/{native_id}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 _HTTP_CLIENT = """
 import http.client, json, sys
 bodies = json.load(open(sys.argv[1]))
@@ -248,6 +243,7 @@ def http_cost(calls: int, nodes: int = 5000, names: int = 500) -> tuple[float, f
     connection from another process (so the client does not share this interpreter)."""
     import tempfile
 
+    from bench.scale_common import own_thread_cpu_seconds
     from tessera import resources as rn
 
     cache = half_full_cache(nodes)
@@ -282,12 +278,12 @@ def http_cost(calls: int, nodes: int = 5000, names: int = 500) -> tuple[float, f
         with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
             json.dump(bodies, file)
             file.flush()
-            before = _thread_cpu(thread.native_id)
+            before = own_thread_cpu_seconds(thread.native_id)
             subprocess.run(
                 [sys.executable, "-c", _HTTP_CLIENT, file.name, str(service.server.port)],
                 check=True,
             )
-            over_http = (_thread_cpu(thread.native_id) - before) * 1000 / calls
+            over_http = (own_thread_cpu_seconds(thread.native_id) - before) * 1000 / calls
     finally:
         service.server.stop()
     # the same bodies again, as new pods, straight to the handler (decode included)

@@ -108,10 +108,20 @@ def feasible_to_find(nodes: int) -> int:
 # --- processes --------------------------------------------------------------------------------
 
 
+def _stat_cpu(stat: Path) -> float:
+    """utime + stime from a /proc stat file, in seconds."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (its threads included), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_cpu(Path(f"/proc/{pid}/stat"))
+
+
+def own_thread_cpu_seconds(native_id: int) -> float:
+    """utime + stime of one thread of this process (`Thread.native_id`), in seconds."""
+    return _stat_cpu(Path(f"/proc/self/task/{native_id}/stat"))
 
 
 def thread_cpu_seconds(pid: int) -> dict[str, float]:
@@ -119,15 +129,14 @@ def thread_cpu_seconds(pid: int) -> dict[str, float]:
     Python does, tessera_edge.threads), a pool's numbered threads together (`verb_0`,
     `verb_1`: `verb`). Threads that ended are not counted."""
     out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (task / "comm").read_text().rstrip("\n")
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = _stat_cpu(task / "stat")
         except OSError:  # the thread ended while being read
             continue
         name = re.sub(r"_\d+$", "", name)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 
