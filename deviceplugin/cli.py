@@ -31,8 +31,8 @@ from tessera_cli.paths import (
     check_socket_path,
 )
 from tessera_edge.logs import setup_logging
-from tessera_edge.threads import name_os_threads
 from tessera_edge.node_cli import node_parser
+from tessera_edge.threads import name_os_threads
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
 if TYPE_CHECKING:

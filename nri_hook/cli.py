@@ -34,8 +34,8 @@ from tessera_cli.metrics import serve_metrics
 from tessera_cli.paths import check_directory, check_socket_path
 from tessera_edge.keyfiles import KeyringSource
 from tessera_edge.logs import setup_logging
-from tessera_edge.threads import name_os_threads
 from tessera_edge.node_cli import node_parser
+from tessera_edge.threads import name_os_threads
 
 log = logging.getLogger("nri_hook")
 
