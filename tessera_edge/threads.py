@@ -10,7 +10,6 @@ after a thread's first call. Linux keeps 15 bytes of a name.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 import threading
 from types import FrameType
@@ -21,10 +20,12 @@ OS_NAME_BYTES = 15
 
 
 def _prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None  # names stay Python's own
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        return libc.prctl
-    except (OSError, AttributeError):  # not Linux: names stay Python's own
+        # the process's own symbols, libc's among them (find_library would run ldconfig)
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
         return None
 
 
