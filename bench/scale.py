@@ -22,8 +22,9 @@ SECTION_START = "<!-- scale: written by make bench-scale -->"
 SECTION_END = "<!-- /scale -->"
 QPS = (200, 50)
 """kube-scheduler's client rate limits: a raised one (burst twice it), and its stock 50/100."""
-TARGETS = {200: 0.9, 50: 1.0}
-"""tessera's pods/s over kube-scheduler alone's at each qps."""
+TARGETS = {200: 0.8, 50: 1.0}
+"""tessera's pods/s over kube-scheduler alone's at each qps (at 200, where the machine's CPU
+sets the pace, 0.8x is the tessera path costing at most 1.25x kube-scheduler alone's)."""
 
 
 def log(line: str) -> None:
