@@ -227,8 +227,8 @@ class TestbedScale:
                 f"{sc.by_thread(done.threads, self.pods)}"
             )
             if done.reasons:
-                # a pod the driver does not retry: a refused bind is usually a node another
-                # pod's bind, still in flight when this pod was filtered, just filled
+                # a pod the driver does not retry (BIND_WORKERS says why binds were refused
+                # when the driver queued them)
                 top = ", ".join(f"{n} x {why!r}" for why, n in done.reasons.most_common(3))
                 self.log(f"testbed round {r}: failed pods, most common reasons: {top}")
         return out

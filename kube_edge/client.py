@@ -148,7 +148,7 @@ class KubeClient:
         per CREDENTIALS_SECONDS."""
         now = time.monotonic()
         kept = self._credentials
-        if kept is not None and 0 <= now - kept[0] < CREDENTIALS_SECONDS:
+        if kept is not None and now - kept[0] < CREDENTIALS_SECONDS:
             return kept[1]
         fresh = {
             auth["key"]: auth["value"]
@@ -286,11 +286,11 @@ class KubeClient:
     # --- verbs ------------------------------------------------------------------------------
 
     def get(self, path: str, query: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return _object(self.request("GET", path, query=query))
+        return as_object(self.request("GET", path, query=query))
 
     def list(self, path: str, **query: Any) -> dict[str, Any]:
         """One list page; items are checked for depth by the caller (list_items does)."""
-        return _object(self.request("GET", path, query=query, max_depth=None))
+        return as_object(self.request("GET", path, query=query, max_depth=None))
 
     def list_items(self, path: str, page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
         """Every item of a list, page by page; items that are not objects, or nest deeper
@@ -327,19 +327,22 @@ class KubeClient:
         self, path: str, patch: Mapping[str, Any], *, answer: bool = True
     ) -> dict[str, Any]:
         """The patched object (`answer=False`: {} without parsing it)."""
-        return _object(self.request("PATCH", path, patch, content_type=MERGE_PATCH, decode=answer))
+        return as_object(
+            self.request("PATCH", path, patch, content_type=MERGE_PATCH, decode=answer)
+        )
 
     def create(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return _object(self.request("POST", path, obj))
+        return as_object(self.request("POST", path, obj))
 
     def replace(self, path: str, obj: Mapping[str, Any]) -> dict[str, Any]:
-        return _object(self.request("PUT", path, obj))
+        return as_object(self.request("PUT", path, obj))
 
     def close(self) -> None:
         self.rest.pool_manager.clear()
 
 
-def _object(doc: Any) -> dict[str, Any]:
+def as_object(doc: Any) -> dict[str, Any]:
+    """An answer as a JSON object ({} for anything else: an empty answer, a list)."""
     return doc if isinstance(doc, dict) else {}
 
 

@@ -19,9 +19,7 @@ a write may have happened, the caller judges.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import select
-import socket
 import ssl
 from collections import deque
 from collections.abc import Mapping
@@ -34,13 +32,14 @@ from kube_edge import lean
 from kube_edge.client import (
     JSON,
     KubeClient,
-    _object,
     answer_error,
+    as_object,
     decode_answer,
     json_body,
     no_answer,
     too_large,
 )
+from tessera_edge.transports import no_delay
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Bytes an answer may send before its headers end."""
@@ -160,11 +159,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        no_delay(transport)
         sock = transport.get_extra_info("socket")
         if sock is None:
             return
-        with contextlib.suppress(OSError):  # a short request must not wait for an ACK
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         fd = sock.fileno()
         if fd >= 0:
             self._poll = select.poll()
@@ -308,10 +306,10 @@ class LoopClient:
         return decode_answer(raw, method, path, max_bytes, self.client.max_depth)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return _object(await self.request("POST", path, body))
+        return as_object(await self.request("POST", path, body))
 
     async def get(self, path: str) -> dict[str, Any]:
-        return _object(await self.request("GET", path))
+        return as_object(await self.request("GET", path))
 
     async def close(self) -> None:
         """Close the idle connections (those in use close or come back when done)."""

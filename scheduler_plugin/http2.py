@@ -45,7 +45,8 @@ import h2.exceptions
 import h2.settings
 
 from scheduler_plugin import limits
-from scheduler_plugin.protocol import client_cert_name, no_delay
+from scheduler_plugin.protocol import client_cert_name
+from tessera_edge.transports import no_delay
 
 if TYPE_CHECKING:
     from uvicorn.config import Config

@@ -16,14 +16,13 @@ ahead of the application. This subclass adds, per connection:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from scheduler_plugin import limits
 from tessera.errors import InputError
+from tessera_edge.transports import no_delay
 
 if TYPE_CHECKING:
     from uvicorn.config import Config
@@ -62,14 +61,6 @@ class OneWrite:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-def no_delay(transport: asyncio.BaseTransport) -> None:
-    """TCP_NODELAY: a reply must not wait for the client's delayed ACK of the one before."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def client_cert_name(transport: asyncio.BaseTransport) -> str | None:
