@@ -111,6 +111,11 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
 
 
+def _log_orphaned_bind(task: asyncio.Future[dict[str, Any]]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("a bind whose request was cancelled failed: %s", exc, exc_info=exc)
+
+
 class Service:
     def __init__(
         self,
@@ -389,13 +394,14 @@ class Service:
         # held until done (the loop keeps only weak references to tasks); its outcome is
         # taken even when nobody awaits it any more
         self._binds.add(task)
-        task.add_done_callback(self._bind_done)
-        return self._bound(args, await asyncio.shield(task))
-
-    def _bind_done(self, task: asyncio.Future[dict[str, Any]]) -> None:
-        self._binds.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.debug("a bind ended with %r", task.exception())
+        task.add_done_callback(self._binds.discard)
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # nobody reads this bind's end any more: a failure in it is logged, not lost
+            task.add_done_callback(_log_orphaned_bind)
+            raise
+        return self._bound(args, result)
 
     def _bound(self, args: Any, result: dict[str, Any]) -> tuple[Any, str]:
         if not result["Error"] and isinstance(args, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Mapping
@@ -359,3 +360,35 @@ def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
         assert api.created == 1
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
         assert served.cache.allocation(uid) is not None
+
+
+class _FailingApi(_SlowApi):
+    """Fails reading the pod with an unexpected error (not an ApiError) after the pause."""
+
+    async def get(self, path: str) -> dict[str, Any]:
+        await asyncio.sleep(self.pause)
+        raise RuntimeError("the client broke")
+
+
+def test_a_cancelled_bind_that_fails_is_logged_not_lost(
+    fake: FakeApiServer, bind_path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    if bind_path == "pool":
+        pytest.skip("the loop path only")
+    with serving_nodes(fake, ["n"], gpus=1) as served:
+        created = fake.create("pods", pod("p", share(30, 30)))
+        # not filtered first: the bind reads the pod, and that read fails past the binder
+        api = _FailingApi(served.service.client, 0.2)
+
+        async def cancel_midway() -> None:
+            task = asyncio.ensure_future(served.service.bind_on_loop(bind_body(created, "n"), api))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.5)
+
+        with caplog.at_level(logging.ERROR, logger="scheduler_plugin.service"):
+            asyncio.run(cancel_midway())
+        failures = [r for r in caplog.records if "request was cancelled failed" in r.getMessage()]
+        assert len(failures) == 1 and "the client broke" in failures[0].getMessage()
