@@ -876,6 +876,12 @@ class Cache:
                 self._assess_memo = (key, self._generation, frozenset(names), judgement)
             return Assessment(judgement, self._problems_now())
 
+    def catch_up(self, request: PodRequest) -> int:
+        """Judge the nodes that changed since `request`'s shape was last judged on them
+        (Decider.catch_up), so that the next filter of the shape need not; the rows judged."""
+        with self._lock:
+            return self._decider.catch_up(request)
+
     def problems(self) -> Mapping[str, str]:
         """Node -> why it takes no new tessera pods (read-only, as of now)."""
         with self._lock:

@@ -149,6 +149,8 @@ class Extender:
         self._requests_lock = threading.Lock()
         self._categories: dict[NoFit, str] = {}
         """The metrics label of each failure reason met (reasons repeat from pod to pod)."""
+        self._judged: PodRequest | None = None
+        """The request the last filter judged, for `catch_up`."""
 
     # --- pods ---------------------------------------------------------------------------
 
@@ -208,6 +210,7 @@ class Extender:
             if gang is not None:
                 return self._gang_reply(nodes, gang)
         assessment = self.cache.assess(request, nodes.names)
+        self._judged = request
         judgement, problems = assessment.judgement, assessment.problems
         if self.answer_best and not states_preferences(pod):
             best = self._best_of(judgement, nodes.names, problems)
@@ -256,6 +259,13 @@ class Extender:
             unresolvable.pop(name, None)
             failed[name] = REASON_PREFIX + problems[name]
         return self._filter_reply(nodes, passed, failed, unresolvable)
+
+    def catch_up(self) -> int:
+        """After a filter's answer is sent: judge the nodes that changed since its pod's
+        shape last looked at them (Cache.catch_up), so the next pod of that shape (usually
+        the next pod of its job) is answered without waiting for it. The rows judged."""
+        request, self._judged = self._judged, None
+        return 0 if request is None else self.cache.catch_up(request)
 
     def _best_of(
         self, verdicts: RowVerdicts, names: list[str], problems: Mapping[str, str]

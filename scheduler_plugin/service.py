@@ -386,6 +386,12 @@ class Service:
             return result, "ok"
         raise ValueError(verb)
 
+    def answered(self, verb: str) -> None:
+        """Called once a verb's answer is written (on the serving loop): the work that
+        can wait until kube-scheduler has its answer."""
+        if verb == "filter":
+            self.extender.catch_up()
+
     async def bind_on_loop(self, args: Any, api: BindApi) -> tuple[Any, str]:
         """`call("bind", args)` with the API calls awaited on the running event loop. The
         bind runs to its end even if the request is cancelled (a cancelled Binding would

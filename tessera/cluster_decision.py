@@ -28,11 +28,14 @@ from tessera.cluster_state import ClusterState
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
-from tessera.row_verdicts import FITS, VerdictMemo
+from tessera.row_verdicts import FITS, ShapeVerdicts, VerdictMemo
 from tessera.rowbits import row_any, row_count
 from tessera.scoring_policy import FloatArray, HostCase, Policy, ShareCase, VectorCase, WholeCase
 
 _CACHE_SHAPES = 256
+CATCH_UP_ROWS = 64
+"""The most changed rows `Decider.catch_up` judges at once: a few binds' worth (each bind
+changes one row) and a few hundred microseconds; past it the next filter judges its own."""
 UNKNOWN_NODE = NoFit("node has no tessera device inventory", unresolvable=True)
 
 
@@ -149,9 +152,40 @@ class Decider:
         """What `evaluate` says, in array form."""
         policy = self.policy_for(request)
         policy.observe(request)
-        if _vectorizable(request):
-            return self._vector(request, policy, names)
-        return self._exact_rows(request, policy, names)
+        shape, judge = self._judging(request, policy)
+        idx = self.index
+        rows, unknown = idx.rows_for(names)
+        entry = self._refresh(policy, rows, shape, judge)
+        code = entry.code[rows]
+        return RowVerdicts(
+            idx.names,
+            rows,
+            unknown,
+            code == FITS,
+            entry.score[rows],
+            code,
+            entry.reasons,
+            policy.name,
+        )
+
+    def catch_up(self, request: PodRequest, most: int = CATCH_UP_ROWS) -> int:
+        """Judge again every row of the index that changed since `request`'s shape last
+        looked at it, so the next `judge` of that shape finds its verdicts at hand: called
+        once an answer is sent, it moves that work off the next caller's wait. Nothing is
+        done where the shape has no verdicts yet or more than `most` rows changed (a
+        policy that moved on, a new index): the next `judge` then judges its own names.
+        Returns the number of rows judged."""
+        policy = self.policy_for(request)
+        shape, judge = self._judging(request, policy)
+        idx = self.index
+        entry = self._verdicts.peek(shape, (policy.generation, idx.epoch, len(idx.models)))
+        if entry is None or entry.stamp.size != idx.capacity_rows:
+            return 0
+        stale = entry.stale(idx, idx.all_rows())
+        if stale.size == 0 or stale.size > most:
+            return 0
+        self._refresh(policy, stale, shape, judge)
+        return int(stale.size)
 
     def rank(self, request: PodRequest) -> Ranking:
         """Fit and score `request` on every known node; the same fit and scores as
@@ -213,26 +247,42 @@ class Decider:
                 scores[name] = result
         return Evaluation(scores, failures, policy.name)
 
-    def _exact_rows(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
-        """The exact path in array form: only the rows that changed since this shape last
-        looked at them are placed again, and the answer is a gather, not a walk over every
-        name."""
-        shape = ("exact", request.shape(), policy.name)
-        return self._judged(
-            policy, names, shape, lambda stale: self._place_rows(request, policy, stale)
-        )
+    def _judging(
+        self, request: PodRequest, policy: Policy
+    ) -> tuple[object, Callable[[IntArray], tuple[BoolArray, FloatArray, list[NoFit]]]]:
+        """(the memo's shape key, the judge of stale rows) of `request`'s path."""
+        if _vectorizable(request):
 
-    def _judged(
+            def vector(stale: IntArray) -> tuple[BoolArray, FloatArray, list[NoFit]]:
+                ok, case, eligible, host_ok, node_scores = self._vector_scores(
+                    request, policy, stale
+                )
+                bad = np.flatnonzero(~ok)
+                reasons = (
+                    self._explain(request, stale, bad, eligible, host_ok, case) if bad.size else []
+                )
+                return ok, node_scores, reasons
+
+            return (request.shape(), policy.name), vector
+
+        # the exact path in array form: only the rows that changed since this shape last
+        # looked at them are placed again, and the answer is a gather, not a walk over
+        # every name
+        def exact(stale: IntArray) -> tuple[BoolArray, FloatArray, list[NoFit]]:
+            return self._place_rows(request, policy, stale)
+
+        return ("exact", request.shape(), policy.name), exact
+
+    def _refresh(
         self,
         policy: Policy,
-        names: Sequence[str],
+        rows: IntArray,
         shape: object,
         judge: Callable[[IntArray], tuple[BoolArray, FloatArray, list[NoFit]]],
-    ) -> RowVerdicts:
-        """The named nodes' verdicts for `shape` from the memo, `judge` asked for (fits,
-        scores, the failing rows' reasons) of the rows that changed since it last looked."""
+    ) -> ShapeVerdicts:
+        """The verdicts of `shape`, current on `rows`: `judge` asked for (fits, scores,
+        the failing rows' reasons) of the rows that changed since it last looked."""
         idx = self.index
-        rows, unknown = idx.rows_for(names)
         for attempt in range(2):
             key = (policy.generation, idx.epoch, len(idx.models))
             entry = self._verdicts.entry(shape, key, idx.capacity_rows)
@@ -247,17 +297,7 @@ class Decider:
                 continue
             entry.store(idx, stale, fits, scores, reasons)
             break
-        code = entry.code[rows]
-        return RowVerdicts(
-            idx.names,
-            rows,
-            unknown,
-            code == FITS,
-            entry.score[rows],
-            code,
-            entry.reasons,
-            policy.name,
-        )
+        return entry
 
     def _place_rows(
         self, request: PodRequest, policy: Policy, rows: IntArray
@@ -278,17 +318,6 @@ class Decider:
         return fits, scores, reasons
 
     # --- vector path -----------------------------------------------------------------------
-
-    def _vector(self, request: PodRequest, policy: Policy, names: Sequence[str]) -> RowVerdicts:
-        def judge(stale: IntArray) -> tuple[BoolArray, FloatArray, list[NoFit]]:
-            ok, case, eligible, host_ok, node_scores = self._vector_scores(request, policy, stale)
-            bad = np.flatnonzero(~ok)
-            reasons = (
-                self._explain(request, stale, bad, eligible, host_ok, case) if bad.size else []
-            )
-            return ok, node_scores, reasons
-
-        return self._judged(policy, names, (request.shape(), policy.name), judge)
 
     def _vector_scores(
         self, request: PodRequest, policy: Policy, rows: IntArray

@@ -117,5 +117,11 @@ class VerdictMemo:
             self._entries.move_to_end(shape)
         return entry
 
+    def peek(self, shape: object, key: tuple[int, int, int]) -> ShapeVerdicts | None:
+        """The verdicts of `shape` if they were made under `key` (no entry made, no
+        recency changed)."""
+        entry = self._entries.get(shape)
+        return entry if entry is not None and entry.key == key else None
+
     def __len__(self) -> int:
         return len(self._entries)

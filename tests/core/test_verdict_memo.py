@@ -1,6 +1,7 @@
 """The Decider's per-shape verdict memo never changes an answer: after any sequence of
-binds, releases, nodes coming and going and GPUs changing health, a Decider with the memo
-says exactly (same scores to the bit, same reasons, same order) what one without it says."""
+binds, releases, nodes coming and going, GPUs changing health and catch-ups between the
+questions, a Decider with the memo says exactly (same scores to the bit, same reasons, same
+order) what one without it says."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +63,7 @@ ops = st.lists(
         st.tuples(st.just("release"), st.integers(0, 50), st.just("")),
         st.tuples(st.just("node"), st.integers(0, 5), st.sampled_from(NODES)),
         st.tuples(st.just("gone"), st.just(0), st.sampled_from(NODES)),
+        st.tuples(st.just("catch"), st.integers(0, len(SHAPES) - 1), st.sampled_from([1, 64])),
     ),
     min_size=4,
     max_size=40,
@@ -82,6 +85,7 @@ def _node(state: ClusterState, name: str, kind: int) -> None:
 @example("binpack", [("ask", 0, []), ("place", 0, "n0"), ("ask", 0, [])])
 @example("fragmentation", [("ask", 2, []), ("gone", 0, "n1"), ("ask", 2, ["n0", "n1", "n0"])])
 @example("spread", [("ask", 5, []), ("node", 2, "n0"), ("ask", 5, ["ghost", "n0"])])
+@example("fragmentation", [("ask", 2, []), ("place", 2, "n1"), ("catch", 2, 64), ("ask", 2, [])])
 def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, int, Any]]) -> None:
     state = ClusterState()
     for i, name in enumerate(NODES[:5]):
@@ -119,6 +123,8 @@ def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, i
             _node(state, b, a)
         elif op == "gone" and _empty(state, b):
             state.remove_node(b)
+        elif op == "catch":  # what the extender does once an answer is sent
+            memo.catch_up(_request(f"catch-{n}", a), most=b)
 
 
 def _empty(state: ClusterState, node: str) -> bool:
@@ -132,6 +138,45 @@ def _request(uid: str, shape: int) -> PodRequest:
         return pod(uid, **fields)
     limits = {rn.GPU: str(fields["gpu"]), rn.RDMA: str(rdma)}
     return parse_pod(builders.pod(uid, {"c": limits}, uid=uid))
+
+
+@pytest.mark.parametrize("shape", [0, 2, 7])  # whole GPUs, a share (vector path); RDMA (exact)
+def test_catch_up_judges_the_changed_rows_so_the_next_question_need_not(shape: int) -> None:
+    state = ClusterState()
+    for i, name in enumerate(NODES[:5]):
+        _node(state, name, i % 6)
+    decider = Decider(state, make_policies(), "binpack")
+    assert decider.catch_up(_request("first", shape)) == 0  # nothing judged yet: nothing to do
+    decider.judge(_request("a", shape), NODES)
+    assert decider.catch_up(_request("a", shape)) == 0  # nothing changed since
+    placement = decider.place(_request("b", 0), "n2")
+    assert isinstance(placement, Placement)
+    state.add(placement.allocation)
+    assert decider.catch_up(_request("c", shape)) == 1  # n2's row alone
+    assert decider.catch_up(_request("c", shape)) == 0
+    judged: list[int] = []
+    judging = decider._judging
+
+    def counted(request: PodRequest, policy: Any) -> Any:
+        key, judge = judging(request, policy)
+
+        def counting(stale: IntArray) -> Any:
+            judged.append(stale.size)
+            return judge(stale)
+
+        return key, counting
+
+    decider._judging = counted  # type: ignore[method-assign]
+    decider.judge(_request("d", shape), NODES)
+    assert judged == []  # the answer is a gather: every verdict was current
+    state.remove(placement.allocation.pod_uid)
+    for name in ("n0", "n1"):
+        placed = decider.place(_request(f"e-{name}", 0), name)
+        assert isinstance(placed, Placement)
+        state.add(placed.allocation)
+    assert decider.catch_up(_request("f", shape), most=2) == 0  # three changed: left alone
+    decider.judge(_request("g", shape), NODES)
+    assert judged == [3]
 
 
 def test_the_memo_is_bounded() -> None:

@@ -82,6 +82,22 @@ def test_filter_sorts_nodes_into_fit_failed_and_unresolvable() -> None:
     assert "largest GPU here has 8.0 GiB" in reply["FailedAndUnresolvableNodes"]["small"]
 
 
+def test_after_a_filter_its_shape_catches_up_once_on_the_nodes_that_changed() -> None:
+    cache = make_cache({"a": {"gpus": 2}, "b": {"gpus": 2}, "c": {"gpus": 2}})
+    ext = Extender(cache, answer="best")
+    assert ext.catch_up() == 0  # no filter yet
+    ext.filter(args(pod("p1", {rn.GPU: 100}), ["a", "b", "c"]))
+    occupy(cache, "hog", "b", {rn.GPU: 100})
+    assert ext.catch_up() == 1  # b changed since p1's shape was judged there
+    assert ext.catch_up() == 0  # done once per filter
+    ext.filter(args(pod("p2", {rn.GPU: 100}), ["a", "b", "c"]))
+    assert ext.catch_up() == 0  # p2 judged every change itself
+    # a pod without devices judges nothing, so there is nothing to catch up on
+    ext.filter(args(pod("plain", {"cpu": "1"}), ["a"]))
+    occupy(cache, "hog2", "c", {rn.GPU: 100})
+    assert ext.catch_up() == 0
+
+
 def test_a_broken_request_fails_every_node_with_the_rule() -> None:
     ext = Extender(make_cache({"a": {"gpus": 1}}))
     reply = ext.filter(args(pod("p", {rn.GPU_CORE: 50}), ["a"]))
