@@ -55,7 +55,7 @@ from kube_edge.loop_client import LoopClient
 from scheduler_plugin import limits, overview, ui
 from scheduler_plugin.binder import BindRefusedError
 from scheduler_plugin.metrics import CONTENT_TYPE
-from scheduler_plugin.protocol import ALPN_PROTOCOLS, AlpnProtocol, BoundedProtocol
+from scheduler_plugin.protocol import ALPN_PROTOCOLS, AlpnProtocol, Answer, BoundedProtocol
 from tessera.boundedjson import JsonLimitError, loads
 from tessera.errors import ErrorTable, InputError, TesseraError
 
@@ -115,9 +115,15 @@ class ByteBudget:
         self._cond: asyncio.Condition | None = None
         self._notifiers: set[asyncio.Task[None]] = set()
 
-    async def acquire(self, n: int, timeout: float) -> None:
+    def try_acquire(self, n: int) -> bool:
+        """Take `n` bytes if there is room and nobody is waiting for it (never waits)."""
         if not self._waiting and self.free >= n:
             self.free -= n
+            return True
+        return False
+
+    async def acquire(self, n: int, timeout: float) -> None:
+        if self.try_acquire(n):
             return
         if self._cond is None:
             self._cond = asyncio.Condition()
@@ -177,11 +183,43 @@ class _ReplyError(Exception):
     which sends it; it never leaves this module (errors that reach this edge from the
     service are mapped by HTTP_ERRORS)."""
 
-    def __init__(self, status: int, error: str, *, close: bool = False) -> None:
+    def __init__(
+        self, status: int, error: str, *, close: bool = False, outcome: str = "bad_request"
+    ) -> None:
         super().__init__(error)
         self.status = status
         self.error = error
         self.close = close
+        self.outcome = outcome
+        """The verb's outcome label in tessera_scheduler_verb_seconds."""
+
+    def answer(self) -> Answer:
+        return Answer(self.status, _dumps({"Error": f"tessera: {self.error}"}), self.close)
+
+
+def _body_too_slow() -> _ReplyError:
+    return _ReplyError(408, "the body did not arrive in time", close=True)
+
+
+def _failure(verb: str, exc: Exception) -> _ReplyError:
+    """The answer to a verb the service failed with `exc` (call it where `exc` is being
+    handled: a failure of this replica is logged with its traceback)."""
+    answer = HTTP_ERRORS.lookup(exc)
+    if answer.status < 400:  # a refusal in the reply's Error, as binder.py words it
+        return _ReplyError(answer.status, str(exc), outcome=answer.outcome)
+    if answer.status < 500:
+        return _ReplyError(answer.status, f"bad {verb} request: {exc}", outcome=answer.outcome)
+    log.exception("%s failed", verb)
+    return _ReplyError(
+        answer.status, f"internal error in {verb}: {exc}", close=True, outcome=answer.outcome
+    )
+
+
+def verb_of(path: bytes | str) -> str | None:
+    """The extender verb a POST path names (its last segment, so any urlPrefix works)."""
+    text = path.decode("latin-1") if isinstance(path, bytes) else path
+    verb = text.rstrip("/").rsplit("/", 1)[-1]
+    return verb if verb in VERBS else None
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -189,6 +227,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+async def _send_answer(send: Send, answer: Answer) -> None:
+    await _send(send, answer.status, answer.body, close=answer.close)
 
 
 async def _send(
@@ -270,61 +312,119 @@ class App:
                     405 if path in ("/healthz", "/readyz") else 404, f"nothing at {path}"
                 )
         except _ReplyError as r:
-            await _send(send, r.status, _dumps({"Error": f"tessera: {r.error}"}), close=r.close)
+            await _send_answer(send, r.answer())
 
     # --- POST: the extender ---------------------------------------------------------------
 
     async def _post(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        verb = path.rsplit("/", 1)[-1]
-        if verb not in VERBS:
+        verb = verb_of(path)
+        if verb is None:
             raise _ReplyError(404, f"no extender verb at {path}", close=True)
         if self.require_client_cert and not _client_cert(scope):
             raise _ReplyError(403, "the extender verbs need a client certificate", close=True)
-        service = self.service
         started = time.perf_counter()
+        if verb in INLINE_VERBS:
+            try:
+                body = await self._body(scope, receive)
+            except _ReplyError:
+                self._observe(verb, started, "bad_request")
+                raise
+            answer = self.answer_inline(verb, body, started)
+            await _send_answer(send, answer)
+            if answer.status == 200:
+                self.answered(verb)
+            return
+        service = self.service
         outcome = "bad_request"
         try:
             body = await self._body(scope, receive)
-            if not service.answering():
-                outcome = "not_ready"
-                # closed: the client's next connection reaches the leader (through the
-                # Service), where a kept one would keep reaching this replica
-                raise _ReplyError(503, "this replica is not ready or not the leader", close=True)
-            try:
-                args = loads(
-                    body,
-                    what=f"{verb} request",
-                    max_bytes=self.max_body,
-                    max_depth=limits.MAX_JSON_DEPTH,
-                )
-            except JsonLimitError as exc:
-                status = HTTP_ERRORS.lookup(exc).status
-                raise _ReplyError(status, f"bad {verb} request: {exc.reason}") from None
+            args = self._arguments(verb, body)
             outcome = "error"
             try:
-                if verb in INLINE_VERBS:
-                    reply, outcome = service.call(verb, args)
-                elif verb == "bind" and (api := self.loop_api()) is not None:
+                if verb == "bind" and (api := self.loop_api()) is not None:
                     # on this loop: a thread would wait for the interpreter twice per bind
                     reply, outcome = await service.bind_on_loop(args, api)
                 else:
                     loop = asyncio.get_running_loop()
                     reply, outcome = await loop.run_in_executor(self.pool, service.call, verb, args)
             except Exception as exc:
-                answer = HTTP_ERRORS.lookup(exc)
-                outcome = answer.outcome
-                if answer.status < 400:  # a refusal in the reply's Error, as binder.py words it
-                    raise _ReplyError(answer.status, str(exc)) from None
-                if answer.status < 500:
-                    raise _ReplyError(answer.status, f"bad {verb} request: {exc}") from None
-                log.exception("%s failed", verb)
-                raise _ReplyError(
-                    answer.status, f"internal error in {verb}: {exc}", close=True
-                ) from None
+                raise _failure(verb, exc) from None
             await _send(send, 200, reply if isinstance(reply, bytes) else _dumps(reply))
+        except _ReplyError as r:
+            outcome = r.outcome
+            raise
         finally:
-            if service.metrics is not None:
-                service.metrics.observe(verb, time.perf_counter() - started, outcome)
+            self._observe(verb, started, outcome)
+
+    def answer_inline(self, verb: str, body: bytes, started: float) -> Answer:
+        """The answer to filter or prioritize with its whole body, decided on the serving
+        loop; counted in the verb metrics from `started` (a perf_counter reading). The
+        ASGI path and HTTP/1.1's direct path (scheduler_plugin.protocol) both answer here."""
+        outcome = "bad_request"
+        try:
+            args = self._arguments(verb, body)
+            outcome = "error"
+            try:
+                reply, outcome = self.service.call(verb, args)
+            except Exception as exc:
+                raise _failure(verb, exc) from None
+            return Answer(200, reply if isinstance(reply, bytes) else _dumps(reply))
+        except _ReplyError as r:
+            outcome = r.outcome
+            return r.answer()
+        finally:
+            self._observe(verb, started, outcome)
+
+    def answered(self, verb: str) -> None:
+        """After an inline verb's answer is written (Service.answered)."""
+        try:
+            self.service.answered(verb)
+        except Exception:  # the answer is out; what follows must not take the loop down
+            log.exception("work after the %s answer failed", verb)
+
+    def body_too_slow(self, verb: str, started: float) -> Answer:
+        """The answer to a request whose body did not arrive within BODY_TIMEOUT."""
+        self._observe(verb, started, "bad_request")
+        return _body_too_slow().answer()
+
+    def direct_verb(self, path: bytes, client_cert: bool) -> str | None:
+        """The inline verb a POST to `path` names where this app answers it without the
+        ASGI cycle, else None (the ASGI path answers it, errors included)."""
+        if self.role != "extender" or (self.require_client_cert and not client_cert):
+            return None
+        verb = verb_of(path)
+        return verb if verb in INLINE_VERBS else None
+
+    def take_body_room(self, n: int) -> bool:
+        """Room for a body of `n` bytes in the budget, taken only if it is there now."""
+        return self.budget.try_acquire(n)
+
+    def give_body_room(self, n: int) -> None:
+        self.budget.release(n)
+
+    def _arguments(self, verb: str, body: bytes) -> Any:
+        """The verb's decoded arguments, once this replica may answer."""
+        if not self.service.answering():
+            # closed: the client's next connection reaches the leader (through the
+            # Service), where a kept one would keep reaching this replica
+            raise _ReplyError(
+                503, "this replica is not ready or not the leader", close=True, outcome="not_ready"
+            )
+        try:
+            return loads(
+                body,
+                what=f"{verb} request",
+                max_bytes=self.max_body,
+                max_depth=limits.MAX_JSON_DEPTH,
+            )
+        except JsonLimitError as exc:
+            status = HTTP_ERRORS.lookup(exc).status
+            raise _ReplyError(status, f"bad {verb} request: {exc.reason}") from None
+
+    def _observe(self, verb: str, started: float, outcome: str) -> None:
+        metrics = self.service.metrics
+        if metrics is not None:
+            metrics.observe(verb, time.perf_counter() - started, outcome)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         """The whole body, counted against the budget before it is read."""
@@ -361,7 +461,7 @@ class App:
                     if not message.get("more_body", False):
                         return b"".join(parts)
         except TimeoutError:
-            raise _ReplyError(408, "the body did not arrive in time", close=True) from None
+            raise _body_too_slow() from None
         finally:
             budget.release(expected)
 

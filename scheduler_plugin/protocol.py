@@ -11,14 +11,25 @@ ahead of the application. This subclass adds, per connection:
 - TCP_NODELAY, and each reply's status line and headers sent in the same write as its
   body: a split reply can wait on the client's delayed ACK;
 - the verified client certificate's subject in the ASGI scope (`extensions.tls`).
+
+It also answers filter and prioritize itself, without uvicorn's ASGI cycle (a task, a
+scope, receive and send messages per request), when the request is plain: POST over
+HTTP/1.1 with a Content-Length the body budget has room for, no Expect, no request of the
+connection still unanswered. The body is gathered from the parser's callbacks under a
+deadline and the application's `answer_inline` decides it, as the ASGI path does; the
+answer is written at once. Anything else takes the ASGI path, which answers every error.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from scheduler_plugin import limits
 from tessera.errors import InputError
@@ -28,8 +39,53 @@ if TYPE_CHECKING:
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
+log = logging.getLogger(__name__)
+
 ALPN_PROTOCOLS = ["h2", "http/1.1"]
 """What the extender's TLS port offers, preferred first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole reply to an extender verb: status, JSON body, and whether the connection
+    closes after it."""
+
+    status: int
+    body: bytes
+    close: bool = False
+
+
+INTERNAL_ERROR = Answer(500, b'{"Error":"tessera: internal error"}', close=True)
+
+
+class DirectAnswers(Protocol):
+    """What the HTTP/1.1 protocol needs of the application to answer a verb itself
+    (scheduler_plugin.http.App)."""
+
+    max_body: int
+
+    def direct_verb(self, path: bytes, client_cert: bool) -> str | None: ...
+
+    def take_body_room(self, n: int) -> bool: ...
+
+    def give_body_room(self, n: int) -> None: ...
+
+    def answer_inline(self, verb: str, body: bytes, started: float) -> Answer: ...
+
+    def answered(self, verb: str) -> None: ...
+
+    def body_too_slow(self, verb: str, started: float) -> Answer: ...
+
+
+@dataclass(slots=True)
+class _Direct:
+    """A request being answered without the ASGI cycle, while its body arrives."""
+
+    verb: str
+    length: int
+    """Its Content-Length: the bytes taken from the body budget."""
+    started: float
+    parts: list[bytes] = field(default_factory=list)
 
 
 class HeadTooLargeError(InputError):
@@ -83,6 +139,8 @@ class BoundedProtocol(HttpToolsProtocol):
     _deadline: asyncio.TimerHandle | None = None
     _head_bytes: int = 0
     _cert_name: str | None = None
+    _answers: DirectAnswers | None = None
+    _direct: _Direct | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -91,15 +149,22 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         no_delay(transport)
         self._cert_name = client_cert_name(transport)
+        app: Any = self.config.app
+        self._answers = app if callable(getattr(app, "direct_verb", None)) else None
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        direct, self._direct = self._direct, None
+        if direct is not None and self._answers is not None:
+            self._answers.give_body_room(direct.length)
         super().connection_lost(exc)
 
-    def _arm(self) -> None:
+    def _arm(self, timeout: float | None = None) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(self.header_timeout, self._too_slow)
+        self._deadline = self.loop.call_later(
+            self.header_timeout if timeout is None else timeout, self._too_slow
+        )
 
     def _disarm(self) -> None:
         if self._deadline is not None:
@@ -108,7 +173,23 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._deadline = None
+        direct, self._direct = self._direct, None
+        if direct is not None and self._answers is not None:
+            # a body that stalls is answered as the ASGI path answers it, then closed
+            self._answers.give_body_room(direct.length)
+            self._write(self._answers.body_too_slow(direct.verb, direct.started), False)
         self.transport.close()
+
+    def _write(self, answer: Answer, keep_alive: bool) -> None:
+        self.transport.write(
+            b"%scontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (
+                STATUS_LINE[answer.status],
+                len(answer.body),
+                b"" if keep_alive else b"connection: close\r\n",
+                answer.body,
+            )
+        )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -132,11 +213,81 @@ class BoundedProtocol(HttpToolsProtocol):
             raise HeadTooLargeError
 
     def on_headers_complete(self) -> None:
+        direct = self._direct_request()
+        if direct is not None:
+            self._direct = direct
+            self._arm(limits.BODY_TIMEOUT)  # the body's deadline replaces the head's
+            return
         self._disarm()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.transport, OneWrite):
             cycle.transport = OneWrite(cycle.transport)  # type: ignore[assignment]
+
+    def _direct_request(self) -> _Direct | None:
+        """The request as one this protocol answers itself, or None for the ASGI path."""
+        answers = self._answers
+        parser = self.parser
+        if (
+            answers is None
+            or self.expect_100_continue
+            or (self.cycle is not None and not self.cycle.response_complete)
+            or parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or parser.should_upgrade()
+        ):
+            return None
+        verb = answers.direct_verb(httptools.parse_url(self.url).path, bool(self._cert_name))
+        if verb is None:
+            return None
+        length = None
+        for name, value in self.headers:
+            if name == b"content-length" and length is None:
+                length = value
+            elif name in (b"content-length", b"transfer-encoding"):
+                return None
+        if length is None or not length.isdigit() or len(length) > 12:
+            return None
+        n = int(length)
+        if n > answers.max_body or not answers.take_body_room(n):
+            return None
+        return _Direct(verb, n, time.perf_counter())
+
+    def on_body(self, body: bytes) -> None:
+        direct = self._direct
+        if direct is None:
+            super().on_body(body)
+        else:  # the parser stops at Content-Length, so the parts hold at most that
+            direct.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        direct = self._direct
+        if direct is None:
+            super().on_message_complete()
+            return
+        self._direct = None
+        self._disarm()
+        answers = self._answers
+        assert answers is not None
+        body = b"".join(direct.parts)
+        answers.give_body_room(direct.length)
+        try:
+            answer = answers.answer_inline(direct.verb, body, direct.started)
+        except Exception:  # answer_inline answers every error it expects
+            log.exception("%s failed", direct.verb)
+            answer = INTERNAL_ERROR
+        keep_alive = not answer.close and self.parser.should_keep_alive()
+        self._write(answer, keep_alive)
+        self.server_state.total_requests += 1
+        if not keep_alive:
+            self.transport.close()
+        elif not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+        if answer.status == 200:
+            answers.answered(direct.verb)
 
 
 class AlpnProtocol:

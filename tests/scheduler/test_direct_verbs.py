@@ -1,0 +1,293 @@
+"""filter and prioritize answered by the HTTP/1.1 protocol itself, without uvicorn's ASGI
+cycle (scheduler_plugin.protocol): the same answers as the ASGI path, in order when
+requests are pipelined, the ASGI path for everything that is not a plain request, bodies
+under the same deadline and budget, over real sockets to the real server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_plugin import http as http_module
+from scheduler_plugin import limits
+from scheduler_plugin.protocol import BoundedProtocol
+from scheduler_plugin.service import Service
+from tessera import resources as rn
+from tessera_testbed.apiserver import FakeApiServer
+from tests.scheduler.helpers import bind_body, pod, populate, running, share
+
+NODES = ["direct-0", "direct-1", "direct-2"]
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Service]:
+    with FakeApiServer() as fake:
+        populate(fake, NODES, gpus=2)
+        with running(fake) as svc:
+            yield svc
+
+
+def _request(path: str, body: bytes, *extra: bytes, version: bytes = b"1.1") -> bytes:
+    head = [
+        b"POST " + path.encode() + b" HTTP/" + version,
+        b"Host: tessera",
+        b"Content-Type: application/json",
+        b"Content-Length: %d" % len(body),
+        *extra,
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+Answer = tuple[int, dict[bytes, bytes], bytes]
+"""Status, headers (names in lower case), body."""
+
+
+class Reader:
+    """HTTP/1.1 answers read one after another from a socket (pipelining included)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise EOFError
+        self.buf += chunk
+
+    def answer(self) -> Answer:
+        while b"\r\n\r\n" not in self.buf:
+            self._fill()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        status_line, *lines = head.split(b"\r\n")
+        headers = dict(line.lower().split(b": ", 1) for line in lines)
+        length = int(headers.get(b"content-length", b"0"))
+        while len(self.buf) < length:
+            self._fill()
+        body, self.buf = self.buf[:length], self.buf[length:]
+        return int(status_line.split()[1]), headers, body
+
+    def closed(self) -> bool:
+        try:
+            self._fill()
+        except (EOFError, ConnectionResetError):
+            return True
+        return False
+
+
+def _connect(service: Service) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", service.server.port), timeout=10)
+
+
+def _filter(name: str, **extra: Any) -> bytes:
+    body = {"Pod": pod(name, share(10, 10), uid=f"uid-{name}"), "NodeNames": NODES} | extra
+    return json.dumps(body).encode()
+
+
+BAD_POD = pod("bad", {rn.GPU_CORE: 10, rn.GPU_MEMORY: "1e999"})
+BODIES: list[tuple[str, bytes]] = [
+    ("/filter", _filter("a")),
+    ("/tessera/prioritize", _filter("b")),
+    ("/filter/", json.dumps({"Pod": pod("w", {rn.GPU: 100}), "NodeNames": NODES}).encode()),
+    ("/filter", _filter("c", NodeNames=[*NODES, "ghost"])),
+    ("/filter", json.dumps({"Pod": pod("plain", {"cpu": "1"}), "NodeNames": NODES}).encode()),
+    ("/filter", b'{"Pod":{},"NodeNames":NaN}'),
+    ("/prioritize", b"[" * 100 + b"]" * 100),
+    ("/filter", b'{"Pod":"\xff\xfe"}'),
+    ("/filter", json.dumps({"Pod": BAD_POD}).encode()),
+]
+
+
+@pytest.fixture
+def asgi_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths the ASGI application was called for."""
+    calls: list[str] = []
+    call = http_module.App.__call__
+
+    async def counted(self: http_module.App, scope: Any, receive: Any, send: Any) -> None:
+        calls.append(scope["path"])
+        await call(self, scope, receive, send)
+
+    monkeypatch.setattr(http_module.App, "__call__", counted)
+    return calls
+
+
+def _answers(service: Service, requests: list[bytes]) -> list[Answer]:
+    with _connect(service) as sock:
+        reader = Reader(sock)
+        out = []
+        for request in requests:
+            sock.sendall(request)
+            out.append(reader.answer())
+        return out
+
+
+def test_the_direct_path_answers_what_the_asgi_path_answers(
+    service: Service, asgi_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = [_request(path, body) for path, body in BODIES]
+    direct = _answers(service, requests)
+    assert asgi_calls == []  # every one answered without the ASGI cycle
+    monkeypatch.setattr(BoundedProtocol, "_direct_request", lambda self: None)
+    through_asgi = _answers(service, requests)
+    assert len(asgi_calls) == len(requests)
+    assert direct == through_asgi
+    statuses = [status for status, _, _ in direct]
+    # malformed bodies are 4xx; a pod breaking a request rule is a filter answer (200)
+    assert statuses == [200] * 5 + [400] * 3 + [200], statuses
+
+
+def test_pipelined_requests_are_answered_in_order(service: Service, asgi_calls: list[str]) -> None:
+    bind = json.dumps(bind_body(pod("gone", {rn.GPU: 100}, uid="gone-uid"), NODES[0])).encode()
+    with _connect(service) as sock:
+        reader = Reader(sock)
+        sock.sendall(
+            _request("/filter", _filter("p1"))
+            + _request("/bind", bind)  # the ASGI path, awaited on the loop
+            + _request("/prioritize", _filter("p2"))
+            + _request("/filter", _filter("p3"))
+        )
+        first, second, third, fourth = (reader.answer() for _ in range(4))
+    assert first[0] == 200 and json.loads(first[2])["NodeNames"]
+    assert second[0] == 200 and json.loads(second[2])["Error"]  # no such pod: refused
+    assert third[0] == 200 and {p["Host"] for p in json.loads(third[2])} <= set(NODES)
+    assert fourth[0] == 200 and json.loads(fourth[2])["NodeNames"]
+    # the first was answered at once; those behind the bind queue behind it (in order)
+    assert asgi_calls == ["/bind", "/prioritize", "/filter"]
+
+
+def test_requests_that_are_not_plain_take_the_asgi_path(
+    service: Service, asgi_calls: list[str]
+) -> None:
+    body = _filter("q")
+    with _connect(service) as sock:
+        reader = Reader(sock)
+        sock.sendall(_request("/filter", body, b"Expect: 100-continue"))
+        status, _, _ = reader.answer()
+        if status == 100:
+            status, _, _ = reader.answer()
+        assert status == 200
+        head = b"POST /filter HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        sock.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        assert reader.answer()[0] == 200
+    with _connect(service) as sock:  # HTTP/1.0: answered, then closed
+        reader = Reader(sock)
+        sock.sendall(_request("/filter", body, version=b"1.0"))
+        assert reader.answer()[0] == 200 and reader.closed()
+    assert asgi_calls == ["/filter"] * 3
+
+
+def test_a_client_asking_to_close_is_answered_and_closed(service: Service) -> None:
+    with _connect(service) as sock:
+        reader = Reader(sock)
+        sock.sendall(_request("/filter", _filter("r"), b"Connection: close"))
+        status, headers, _ = reader.answer()
+        assert status == 200 and headers[b"connection"] == b"close"
+        assert reader.closed()
+
+
+def _budget(service: Service) -> http_module.ByteBudget:
+    app = service.server.app
+    assert isinstance(app, http_module.App)
+    return app.budget
+
+
+def _until(check: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_bodies_that_stall_or_are_abandoned_give_their_budget_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(limits, "BODY_TIMEOUT", 0.5)
+    with FakeApiServer() as fake, running(fake) as svc:
+        budget = _budget(svc)
+        stalled = _connect(svc)
+        stalled.sendall(_request("/filter", b"{" + b" " * 999)[:-500])
+        left = _connect(svc)
+        left.sendall(_request("/filter", b"{" + b" " * 999)[:-500])
+        assert _until(lambda: budget.free == budget.total - 2000)
+        left.close()  # gone mid-body: its 1000 bytes come back
+        assert _until(lambda: budget.free == budget.total - 1000)
+        status, headers, body = Reader(stalled).answer()  # the deadline: 408, then closed
+        assert status == 408 and headers[b"connection"] == b"close" and b"in time" in body
+        assert _until(lambda: budget.free == budget.total)
+        stalled.close()
+
+
+def test_without_room_in_the_budget_the_body_takes_the_asgi_path(
+    service: Service, asgi_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no room now: the ASGI path waits for room (test_edge.py) instead of the direct path
+    monkeypatch.setattr(http_module.App, "take_body_room", lambda self, n: False)
+    assert _answers(service, [_request("/filter", _filter("s"))])[0][0] == 200
+    assert asgi_calls == ["/filter"]
+    assert _budget(service).free == _budget(service).total
+
+
+def test_a_failure_inside_the_direct_path_is_a_500_and_the_server_goes_on(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: http_module.App, verb: str, body: bytes, started: float) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(http_module.App, "answer_inline", broken)
+    with _connect(service) as sock:
+        reader = Reader(sock)
+        sock.sendall(_request("/filter", _filter("u")))
+        status, headers, body = reader.answer()
+        assert status == 500 and headers[b"connection"] == b"close"
+        assert json.loads(body) == {"Error": "tessera: internal error"}
+        assert reader.closed()
+    monkeypatch.undo()
+    assert _answers(service, [_request("/filter", _filter("v"))])[0][0] == 200
+
+
+def test_the_verb_metrics_count_direct_answers(service: Service) -> None:
+    metrics = service.metrics
+    assert metrics is not None
+
+    def count() -> float:
+        return sum(
+            sample.value
+            for family in metrics.requests.collect()
+            for sample in family.samples
+            if sample.name.endswith("_count") and sample.labels.get("verb") == "prioritize"
+        )
+
+    before = count()
+    _answers(service, [_request("/prioritize", _filter("w"))] * 3)
+    assert count() == before + 3
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(cuts=st.lists(st.integers(1, 4000), max_size=6), pipelined=st.integers(1, 3))
+def test_any_split_of_the_bytes_gets_the_same_answers(
+    service: Service, cuts: list[int], pipelined: int
+) -> None:
+    data = b"".join(_request("/filter", _filter(f"x{k}")) for k in range(pipelined))
+    points = sorted({c % len(data) for c in cuts} | {0, len(data)})
+    with _connect(service) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for a, b in itertools.pairwise(points):
+            sock.sendall(data[a:b])
+            time.sleep(0.002)  # separate segments, so the server reads them apart
+        reader = Reader(sock)
+        answers = [reader.answer() for _ in range(pipelined)]
+    assert all(status == 200 for status, _, _ in answers)
+    assert all(json.loads(body)["NodeNames"] for _, _, body in answers)
