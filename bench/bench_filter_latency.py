@@ -1,0 +1,200 @@
+"""The filter call's latency as kube-scheduler sees it: over HTTP, one call at a time.
+
+kube-scheduler waits for the extender's filter answer before it goes on with the pod, so
+on a control plane with cores to spare the extender's latency bounds its pace. This
+benchmark serves the extender as tessera-scheduler does (the same Service, uvicorn and
+protocol, plain HTTP) on a 5,000-node half-full cluster (`bench_filter.cluster`) and sends
+filter calls from another process over one kept-alive connection, one at a time, as
+kube-scheduler's scheduling cycle does, in `make bench-scale`'s pattern: its four pod
+shapes in turn, 500 names in a window that moves on by about 500 from pod to pod, or all
+5,000 names. Each answered node is then bound in the server (the cache's assume and bind,
+after the answer is written, outside the client's timing) so every call sees nodes that
+changed. The client waits between calls as kube-scheduler does (`GAP`); it is a bare socket
+loop (prepared request bytes, a read to the end of the answer), so its own cost in the
+round trip is a few microseconds. The figures are the client's wall time per call and the
+serving thread's CPU per call.
+
+TLS is left out: on a kept-alive connection it adds about 0.014 ms a call here
+(`python -m bench.tls_setup`).
+
+`python -m bench.bench_filter_latency [--quick]`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchContext, Result, percentile
+
+WARMUP = 250
+"""Calls before the counted ones (the policy learns the workload from its first pods)."""
+GAP = 0.002
+"""Seconds between an answer and the next call: kube-scheduler's own scheduling cycle for
+the next pod (its filter plugins over the nodes until it has found 500 feasible ones, at
+5,000 nodes a few milliseconds: kube-scheduler alone schedules 220-330 pods a second in
+`make bench-scale`, one cycle at a time). Work the extender leaves for after an answer
+(binding the answered node here, as kube-scheduler's bind call soon does) happens then."""
+
+_CLIENT = """
+import json, socket, sys, time
+port, path, gap = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+requests = [r.encode("latin-1") for r in json.load(open(path))]
+sock = socket.create_connection(("127.0.0.1", port))
+sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+times = []
+for request in requests:
+    time.sleep(gap)
+    t0 = time.perf_counter_ns()
+    sock.sendall(request)
+    data = b""
+    while True:
+        data += sock.recv(1 << 20)
+        end = data.find(b"\\r\\n\\r\\n")
+        if end < 0:
+            continue
+        head = data[:end].lower()
+        at = head.find(b"content-length:")
+        length = int(head[at + 15:].split(b"\\r\\n", 1)[0])
+        if len(data) >= end + 4 + length:
+            break
+    times.append(time.perf_counter_ns() - t0)
+    if not data.startswith(b"HTTP/1.1 200"):
+        sys.exit("not answered: " + data[:200].decode("latin-1"))
+print(json.dumps(times))
+"""
+
+
+def requests(every: list[str], names: int, calls: int, seed: int) -> list[str]:
+    """HTTP/1.1 filter requests in `make bench-scale`'s pattern, as latin-1 text."""
+    from bench.bench_filter import pod
+    from bench.scale_common import SHAPES
+
+    rng = random.Random(seed)
+    start = 0
+    out = []
+    for i in range(calls):
+        window = (every[start:] + every[:start])[:names]
+        start = (start + names + rng.randrange(16)) % len(every)
+        body = json.dumps(
+            {"Pod": pod(seed * 100000 + i, dict(SHAPES[i % len(SHAPES)])), "NodeNames": window},
+            separators=(",", ":"),
+        ).encode()
+        head = (
+            "POST /filter HTTP/1.1\r\nHost: tessera\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        out.append(head + body.decode("latin-1"))
+    return out
+
+
+def bind_answers(service: Any) -> None:
+    """Make `service` bind each filter's answered node right after the answer is written
+    (the serving loop's next turn), as kube-scheduler's bind call would soon after."""
+    from scheduler_plugin.views import Assumed
+
+    extender, cache = service.extender, service.cache
+    filter_call = extender.filter
+
+    def bind(uid: str, node: str) -> None:
+        request = extender.remembered(uid)
+        if request is not None and isinstance(cache.assume(request, node), Assumed):
+            cache.bind(uid)
+        extender.forget(uid)
+
+    def filter_then_bind(args: Any) -> Any:
+        reply = filter_call(args)
+        chosen = reply.get("NodeNames") if isinstance(reply, dict) else None
+        if chosen:
+            uid = args["Pod"]["metadata"]["uid"]
+            asyncio.get_running_loop().call_soon(bind, uid, chosen[0])
+        return reply
+
+    extender.filter = filter_then_bind
+
+
+def measure(names: int, calls: int, seed: int = 11, gap: float = GAP) -> tuple[list[float], float]:
+    """(wall ms of each counted call, serving thread CPU ms per counted call), the client
+    waiting `gap` seconds between an answer and its next call."""
+    from bench.bench_filter import cluster
+    from bench.bench_scheduler import serving
+    from bench.scale_common import own_thread_cpu_seconds
+
+    cache = cluster()
+    service = serving(cache, "best")
+    bind_answers(service)
+    every = cache.node_names()
+    try:
+        thread = next(t for t in threading.enumerate() if t.name == "http-extender")
+        assert thread.native_id is not None
+        batches = (
+            requests(every, names, WARMUP, seed),
+            requests(every, names, calls, seed + 1),
+        )
+        times: list[int] = []
+        cpu = 0.0
+        for counted, batch in enumerate(batches):
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+                json.dump(batch, file)
+                file.flush()
+                before = own_thread_cpu_seconds(thread.native_id)
+                out = subprocess.run(
+                    [sys.executable, "-c", _CLIENT, str(service.server.port), file.name, str(gap)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+                cpu = own_thread_cpu_seconds(thread.native_id) - before
+            times = json.loads(out) if counted else times
+    finally:
+        service.server.stop()
+    # the client's start (interpreter, connection) is in the CPU span: a few ms over
+    # `calls` calls, under 0.01 ms a call
+    return [t / 1e6 for t in times], cpu * 1000 / calls
+
+
+def run(ctx: BenchContext) -> list[Result]:
+    calls = ctx.sized(quick=100, full=1000)
+    results = []
+    for names, target in ((500, 0.5), (5000, None)):
+        wall, cpu = measure(names, calls)
+        note = (
+            f"{names} names of 5000 nodes, half full, bench-scale's four pod shapes in turn, "
+            f"--filter-answer=best, plain HTTP, one kept-alive connection, one call at a time, "
+            f"{GAP * 1000:g} ms between an answer and the next call; "
+            f"{len(wall)} calls after {WARMUP} warm-up; p99 {percentile(wall, 99):.3f} ms, "
+            f"serving thread {cpu:.3f} ms CPU per call"
+        )
+        results.append(
+            Result(
+                f"filter latency p50 as kube-scheduler sees it, {names} names",
+                percentile(wall, 50),
+                "ms",
+                target,
+                note=note,
+            )
+        )
+        results.append(
+            Result(
+                f"filter latency p99 as kube-scheduler sees it, {names} names",
+                percentile(wall, 99),
+                "ms",
+            )
+        )
+    return results
+
+
+def main(argv: list[str]) -> None:
+    for r in run(BenchContext(Path("."), quick="--quick" in argv)):
+        print(f"{r.name}: {r.measured_text()} (target {r.target_text()}) {r.note}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
