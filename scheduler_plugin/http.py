@@ -19,11 +19,12 @@ Health server (`--health-listen`, plain HTTP for kubelet probes and Prometheus):
 GET /healthz (alive), /readyz (synced and leader, 503 otherwise), /metrics.
 
 Filter and prioritize run on the event loop (they are CPU-bound and short; a thread hop
-costs more than the HTTP work). Bind runs there too, its API calls awaited on the loop
-(kube_edge.loop_client): on a thread it waited for the interpreter, held by the loop,
-once to start and once when the API server answered, which tripled its latency on a busy
-scheduler. Preempt, the debug views, and binds where the API client needs a proxy run on
-a bounded pool.
+costs more than the HTTP work); plain HTTP/1.1 requests for them skip uvicorn's ASGI cycle
+and reach `App.answer_inline` from the protocol (scheduler_plugin.protocol). Bind runs
+there too, its API calls awaited on the loop (kube_edge.loop_client): on a thread it
+waited for the interpreter, held by the loop, once to start and once when the API server
+answered, which tripled its latency on a busy scheduler. Preempt, the debug views, and
+binds where the API client needs a proxy run on a bounded pool.
 Bodies are counted against a process-wide byte budget before they are read, refused with
 413 past --max-body-bytes (Content-Length or chunked), parsed with tessera.boundedjson;
 client input that is not ExtenderArgs-shaped gets 400 with a reason, never 5xx.

@@ -230,6 +230,7 @@ class BoundedProtocol(HttpToolsProtocol):
         parser = self.parser
         if (
             answers is None
+            or self.transport.is_closing()
             or self.expect_100_continue
             or (self.cycle is not None and not self.cycle.response_complete)
             or parser.get_method() != b"POST"

@@ -220,8 +220,8 @@ def test_bodies_that_stall_or_are_abandoned_give_their_budget_back(
         left = _connect(svc)
         left.sendall(_request("/filter", b"{" + b" " * 999)[:-500])
         assert _until(lambda: budget.free == budget.total - 2000)
-        left.close()  # gone mid-body: its 1000 bytes come back
-        assert _until(lambda: budget.free == budget.total - 1000)
+        left.close()  # gone mid-body: its 1000 bytes come back (the other's may too, soon)
+        assert _until(lambda: budget.free >= budget.total - 1000)
         status, headers, body = Reader(stalled).answer()  # the deadline: 408, then closed
         assert status == 408 and headers[b"connection"] == b"close" and b"in time" in body
         assert _until(lambda: budget.free == budget.total)
