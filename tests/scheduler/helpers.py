@@ -120,6 +120,15 @@ def running(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -
 
 
 @contextmanager
+def running_nodes(nodes: list[str], gpus: int) -> Iterator[Service]:
+    """A fake API server holding `nodes` with `gpus` GPUs each, and `running` on it."""
+    with FakeApiServer() as fake:
+        populate(fake, nodes, gpus=gpus)
+        with running(fake) as service:
+            yield service
+
+
+@contextmanager
 def serving(fake: FakeApiServer, tls: ssl.SSLContext | None = None, **kw: Any) -> Iterator[Served]:
     """`running`, with a keep-alive client on its extender port: a `Served`."""
     with running(fake, tls, **kw) as service:

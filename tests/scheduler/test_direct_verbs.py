@@ -22,17 +22,15 @@ from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import bind_body, pod, populate, running, share
+from tests.scheduler.helpers import bind_body, pod, running, running_nodes, share, wait_for
 
 NODES = ["direct-0", "direct-1", "direct-2"]
 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    with FakeApiServer() as fake:
-        populate(fake, NODES, gpus=2)
-        with running(fake) as svc:
-            yield svc
+    with running_nodes(NODES, gpus=2) as svc:
+        yield svc
 
 
 def _request(path: str, body: bytes, *extra: bytes, version: bytes = b"1.1") -> bytes:
@@ -200,15 +198,6 @@ def _budget(service: Service) -> http_module.ByteBudget:
     return app.budget
 
 
-def _until(check: Any, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_bodies_that_stall_or_are_abandoned_give_their_budget_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -219,12 +208,12 @@ def test_bodies_that_stall_or_are_abandoned_give_their_budget_back(
         stalled.sendall(_request("/filter", b"{" + b" " * 999)[:-500])
         left = _connect(svc)
         left.sendall(_request("/filter", b"{" + b" " * 999)[:-500])
-        assert _until(lambda: budget.free == budget.total - 2000)
+        wait_for(lambda: budget.free == budget.total - 2000)
         left.close()  # gone mid-body: its 1000 bytes come back (the other's may too, soon)
-        assert _until(lambda: budget.free >= budget.total - 1000)
+        wait_for(lambda: budget.free >= budget.total - 1000)
         status, headers, body = Reader(stalled).answer()  # the deadline: 408, then closed
         assert status == 408 and headers[b"connection"] == b"close" and b"in time" in body
-        assert _until(lambda: budget.free == budget.total)
+        wait_for(lambda: budget.free == budget.total)
         stalled.close()
 
 

@@ -34,17 +34,15 @@ from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import Http, pod, populate, running, share, start
+from tests.scheduler.helpers import Http, pod, populate, running, running_nodes, share, start
 
 NODES = ["peer-node-0", "peer-node-1", "peer-node-2"]
 
 
 @pytest.fixture(scope="module")
 def service() -> Iterator[Service]:
-    with FakeApiServer() as fake:
-        populate(fake, NODES, gpus=2)
-        with running(fake) as svc:
-            yield svc
+    with running_nodes(NODES, gpus=2) as svc:
+        yield svc
 
 
 def _filter(**extra: object) -> dict[str, Any]:
