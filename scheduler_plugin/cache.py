@@ -36,6 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from sys import intern
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -123,6 +124,27 @@ def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
         return f"cannot be read ({type(exc).__name__})"
 
 
+@dataclass(slots=True)
+class _AssessMemo:
+    """One assessment, kept for the same pod's next question (prioritize after filter)."""
+
+    key: object
+    generation: int
+    names: Sequence[str]
+    """The names asked about (not copied: callers do not change a request's names)."""
+    judgement: RowVerdicts
+    _asked: frozenset[str] | None = None
+
+    def covers(self, names: Sequence[str]) -> bool:
+        """Whether every one of `names` was asked about. The set is made on the first
+        question only: most filters are never followed by one (the best-node answer names
+        one node, so kube-scheduler skips prioritize), and making it costs ~30 µs at 500
+        names."""
+        if self._asked is None:
+            self._asked = frozenset(self.names)
+        return self._asked.issuperset(names)
+
+
 class Cache:
     """The scheduler's state behind one lock (see the module doc). Thread-safe."""
 
@@ -205,7 +227,7 @@ class Cache:
         """UID -> when our bind finished, for assumed allocations awaiting the watch."""
         self._generation = 0
         """Grows on every change to any node's devices or pods (the assessment memo's key)."""
-        self._assess_memo: tuple[object, int, frozenset[str], RowVerdicts] | None = None
+        self._assess_memo: _AssessMemo | None = None
         """The last assessment: prioritize usually asks what filter just asked."""
         self._listeners: list[NodeListener] = []
         self._fence_listeners: list[FenceListener] = []
@@ -866,14 +888,14 @@ class Cache:
             memo = self._assess_memo
             if (
                 memo is not None
-                and memo[0] == key
-                and memo[1] == self._generation
-                and memo[2].issuperset(names)
+                and memo.key == key
+                and memo.generation == self._generation
+                and memo.covers(names)
             ):
-                judgement = memo[3]
+                judgement = memo.judgement
             else:
                 judgement = self._decider.judge(request, names)
-                self._assess_memo = (key, self._generation, frozenset(names), judgement)
+                self._assess_memo = _AssessMemo(key, self._generation, names, judgement)
             return Assessment(judgement, self._problems_now())
 
     def catch_up(self, request: PodRequest) -> int:

@@ -203,6 +203,22 @@ def test_prioritize_reflects_changes_after_filter() -> None:
     assert second["a"] > second["b"]
 
 
+def test_the_same_pod_asked_about_the_same_nodes_or_fewer_reuses_the_judgement() -> None:
+    cache = make_cache({"a": {"gpus": 1}, "b": {"gpus": 1}, "c": {"gpus": 1}})
+    request = parse_pod(pod("p", share(10, 10), uid="same"))
+    first = cache.assess(request, ["a", "b"]).judgement
+    assert cache.assess(request, ["b"]).judgement is first
+    assert cache.assess(request, ["b", "a"]).judgement is first
+    wider = cache.assess(request, ["a", "c"]).judgement  # c was not asked about
+    assert wider is not first
+    other = parse_pod(pod("q", share(10, 10), uid="other"))
+    kept = cache.assess(other, ["a", "c"]).judgement
+    assert kept is not wider  # another pod
+    assert cache.assess(other, ["c"]).judgement is kept
+    occupy(cache, "hog", "b", share(50, 50))  # any change: judged again
+    assert cache.assess(other, ["c"]).judgement is not kept
+
+
 def test_priorities_keep_the_policys_order_of_the_best_nodes() -> None:
     scores = {"a": 0.5001, "b": 0.5003, "c": 0.5002, "d": 0.5003 + 1e-12, "x": 0.9}
     names = ["a", "b", "c", "d", "e", "x"]
