@@ -92,6 +92,9 @@ def test_use_appears_beside_the_grant_and_hostile_readings_stay_on_their_node(
     for name, text in HOSTILE.items():
         annotate(served.fake, name, text)
     wait_for(lambda: view(served, "good")["usage"]["known"])
+    # the hostile readings were written after the good one: wait until the watch has
+    # brought every one of them too (seeing the good one says nothing of the later ones)
+    wait_for(lambda: json.loads(served.http.get("/debug/nodes")[1])["usageInvalid"] == len(HOSTILE))
 
     node = view(served, "good")
     assert node["usage"] == {
