@@ -13,6 +13,7 @@ import pytest
 
 from kube_edge.client import KubeClient
 from kube_edge.loop_client import LoopClient
+from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera.record import decode
 from tessera_testbed.apiserver import FakeApiServer
@@ -335,6 +336,21 @@ class _SlowApi:
         return self.client.get(path)
 
 
+def _bind_cancelled_midway(service: Service, created: dict[str, Any], api: _SlowApi) -> None:
+    """Bind `created` to node "n" on a fresh loop, cancel the request 50 ms in, and give
+    the shielded bind half a second to go on."""
+
+    async def cancel_midway() -> None:
+        task = asyncio.ensure_future(service.bind_on_loop(bind_body(created, "n"), api))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the shielded bind goes on meanwhile
+
+    asyncio.run(cancel_midway())
+
+
 def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
     fake: FakeApiServer, bind_path: str
 ) -> None:
@@ -347,16 +363,7 @@ def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
         uid = created["metadata"]["uid"]
         served.filter(created, ["n"])  # remembered, as before a real bind
         api = _SlowApi(served.service.client, 0.2)
-
-        async def cancel_midway() -> None:
-            task = asyncio.ensure_future(served.service.bind_on_loop(bind_body(created, "n"), api))
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await asyncio.sleep(0.5)  # the shielded bind goes on meanwhile
-
-        asyncio.run(cancel_midway())
+        _bind_cancelled_midway(served.service, created, api)
         assert api.created == 1
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
         assert served.cache.allocation(uid) is not None
@@ -379,16 +386,7 @@ def test_a_cancelled_bind_that_fails_is_logged_not_lost(
         created = fake.create("pods", pod("p", share(30, 30)))
         # not filtered first: the bind reads the pod, and that read fails past the binder
         api = _FailingApi(served.service.client, 0.2)
-
-        async def cancel_midway() -> None:
-            task = asyncio.ensure_future(served.service.bind_on_loop(bind_body(created, "n"), api))
-            await asyncio.sleep(0.05)
-            task.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await task
-            await asyncio.sleep(0.5)
-
         with caplog.at_level(logging.ERROR, logger="scheduler_plugin.service"):
-            asyncio.run(cancel_midway())
+            _bind_cancelled_midway(served.service, created, api)
         failures = [r for r in caplog.records if "request was cancelled failed" in r.getMessage()]
         assert len(failures) == 1 and "the client broke" in failures[0].getMessage()
