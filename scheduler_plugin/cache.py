@@ -659,7 +659,8 @@ class Cache:
             problem = self._problems.get(node)
             if problem is not None:
                 return Refused(problem)
-            placed = self._decider.place(request, node)
+            # the node is chosen: only its devices are wanted, not its score
+            placed = self._decider.place(request, node, scored=False)
             if isinstance(placed, NoFit):
                 return Refused(placed.reason)
             alloc = placed.allocation

@@ -1,5 +1,7 @@
 """The Decider's vector path must agree with exact placement on fit, score and failure kind."""
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,6 +57,33 @@ def test_vector_path_agrees_with_exact_placement(
                 else:
                     got = evaluation.failures[name]
                     assert got.unresolvable == exact.unresolvable, (name, got, exact)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60),
+    st.sampled_from(sorted(POLICIES)),
+)
+def test_unscored_placement_takes_the_same_devices(
+    ops: list[tuple[int, int]], policy_name: str
+) -> None:
+    """A bind places without the node score (the node is chosen): the devices, or the
+    reason it does not fit, must be those of the scored placement."""
+    decider = make_decider()
+    fill(decider, ops)
+    for limits in SAMPLE_LIMITS:
+        for annotations in ANNOTATIONS:
+            ann = {**annotations, rn.PLACEMENT_ANNOTATION: policy_name}
+            request = parse_pod(pod("q", containers={"main": limits}, annotations=ann))
+            for name in decider.state.nodes:
+                scored = decider.place(request, name)
+                unscored = decider.place(request, name, scored=False)
+                if isinstance(scored, Placement):
+                    assert isinstance(unscored, Placement)
+                    assert unscored.allocation == scored.allocation
+                    assert math.isnan(unscored.score) and not math.isnan(scored.score)
+                else:
+                    assert unscored == scored
 
 
 def test_unknown_nodes_fail_as_unresolvable() -> None:
