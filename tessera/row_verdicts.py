@@ -72,6 +72,11 @@ class ShapeVerdicts:
 
     def stale(self, index: ClusterIndex, rows: IntArray) -> IntArray:
         """The rows of `rows` whose verdict is missing or out of date."""
+        n = rows.size
+        if n and rows is index.all_rows() and int(rows[-1]) == n - 1:
+            # every row 0..n-1 (the usual whole-index case): compare views, not gathers
+            every: IntArray = np.flatnonzero(self.stamp[:n] != index.stamp[:n])
+            return every
         out: IntArray = rows[self.stamp[rows] != index.stamp[rows]]
         return out
 
