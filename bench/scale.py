@@ -53,6 +53,10 @@ def real(args: argparse.Namespace) -> list[str]:
                 one = bench.series(tessera, qps)
                 series[("tessera" if tessera else "alone", qps)] = one
         rss = bench.tessera_peak_rss()
+        if args.floor:
+            bench.use_floor()
+            for qps in args.qps:
+                series[("floor", qps)] = bench.series(True, qps)
     finally:
         bench.stop(keep=args.keep)
     load_after = sc.load_text()
@@ -87,7 +91,9 @@ def real(args: argparse.Namespace) -> list[str]:
             for k in ("kube-apiserver", "etcd", "kube-scheduler", "tessera-scheduler")
         )
         verbs = s.best.verbs
-        if who == "tessera":
+        if who == "floor":
+            lat, records, opened = "-", "-", f"{s.best.connections:.0f}"
+        elif who == "tessera":
             lat = " / ".join(
                 sc.ms(verbs[v].quantile(q)) if v in verbs else "-"
                 for v, q in (("filter", 0.5), ("prioritize", 0.5), ("bind", 0.99))
@@ -104,10 +110,11 @@ def real(args: argparse.Namespace) -> list[str]:
         )
     lines += ["", f"tessera-scheduler peak RSS (VmHWM): {rss:.0f} MiB."]
     for (who, qps), s in series.items():
-        if who == "tessera" and s.best.threads:
+        if who != "alone" and s.best.threads:
+            name = "the floor extender" if who == "floor" else "tessera-scheduler"
             lines += [
                 "",
-                f"tessera-scheduler CPU ms per pod by thread (qps {qps}, best round): "
+                f"{name} CPU ms per pod by thread (qps {qps}, best round): "
                 f"{sc.by_thread(s.best.threads, args.pods)}.",
             ]
     return lines
@@ -226,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=QPS,
         help="real run: only this kube-scheduler qps (repeatable; default: all of them)",
+    )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="real run: then the same rounds with bench.floor_extender in tessera-scheduler's "
+        "place (the least any Python extender spends per pod here; a 'floor' row)",
     )
     p.add_argument(
         "--tessera-arg",

@@ -124,6 +124,8 @@ class RealScale:
         during the timed part of each round of the first series (None: not run)."""
         self.py_spy_native = py_spy_native
         self._spies: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.floor = False
+        """Whether bench.floor_extender serves in tessera-scheduler's place (`use_floor`)."""
 
     # --- set-up ----------------------------------------------------------------------------
 
@@ -198,6 +200,18 @@ class RealScale:
             proc.env = dict(proc.env or os.environ, TESSERA_SAMPLE_OUT=str(self.profile))
         proc.cmd = cmd
         proc.start()
+
+    def use_floor(self) -> None:
+        """From now on bench.floor_extender serves in tessera-scheduler's place: the same
+        process slot, command line, port, certificates and kube-scheduler configuration."""
+        proc = self.cp.procs["tessera-scheduler-0"]
+        proc.stop()
+        cmd = [a for a in proc.cmd if a != "bench.sampler"]
+        cmd[cmd.index("scheduler_plugin.cli")] = "bench.floor_extender"
+        proc.cmd = cmd
+        proc.start()
+        self.floor = True
+        self._wait_tessera_ready()
 
     def _signal_tessera(self, sig: signal.Signals) -> None:
         popen = self.cp.procs["tessera-scheduler-0"].popen
@@ -309,8 +323,9 @@ class RealScale:
         if tessera:
             self.log(f"{run} extender connections opened: {result.connections:.0f}")
             per_thread = sc.by_thread(threads, count)
-            self.log(f"{run} tessera-scheduler CPU ms per pod by thread: {per_thread}")
-        if tessera:
+            who = "the floor extender" if self.floor else "tessera-scheduler"
+            self.log(f"{run} {who} CPU ms per pod by thread: {per_thread}")
+        if tessera and not self.floor:
             result.valid_records = self._valid_records(run)
         self._delete(run)
         return result
@@ -390,7 +405,7 @@ class RealScale:
         wait_for(gone, 120, f"the pods of {run} deleted", 0.5)
 
     def series(self, tessera: bool, qps: int) -> Series:
-        label = f"{'tessera' if tessera else 'alone'}, qps {qps}"
+        label = f"{'alone' if not tessera else 'floor' if self.floor else 'tessera'}, qps {qps}"
         self.run_no += 1
         self.kube_scheduler(tessera, qps)
         out = Series(label, self.pods)

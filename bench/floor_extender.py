@@ -1,0 +1,204 @@
+"""The least a Python extender spends per pod on this machine: `make bench-scale`'s floor.
+
+tessera-scheduler's CPU per pod is the decision plus what any extender in its place must
+do whatever it decides: accept kube-scheduler's TLS connections, read its filter and bind
+calls and answer them, write the Binding, and follow the bound pods. This program does
+only that, as cheaply as Python does it: a bare asyncio protocol on httptools (no ASGI
+server, no routing, no bounds, no metrics but a connection count), the stdlib JSON
+decoder, the first candidate as the filter's answer, a Binding without a record written
+with tessera's event-loop client, and a bound-pod watch whose events are decoded and
+dropped. It is not an extender anyone should run (it places pods anywhere and trusts
+every byte); `python -m bench.scale --floor` runs it in tessera-scheduler's place, on the
+same port, certificates and kube-scheduler configuration, so a round's CPU per pod is
+the floor under tessera-scheduler's.
+
+It takes tessera-scheduler's command line and reads only --kubeconfig, --listen,
+--health-listen and the three --tls-* files (the rest is ignored). The health port answers
+/readyz (200 once the pod watch has listed) and /metrics (the connections accepted, as
+tessera_scheduler_connections_total).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import ssl
+import threading
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, cast
+
+import httptools
+import uvloop
+
+from kube_edge.client import KubeClient
+from kube_edge.informer import Handler, Informer
+from kube_edge.loop_client import LoopClient
+from scheduler_plugin.cluster import BOUND_PODS
+from scheduler_plugin.http import tls_context
+from tessera_edge.threads import name_os_threads
+
+
+class _Dropped(Handler):
+    """A watch handler that keeps nothing (the events are decoded by the informer)."""
+
+    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+        for _ in items:
+            pass
+
+    def event(self, kind: str, obj: dict[str, Any]) -> None:
+        pass
+
+
+class _Floor:
+    def __init__(self, api: LoopClient) -> None:
+        self.api = api
+        self.connections = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def filter(self, args: Any) -> dict[str, Any]:
+        names = args.get("NodeNames") or []
+        return {
+            "NodeNames": names[:1],
+            "FailedNodes": {},
+            "FailedAndUnresolvableNodes": {},
+            "Error": "" if names else "no candidate nodes",
+        }
+
+    async def bind(self, args: Any) -> dict[str, Any]:
+        name, namespace = args["PodName"], args["PodNamespace"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "uid": args["PodUID"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
+        }
+        try:
+            await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
+        except Exception as exc:  # any failure goes back to kube-scheduler as the bind's error
+            return {"Error": str(exc)}
+        return {"Error": ""}
+
+
+class _Connection(asyncio.Protocol):
+    """HTTP/1.1 without pipelining (kube-scheduler's client never pipelines)."""
+
+    def __init__(self, floor: _Floor) -> None:
+        self.floor = floor
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.body: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's own transport class
+        self.floor.connections += 1
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport is not None:
+                self.transport.close()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        url, body = self.url, b"".join(self.body)
+        self.url, self.body = b"", []
+        args = json.loads(body)
+        if url == b"/bind":
+            task = asyncio.ensure_future(self._bind(args))
+            self.floor.tasks.add(task)
+            task.add_done_callback(self.floor.tasks.discard)
+        else:
+            self._answer(self.floor.filter(args))
+
+    async def _bind(self, args: Any) -> None:
+        self._answer(await self.floor.bind(args))
+
+    def _answer(self, reply: dict[str, Any]) -> None:
+        data = json.dumps(reply, separators=(",", ":")).encode()
+        head = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(data)).encode()
+            + b"\r\n\r\n"
+        )
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(head + data)
+
+
+def _health(address: tuple[str, int], floor: _Floor, synced: threading.Event) -> None:
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/readyz":
+                body = b"ok" if synced.is_set() else b"listing"
+                status = 200 if synced.is_set() else 503
+            else:
+                status = 200
+                body = (
+                    "# TYPE tessera_scheduler_connections counter\n"
+                    f"tessera_scheduler_connections_total {floor.connections}\n"
+                ).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(address, Health)
+    threading.Thread(target=server.serve_forever, name="http-health", daemon=True).start()
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--listen", required=True)
+    parser.add_argument("--health-listen", required=True)
+    parser.add_argument("--tls-cert-file", required=True)
+    parser.add_argument("--tls-key-file", required=True)
+    parser.add_argument("--tls-client-ca-file", required=True)
+    options, _ignored = parser.parse_known_args(argv)
+    name_os_threads()
+    client = KubeClient.connect(options.kubeconfig)
+    api = LoopClient.of(client)
+    assert api is not None, "the API server is reached through a proxy"
+    floor = _Floor(api)
+    watch = Informer(client, "/api/v1/pods", _Dropped(), name="pods", field_selector=BOUND_PODS)
+    watch.start()
+    _health(_address(options.health_listen), floor, watch.synced)
+    tls = tls_context(options.tls_cert_file, options.tls_key_file, options.tls_client_ca_file)
+    # tessera-scheduler verifies an offered certificate and refuses extender calls without
+    # one; refusing at the handshake costs a certified caller the same
+    tls.verify_mode = ssl.CERT_REQUIRED
+
+    async def serve() -> None:
+        host, port = _address(options.listen)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: _Connection(floor), host, port, ssl=tls
+        )
+        await server.serve_forever()
+
+    def run() -> None:
+        uvloop.install()
+        asyncio.run(serve())
+
+    thread = threading.Thread(target=run, name="http-extender")
+    thread.start()
+    thread.join()
+
+
+if __name__ == "__main__":
+    main()
