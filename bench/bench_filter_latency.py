@@ -125,36 +125,57 @@ def measure(names: int, calls: int, seed: int = 11, gap: float = GAP) -> tuple[l
     waiting `gap` seconds between an answer and its next call."""
     from bench.bench_filter import cluster
     from bench.bench_scheduler import serving
-    from bench.scale_common import own_thread_cpu_seconds
 
     cache = cluster()
     service = serving(cache, "best")
     bind_answers(service)
-    every = cache.node_names()
     try:
-        thread = next(t for t in threading.enumerate() if t.name == "http-extender")
-        assert thread.native_id is not None
-        batches = (
-            requests(every, names, WARMUP, seed),
-            requests(every, names, calls, seed + 1),
-        )
-        times: list[int] = []
-        cpu = 0.0
-        for counted, batch in enumerate(batches):
-            with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
-                json.dump(batch, file)
-                file.flush()
-                before = own_thread_cpu_seconds(thread.native_id)
-                out = subprocess.run(
-                    [sys.executable, "-c", _CLIENT, str(service.server.port), file.name, str(gap)],
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                cpu = own_thread_cpu_seconds(thread.native_id) - before
-            times = json.loads(out) if counted else times
+        return _drive(service.server.port, cache.node_names(), names, calls, seed, gap)
     finally:
         service.server.stop()
+
+
+def measure_floor(
+    names: int, calls: int, seed: int = 11, gap: float = GAP
+) -> tuple[list[float], float]:
+    """`measure` against bench.floor_extender's HTTP/1.1 protocol (a bare asyncio protocol
+    on httptools, the stdlib JSON decoder, the first name as the answer, no decision): the
+    least a Python extender's filter call costs on this machine, as kube-scheduler sees it."""
+    from bench.floor_extender import serve_plain
+
+    port, stop = serve_plain()
+    try:
+        every = [f"node-{n:05d}" for n in range(5000)]  # bench_filter.cluster's names
+        return _drive(port, every, names, calls, seed, gap)
+    finally:
+        stop()
+
+
+def _drive(
+    port: int, every: list[str], names: int, calls: int, seed: int, gap: float
+) -> tuple[list[float], float]:
+    """Warm-up then counted calls from the client process to `port`: (wall ms of each
+    counted call, CPU ms per counted call of the thread named http-extender)."""
+    from bench.scale_common import own_thread_cpu_seconds
+
+    thread = next(t for t in threading.enumerate() if t.name == "http-extender")
+    assert thread.native_id is not None
+    batches = (requests(every, names, WARMUP, seed), requests(every, names, calls, seed + 1))
+    times: list[int] = []
+    cpu = 0.0
+    for counted, batch in enumerate(batches):
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as file:
+            json.dump(batch, file)
+            file.flush()
+            before = own_thread_cpu_seconds(thread.native_id)
+            out = subprocess.run(
+                [sys.executable, "-c", _CLIENT, str(port), file.name, str(gap)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            cpu = own_thread_cpu_seconds(thread.native_id) - before
+        times = json.loads(out) if counted else times
     # the client's start (interpreter, connection) is in the CPU span: a few ms over
     # `calls` calls, under 0.01 ms a call
     return [t / 1e6 for t in times], cpu * 1000 / calls
@@ -188,6 +209,20 @@ def run(ctx: BenchContext) -> list[Result]:
                 "ms",
             )
         )
+    wall, cpu = measure_floor(500, calls)
+    results.append(
+        Result(
+            "filter latency p50 without a decision (the floor), 500 names",
+            percentile(wall, 50),
+            "ms",
+            note=(
+                "the same calls answered by bench.floor_extender's protocol (bare asyncio "
+                "protocol on httptools, stdlib JSON decode, the first name as the answer): "
+                f"what any Python extender's call costs here; p99 {percentile(wall, 99):.3f} "
+                f"ms, serving thread {cpu:.3f} ms CPU per call"
+            ),
+        )
+    )
     return results
 
 

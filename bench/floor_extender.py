@@ -23,9 +23,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import queue
+import socket
 import ssl
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
@@ -52,7 +54,7 @@ class _Dropped(Handler):
 
 
 class _Floor:
-    def __init__(self, api: LoopClient) -> None:
+    def __init__(self, api: LoopClient | None) -> None:
         self.api = api
         self.connections = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -74,6 +76,8 @@ class _Floor:
             "metadata": {"name": name, "uid": args["PodUID"]},
             "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
         }
+        if self.api is None:
+            return {"Error": "no API server"}
         try:
             await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
         except Exception as exc:  # any failure goes back to kube-scheduler as the bind's error
@@ -131,6 +135,31 @@ class _Connection(asyncio.Protocol):
         )
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(head + data)
+
+
+def serve_plain(host: str = "127.0.0.1") -> tuple[int, Callable[[], None]]:
+    """Filter calls over plain HTTP on a uvloop event loop in a thread named
+    http-extender, with no API server (binds answer an error): (port, stop)."""
+    started: queue.SimpleQueue[tuple[int, Callable[[], None]]] = queue.SimpleQueue()
+
+    def run() -> None:
+        loop = uvloop.new_event_loop()
+        floor = _Floor(None)
+        listener = socket.create_server((host, 0))
+        server = loop.run_until_complete(
+            loop.create_server(lambda: _Connection(floor), sock=listener)
+        )
+
+        def stop() -> None:
+            loop.call_soon_threadsafe(loop.stop)
+
+        started.put((listener.getsockname()[1], stop))
+        loop.run_forever()
+        server.close()
+        loop.close()
+
+    threading.Thread(target=run, name="http-extender", daemon=True).start()
+    return started.get()
 
 
 def _health(address: tuple[str, int], floor: _Floor, synced: threading.Event) -> None:

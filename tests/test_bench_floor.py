@@ -101,3 +101,20 @@ def test_the_floor_extender_filters_binds_and_counts_connections(tmp_path: Path)
         finally:
             proc.kill()
             proc.wait()
+
+
+def test_the_plain_floor_answers_filter_calls_on_a_kept_alive_connection() -> None:
+    from bench.floor_extender import serve_plain
+
+    port, stop = serve_plain()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        for names in (["a", "b"], ["c"], []):
+            body = json.dumps({"Pod": {}, "NodeNames": names})
+            conn.request("POST", "/filter", body, {"Content-Type": "application/json"})
+            reply = json.loads(conn.getresponse().read())
+            assert reply["NodeNames"] == names[:1]
+            assert bool(reply["Error"]) == (not names)
+        conn.close()
+    finally:
+        stop()
