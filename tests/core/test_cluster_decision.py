@@ -11,11 +11,15 @@ from tessera.cluster_decision import UNKNOWN_NODE, Decider
 from tessera.cluster_state import ClusterState
 from tessera.node_placement import Placement, place_pod
 from tessera.policy_registry import POLICIES
-from tessera.request import parse_pod
+from tessera.request import PodRequest, parse_pod
 
 from .builders import SAMPLE_LIMITS, gpu, mixed_cluster, node, placed, pod
 
 ANNOTATIONS = [{}, {rn.GPU_MODEL_ANNOTATION: "A100"}, {rn.GPU_MODEL_ANNOTATION: "T4,H100"}]
+
+
+FILLS = st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60)
+"""Pods of the sample sizes placed on the nine nodes (`fill`) before the checks."""
 
 
 def make_decider(nodes: int = 9) -> Decider:
@@ -33,37 +37,43 @@ def fill(decider: Decider, ops: list[tuple[int, int]]) -> None:
             decider.state.add(result.allocation)
 
 
+def sample_requests(policy_name: str) -> list[PodRequest]:
+    """A pod of each sample size under each model annotation, placed by `policy_name`."""
+    return [
+        parse_pod(
+            pod(
+                "q",
+                containers={"main": limits},
+                annotations={**annotations, rn.PLACEMENT_ANNOTATION: policy_name},
+            )
+        )
+        for limits in SAMPLE_LIMITS
+        for annotations in ANNOTATIONS
+    ]
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60),
-    st.sampled_from(sorted(POLICIES)),
-)
+@given(FILLS, st.sampled_from(sorted(POLICIES)))
 def test_vector_path_agrees_with_exact_placement(
     ops: list[tuple[int, int]], policy_name: str
 ) -> None:
     decider = make_decider()
     fill(decider, ops)
     policy = decider.policies[policy_name]
-    for limits in SAMPLE_LIMITS:
-        for annotations in ANNOTATIONS:
-            ann = {**annotations, rn.PLACEMENT_ANNOTATION: policy_name}
-            request = parse_pod(pod("q", containers={"main": limits}, annotations=ann))
-            evaluation = decider.evaluate(request)
-            assert set(evaluation.scores) | set(evaluation.failures) == set(decider.state.nodes)
-            for name, node_state in decider.state.nodes.items():
-                exact = place_pod(node_state, request, policy)
-                if isinstance(exact, Placement):
-                    assert evaluation.scores[name] == pytest.approx(exact.score, abs=1e-9)
-                else:
-                    got = evaluation.failures[name]
-                    assert got.unresolvable == exact.unresolvable, (name, got, exact)
+    for request in sample_requests(policy_name):
+        evaluation = decider.evaluate(request)
+        assert set(evaluation.scores) | set(evaluation.failures) == set(decider.state.nodes)
+        for name, node_state in decider.state.nodes.items():
+            exact = place_pod(node_state, request, policy)
+            if isinstance(exact, Placement):
+                assert evaluation.scores[name] == pytest.approx(exact.score, abs=1e-9)
+            else:
+                got = evaluation.failures[name]
+                assert got.unresolvable == exact.unresolvable, (name, got, exact)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60),
-    st.sampled_from(sorted(POLICIES)),
-)
+@given(FILLS, st.sampled_from(sorted(POLICIES)))
 def test_unscored_placement_takes_the_same_devices(
     ops: list[tuple[int, int]], policy_name: str
 ) -> None:
@@ -71,19 +81,16 @@ def test_unscored_placement_takes_the_same_devices(
     reason it does not fit, must be those of the scored placement."""
     decider = make_decider()
     fill(decider, ops)
-    for limits in SAMPLE_LIMITS:
-        for annotations in ANNOTATIONS:
-            ann = {**annotations, rn.PLACEMENT_ANNOTATION: policy_name}
-            request = parse_pod(pod("q", containers={"main": limits}, annotations=ann))
-            for name in decider.state.nodes:
-                scored = decider.place(request, name)
-                unscored = decider.place(request, name, scored=False)
-                if isinstance(scored, Placement):
-                    assert isinstance(unscored, Placement)
-                    assert unscored.allocation == scored.allocation
-                    assert math.isnan(unscored.score) and not math.isnan(scored.score)
-                else:
-                    assert unscored == scored
+    for request in sample_requests(policy_name):
+        for name in decider.state.nodes:
+            scored = decider.place(request, name)
+            unscored = decider.place(request, name, scored=False)
+            if isinstance(scored, Placement):
+                assert isinstance(unscored, Placement)
+                assert unscored.allocation == scored.allocation
+                assert math.isnan(unscored.score) and not math.isnan(scored.score)
+            else:
+                assert unscored == scored
 
 
 def test_unknown_nodes_fail_as_unresolvable() -> None:
