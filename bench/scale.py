@@ -111,7 +111,7 @@ def real(args: argparse.Namespace) -> list[str]:
     lines += ["", f"tessera-scheduler peak RSS (VmHWM): {rss:.0f} MiB."]
     for (who, qps), s in series.items():
         if who != "alone" and s.best.threads:
-            name = "the floor extender" if who == "floor" else "tessera-scheduler"
+            name = "The floor extender" if who == "floor" else "tessera-scheduler"
             lines += [
                 "",
                 f"{name} CPU ms per pod by thread (qps {qps}, best round): "
