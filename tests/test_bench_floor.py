@@ -98,6 +98,8 @@ def test_the_floor_extender_filters_binds_and_counts_connections(tmp_path: Path)
                 pass
             else:
                 raise AssertionError("a caller without a client certificate was answered")
+            finally:
+                refused.close()
         finally:
             proc.kill()
             proc.wait()
