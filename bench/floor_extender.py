@@ -5,12 +5,12 @@ do whatever it decides: accept kube-scheduler's TLS connections, read its filter
 calls and answer them, write the Binding, and follow the bound pods. This program does
 only that, as cheaply as Python does it: a bare asyncio protocol on httptools (no ASGI
 server, no routing, no bounds, no metrics but a connection count), the stdlib JSON
-decoder, the first candidate as the filter's answer, a Binding without a record written
-with tessera's event-loop client, and a bound-pod watch whose events are decoded and
-dropped. It is not an extender anyone should run (it places pods anywhere and trusts
-every byte); `python -m bench.scale --floor` runs it in tessera-scheduler's place, on the
-same port, certificates and kube-scheduler configuration, so a round's CPU per pod is
-the floor under tessera-scheduler's.
+decoder, the first candidate as the filter's answer, tessera's Binding without a record
+written with tessera's event-loop client, and a bound-pod watch whose events are decoded
+and dropped. It is not an extender anyone should run (it places pods anywhere and checks
+nothing but a bind's arguments); `python -m bench.scale --floor` runs it in
+tessera-scheduler's place, on the same port, certificates and kube-scheduler
+configuration, so a round's CPU per pod is the floor under tessera-scheduler's.
 
 It takes tessera-scheduler's command line and reads only --kubeconfig, --listen,
 --health-listen and the three --tls-* files (the rest is ignored). The health port answers
@@ -37,6 +37,7 @@ import uvloop
 from kube_edge.client import KubeClient
 from kube_edge.informer import Handler, Informer
 from kube_edge.loop_client import LoopClient
+from scheduler_plugin.binder import BindArgs, binding_body, binding_path
 from scheduler_plugin.cluster import BOUND_PODS
 from scheduler_plugin.http import tls_context
 from tessera_edge.threads import name_os_threads
@@ -68,18 +69,12 @@ class _Floor:
             "Error": "" if names else "no candidate nodes",
         }
 
-    async def bind(self, args: Any) -> dict[str, Any]:
-        name, namespace = args["PodName"], args["PodNamespace"]
-        binding = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": {"name": name, "uid": args["PodUID"]},
-            "target": {"apiVersion": "v1", "kind": "Node", "name": args["Node"]},
-        }
+    async def bind(self, raw: Any) -> dict[str, Any]:
         if self.api is None:
             return {"Error": "no API server"}
         try:
-            await self.api.create(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", binding)
+            args = BindArgs.parse(raw)
+            await self.api.create(binding_path(args), binding_body(args))
         except Exception as exc:  # any failure goes back to kube-scheduler as the bind's error
             return {"Error": str(exc)}
         return {"Error": ""}

@@ -133,6 +133,25 @@ class BindArgs:
         }
 
 
+def binding_path(args: BindArgs) -> str:
+    """Where the pod's Binding is created (the pods/binding subresource)."""
+    return pod_path(args.namespace, args.name) + "/binding"
+
+
+def binding_body(args: BindArgs, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """The Binding of the pod to its node, with the pod's UID as precondition; the API
+    server sets `annotations` on the pod in the same update."""
+    meta: dict[str, Any] = {"name": args.name, "namespace": args.namespace, "uid": args.uid}
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": meta,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+    }
+
+
 @dataclass(eq=False)
 class Binder:
     cache: Cache
@@ -234,18 +253,8 @@ class Binder:
     ) -> None:
         """Bind the pod (UID as precondition), setting `annotations` on it in the same
         update."""
-        meta: dict[str, Any] = {"name": args.name, "namespace": args.namespace, "uid": args.uid}
-        if annotations:
-            meta["annotations"] = annotations
-        binding = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
-        }
-        path = pod_path(args.namespace, args.name) + "/binding"
         try:
-            await api.create(path, binding)
+            await api.create(binding_path(args), binding_body(args, annotations))
         except ApiError as exc:
             if exc.transient and await self._bound_to(args, api):
                 return  # the answer was lost but the Binding exists
