@@ -207,6 +207,15 @@ class ClusterIndex:
         unknown = [name for name, row in zip(names, found, strict=True) if row is None]
         return np.asarray(rows, dtype=np.int64), unknown
 
+    def selector(self, rows: IntArray) -> IntArray | slice:
+        """`rows` as a slice where it is `all_rows()` and that is every row 0..n-1 (no node
+        removed: the usual case), so per-row arrays are read as views, not gathered;
+        otherwise `rows` itself."""
+        n = rows.size
+        if n and rows is self.all_rows() and int(rows[-1]) == n - 1:
+            return slice(0, n)
+        return rows
+
     def all_rows(self) -> IntArray:
         """Every known node's row, ascending (do not modify: it is shared until a node
         comes or goes)."""

@@ -72,10 +72,9 @@ class ShapeVerdicts:
 
     def stale(self, index: ClusterIndex, rows: IntArray) -> IntArray:
         """The rows of `rows` whose verdict is missing or out of date."""
-        n = rows.size
-        if n and rows is index.all_rows() and int(rows[-1]) == n - 1:
-            # every row 0..n-1 (the usual whole-index case): compare views, not gathers
-            every: IntArray = np.flatnonzero(self.stamp[:n] != index.stamp[:n])
+        sel = index.selector(rows)
+        if isinstance(sel, slice):  # rows 0..n-1: their positions are the rows
+            every: IntArray = np.flatnonzero(self.stamp[sel] != index.stamp[sel])
             return every
         out: IntArray = rows[self.stamp[rows] != index.stamp[rows]]
         return out

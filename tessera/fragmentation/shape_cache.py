@@ -62,12 +62,7 @@ class ShapeCache:
                 self._entries.popitem(last=False)
         else:
             self._entries.move_to_end(key)
-        # every row of the index, in order (the usual case): slices, not gathers
-        sel: IntArray | slice = (
-            slice(0, rows.size)
-            if rows is index.all_rows() and rows.size and int(rows[-1]) == rows.size - 1
-            else rows
-        )
+        sel = index.selector(rows)
         current = stamps[sel]
         stale = rows[entry.stamp[sel] != current]
         if stale.size:
