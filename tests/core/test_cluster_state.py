@@ -185,3 +185,52 @@ def test_index_tracks_host_capacity_and_node_removal() -> None:
     row = index.row_of["c"]
     assert index.slots >= 12 and np.count_nonzero(index.free_core[row] == 100) == 12
     check_index(state, index)
+
+
+NAME_OPS = st.lists(
+    st.tuples(st.sampled_from(["add", "remove", "look"]), st.integers(0, 40)),
+    min_size=1,
+    max_size=120,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(NAME_OPS)
+def test_rows_for_answers_from_the_names_however_they_were_laid_out(
+    ops: list[tuple[str, int]],
+) -> None:
+    # nodes come and go while rows are looked up, so row_of is laid out again (rows_for
+    # packs it) at random points: every answer still names the rows of those nodes
+    state = ClusterState()
+    index = ClusterIndex(state, rows=2)
+    for op, k in ops:
+        name = f"node-{k:02d}"
+        if op == "add":
+            state.set_node(node(name, [gpu(0)]))
+        elif op == "remove" and name in state.nodes:
+            state.remove_node(name)
+        asked = [f"node-{j:02d}" for j in range(k % 7, 41, 3)] + [name, name]
+        rows, unknown = index.rows_for(asked)
+        assert unknown == [n for n in asked if n not in state.nodes]
+        assert [index.names[r] for r in rows.tolist()] == [n for n in asked if n in state.nodes]
+        check_index(state, index)
+        assert all(index.names[index.row_of[n]] == n for n in state.nodes)
+
+
+def test_names_are_laid_out_again_a_logarithmic_number_of_times() -> None:
+    state = ClusterState()
+    index = ClusterIndex(state)
+    packs = 0
+    pack = index._pack
+
+    def counted() -> None:
+        nonlocal packs
+        packs += 1
+        pack()
+
+    index._pack = counted  # type: ignore[method-assign]
+    for k in range(1000):
+        state.set_node(node(f"node-{k:04d}", [gpu(0)]))
+        rows, _ = index.rows_for([f"node-{k:04d}"])  # a filter after every new node
+        assert index.names[int(rows[0])] == f"node-{k:04d}"
+    assert 10 < packs <= 60  # once per growth by an eighth: about log(1000) / log(8/7)
