@@ -41,7 +41,7 @@ from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
 from tessera.errors import InputError, RequestError
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import NodeState
-from tessera.request import PodRequest, parse_pod
+from tessera.request import PodParser, PodRequest
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ class Extender:
         """The NRI hook's name, required of containerd on every pod bound with a record
         (None: no requirement written)."""
         self.answer_best = answer == "best"
+        self._parser = PodParser(nvidia_gpu_enabled=manage_nvidia_gpu, nri_plugin=nri_plugin)
         self.gangs: Gangs | None = None
         """Gang members are answered by their gang (scheduler_plugin/gangs.py)."""
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
@@ -156,7 +157,7 @@ class Extender:
 
     def parse(self, pod: Mapping[str, Any]) -> PodRequest:
         """The pod's request (RequestError when it breaks a rule)."""
-        return parse_pod(pod, nvidia_gpu_enabled=self.manage_nvidia_gpu, nri_plugin=self.nri_plugin)
+        return self._parser.parse(pod)
 
     def request_of(self, pod: Mapping[str, Any]) -> PodRequest:
         """The pod's request, parsed once per version of the pod: kube-scheduler sends the

@@ -1,10 +1,13 @@
 from typing import Any
+from unittest.mock import patch
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tessera import resources as rn
 from tessera.errors import RequestError
-from tessera.request import ContainerRequest, parse_pod
+from tessera.request import READ_ANNOTATIONS, ContainerRequest, PodParser, PodRequest, parse_pod
 from tessera.topology import Scope, Tier
 
 from .builders import pod
@@ -231,3 +234,119 @@ def test_shape_ignores_names() -> None:
     b = parse_pod(pod("b", containers={"y": {rn.GPU: "10"}}))
     c = parse_pod(pod("c", containers={"y": {rn.GPU: "20"}}))
     assert a.shape() == b.shape() != c.shape()
+
+
+# --- PodParser: parse_pod with a memory of recent pod bodies -------------------------------
+
+# few choices, so that bodies repeat, with values that Python takes as equal and the rules
+# do not (1, 1.0 and true; 0 and false; a null annotation and none)
+LIMITS = st.sampled_from(
+    [{rn.GPU: v} for v in ("1", 1, True, 1.0, "100", 100, 100.0, "abc")]
+    + [{rn.RDMA: v} for v in (0, False, "0")]
+)
+SETUPS = st.sampled_from([None, None, None, "Always", 1, True, "Never"])
+ANNOTATIONS = st.sampled_from(
+    [{}, {}, {}, {rn.RDMA_AFFINITY_ANNOTATION: "numa"}, {rn.RDMA_AFFINITY_ANNOTATION: None}]
+    + [{rn.NRI_REQUIRED_PLUGINS_ANNOTATION: v} for v in ("[tessera]", 1, True)]
+)
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    setup = draw(SETUPS)
+    init = None if setup is None else {"setup": {rn.GPU: "30"}}
+    name = draw(st.sampled_from(["a", "b"]))
+    built = pod(name, containers={"main": draw(LIMITS)}, init=init)
+    built["metadata"]["annotations"] = draw(ANNOTATIONS)
+    if setup is not None and setup != "Never":
+        built["spec"]["initContainers"][0]["restartPolicy"] = setup
+    return built
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(pods(), min_size=1, max_size=12))
+def test_the_parser_answers_as_parse_pod_whatever_it_remembers(batch: list[dict[str, Any]]) -> None:
+    # the bodies repeat and differ in type only (100, "100", 100.0, true): a remembered
+    # parse must never stand in for a body the rules read differently
+    parser = PodParser(nri_plugin="tessera", size=3)
+    for raw in batch:
+        try:
+            expected: PodRequest | str = parse_pod(raw, nri_plugin="tessera")
+        except RequestError as exc:
+            expected = f"error: {exc}"
+        try:
+            got: PodRequest | str = parser.parse(raw)
+        except RequestError as exc:
+            got = f"error: {exc}"
+        assert got == expected
+
+
+def test_a_pod_with_a_remembered_body_is_not_parsed_again() -> None:
+    parser = PodParser()
+    first = parser.parse(pod("a", containers={"main": {rn.GPU: "30"}}))
+    with patch("tessera.request._parse_container", side_effect=AssertionError("parsed")):
+        second = parser.parse(pod("b", containers={"main": {rn.GPU: "30"}}))
+        assert (second.name, second.uid) == ("b", "uid-b")
+        assert second.containers == first.containers
+        # a body with a number in it is parsed (and checked) every time
+        with pytest.raises(AssertionError, match="parsed"):
+            parser.parse(pod("c", containers={"main": {rn.GPU: 30}}))
+
+
+class Reads(dict[str, Any]):
+    """A JSON object that records every key a reader asks for."""
+
+    def __init__(self, log: set[str], where: str, items: dict[str, Any]) -> None:
+        super().__init__(items)
+        self.log, self.where = log, where
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.log.add(f"{self.where}.{key}")
+        return super().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        self.log.add(f"{self.where}.{key}")
+        return super().__getitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self.log.add(f"{self.where}.{key}")
+        return super().__contains__(key)
+
+
+def test_the_parser_remembers_by_everything_parse_pod_reads() -> None:
+    # parse_pod must read no field that PodParser's body key leaves out: a new rule that
+    # reads another annotation or container field has to join the key (_body_key)
+    log: set[str] = set()
+    annotations = dict.fromkeys(READ_ANNOTATIONS, "x") | {
+        rn.GPU_UUID_ANNOTATION: "GPU-1",
+        rn.GPU_UUID_EXCLUDE_ANNOTATION: "GPU-2",
+        rn.TOPOLOGY_ANNOTATION: "numa",
+        rn.RDMA_AFFINITY_ANNOTATION: "numa",
+        rn.PLACEMENT_ANNOTATION: "binpack",
+        rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION: "[tessera]",
+        rn.NRI_REQUIRED_PLUGINS_ANNOTATION: "[tessera]",
+    }
+    limits = {rn.GPU: "100", rn.RDMA: "100", "cpu": "1", "memory": "1Gi"}
+    resources = Reads(log, "resources", {"limits": limits, "requests": limits})
+    container = Reads(log, "container", {"name": "main", "resources": resources})
+    sidecar = Reads(log, "container", {"name": "s", "restartPolicy": "Always"})
+    spec = Reads(
+        log,
+        "spec",
+        {"containers": [container], "initContainers": [sidecar], "overhead": {"cpu": "1"}},
+    )
+    meta = Reads(
+        log, "metadata", {"name": "p", "uid": "u", "annotations": Reads(log, "ann", annotations)}
+    )
+    request = parse_pod(Reads(log, "pod", {"metadata": meta, "spec": spec}), nri_plugin="tessera")
+    assert request.containers and request.required_plugins == ("tessera",)
+    read = {
+        "pod.metadata",
+        "pod.spec",
+        *(f"metadata.{k}" for k in ("annotations", "namespace", "name", "uid")),
+        *(f"spec.{k}" for k in ("containers", "initContainers", "overhead")),
+        *(f"container.{k}" for k in ("name", "resources", "restartPolicy")),
+        *(f"ann.{k}" for k in READ_ANNOTATIONS),
+    }
+    assert {k for k in log if not k.startswith("resources.")} <= read
+    assert {f"ann.{k}" for k in rn.HINT_ANNOTATIONS} <= log  # the reads were seen
