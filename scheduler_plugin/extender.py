@@ -38,6 +38,7 @@ from scheduler_plugin.gangs import GangAnswer, Gangs
 from scheduler_plugin.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
+from tessera.cluster_index import IntArray
 from tessera.errors import InputError, RequestError
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import NodeState
@@ -283,12 +284,12 @@ class Extender:
             if closed:
                 candidates = fits.copy()
                 candidates[closed] = False
-        if not candidates.any() or len(set(names)) != len(names):
+        if not candidates.any() or _repeats(names, rows, verdicts.unknown, len(names_of)):
             return None
-        levels = _levels(verdicts.scores)
-        if np.isnan(levels[candidates]).any():
+        levels = np.where(candidates, _levels(verdicts.scores), -np.inf)
+        if np.isnan(levels).any():
             return None
-        pos = int(np.argmax(np.where(candidates, levels, -np.inf)))
+        pos = int(np.argmax(levels))
         best = names_of[int(rows[pos])] or ""
         if self.metrics is not None:
             reasons: Counter[str] = Counter()
@@ -520,6 +521,16 @@ def best_node(scores: Mapping[str, float], names: Sequence[str]) -> str:
     scores the first listed, as prioritize's 10 and a first-listed tie-break would pick."""
     values = np.fromiter(map(scores.__getitem__, names), float, len(names))
     return names[int(np.argmax(_levels(values)))]
+
+
+def _repeats(names: list[str], rows: IntArray, unknown: list[str], row_count: int) -> bool:
+    """Whether a name is listed twice; from the rows (one per known name) when every name
+    is known, which needs no hashing of the names again."""
+    if unknown:
+        return len(set(names)) != len(names)
+    seen = np.zeros(row_count, dtype=np.bool_)
+    seen[rows] = True
+    return int(np.count_nonzero(seen)) != rows.size
 
 
 def _levels(values: np.ndarray) -> np.ndarray:

@@ -169,6 +169,7 @@ class Metrics:
         self._cache: Cache | None = None
         self._latency: dict[str, Any] = {}
         self._decided: dict[tuple[str, str], Any] = {}
+        self._failed: dict[str, Any] = {}
         r = self.registry
         self.requests = Histogram(
             "tessera_scheduler_request_duration_seconds",
@@ -245,8 +246,12 @@ class Metrics:
         counter.inc()
 
     def node_failures(self, reasons: Mapping[str, int]) -> None:
+        # the reasons are reason_category's few labels
         for reason, count in reasons.items():
-            self.failures.labels(reason).inc(count)
+            counter = self._failed.get(reason)
+            if counter is None:
+                counter = self._failed[reason] = self.failures.labels(reason)
+            counter.inc(count)
 
     def chunks(self) -> Iterator[bytes]:
         """The whole exposition, in chunks (the per-GPU series last, read in batches)."""

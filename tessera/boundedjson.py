@@ -45,6 +45,10 @@ def _constant(text: str) -> Any:
     raise ValueError(f"{text} is not JSON")
 
 
+_DECODER: Final = json.JSONDecoder(parse_int=_int, parse_float=_float, parse_constant=_constant)
+"""One decoder for every call (json.loads with these hooks builds a new one each time)."""
+
+
 def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None = None) -> Any:
     """Parse `raw` (at most `max_bytes`, nested at most `max_depth` deep when given)."""
     # surrogatepass: a lone surrogate (a JSON string's "\ud800", once decoded) is counted,
@@ -53,7 +57,11 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None 
     if size > max_bytes:
         raise JsonLimitError(what, f"{size} bytes, over the {max_bytes}-byte limit")
     try:
-        doc = json.loads(raw, parse_int=_int, parse_float=_float, parse_constant=_constant)
+        # as json.loads reads bytes: UTF-8, -16 or -32 told by the first bytes
+        text = (
+            raw if isinstance(raw, str) else raw.decode(json.detect_encoding(raw), "surrogatepass")
+        )
+        doc = _DECODER.decode(text)
     except RecursionError:
         raise JsonLimitError(what, "nested too deeply") from None
     except (ValueError, UnicodeDecodeError, TypeError) as exc:
