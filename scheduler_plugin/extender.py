@@ -284,16 +284,16 @@ class Extender:
             if closed:
                 candidates = fits.copy()
                 candidates[closed] = False
-        if not candidates.any() or _repeats(names, rows, verdicts.unknown, len(names_of)):
+        if not rows.size:
             return None
         levels = np.where(candidates, _levels(verdicts.scores), -np.inf)
-        if np.isnan(levels).any():
-            return None
-        pos = int(np.argmax(levels))
+        pos = int(np.argmax(levels))  # the first NaN, where a candidate's score is NaN
+        if not levels[pos] > -np.inf or _repeats(names, rows, verdicts.unknown, len(names_of)):
+            return None  # no candidate, a NaN score, or a name listed twice
         best = names_of[int(rows[pos])] or ""
         if self.metrics is not None:
             reasons: Counter[str] = Counter()
-            by_code = np.bincount(verdicts.codes[~fits])
+            by_code = np.bincount(verdicts.codes + 1)[1:]  # FITS (-1) counted apart
             for code in np.flatnonzero(by_code).tolist():
                 reasons[self._category(verdicts.reasons[code])] += int(by_code[code])
             for k in closed:

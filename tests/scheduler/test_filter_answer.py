@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -15,7 +16,10 @@ from scheduler_plugin.extender import Extender, best_node, rank_priorities, stat
 from scheduler_plugin.metrics import Metrics
 from scheduler_plugin.views import Assumed
 from tessera import resources as rn
+from tessera.cluster_decision import RowVerdicts
+from tessera.node_placement import NoFit
 from tessera.request import parse_pod
+from tessera.row_verdicts import FITS
 from tests.scheduler.helpers import heartbeat, pod, share
 from tests.scheduler.test_extender import args, make_cache, occupy
 
@@ -166,3 +170,32 @@ def test_the_array_answer_is_the_dict_answer(
     want = _DictsOnly(cache, slow, answer="best").filter(args(asked, names))
     assert got == want
     assert fast.counted == slow.counted
+
+
+@pytest.mark.parametrize(
+    ("fits", "scores", "best"),
+    [
+        ([True, True, False], [0.5, 0.7, 0.9], "b"),  # the best of those that fit
+        ([True, True, True], [0.7, 0.2, 0.7], "a"),  # the first of equal levels
+        ([True, True, False], [0.5, float("nan"), 0.0], None),  # a candidate's NaN
+        ([True, False, False], [0.5, float("nan"), 0.0], "a"),  # a NaN where it fails
+        ([False, False, False], [0.0, 0.0, 0.0], None),  # nothing fits
+    ],
+)
+def test_the_array_answer_reads_only_candidates_scores(
+    fits: list[bool], scores: list[float], best: str | None
+) -> None:
+    """The array answer leaves the choice to the dicts (None) where a candidate's score is
+    NaN or nothing fits; a NaN score where the pod does not fit changes nothing."""
+    verdicts = RowVerdicts(
+        ["a", "b", "c"],
+        np.array([0, 1, 2]),
+        [],
+        np.array(fits),
+        np.array(scores),
+        np.array([FITS if f else 0 for f in fits], dtype=np.int32),
+        [NoFit("no room")],
+        "binpack",
+    )
+    extender = Extender(_cache(), Metrics(), answer="best")
+    assert extender._best_of(verdicts, ["a", "b", "c"], {}) == best
