@@ -91,14 +91,12 @@ def real(args: argparse.Namespace) -> list[str]:
             for k in ("kube-apiserver", "etcd", "kube-scheduler", "tessera-scheduler")
         )
         verbs = s.best.verbs
-        if who == "floor":
-            lat, records, opened = "-", "-", f"{s.best.connections:.0f}"
-        elif who == "tessera":
+        if who in ("tessera", "floor"):
             lat = " / ".join(
                 sc.ms(verbs[v].quantile(q)) if v in verbs else "-"
                 for v, q in (("filter", 0.5), ("prioritize", 0.5), ("bind", 0.99))
             )
-            records = f"{s.best.valid_records} of {args.pods}"
+            records = f"{s.best.valid_records} of {args.pods}" if who == "tessera" else "-"
             opened = f"{s.best.connections:.0f}"
         else:
             lat, records, opened = "-", "-", "-"

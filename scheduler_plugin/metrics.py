@@ -31,7 +31,7 @@ _MIB = 1 << 20  # metrics are in base units: bytes, not the MiB the model counts
 GPU_BATCH: Final = 250
 """Nodes read (and rendered) per chunk of the per-GPU series."""
 
-_LATENCY_BUCKETS = (
+LATENCY_BUCKETS = (
     0.0005,
     0.001,
     0.0025,
@@ -48,6 +48,8 @@ _LATENCY_BUCKETS = (
     2.5,
     5.0,
 )
+"""Buckets of the extender's call durations (bench.floor_extender uses them too, so the
+two compare quantile for quantile)."""
 
 _CATEGORIES: tuple[tuple[str, str], ...] = (
     ("tessera: gang ", "gang"),
@@ -175,7 +177,7 @@ class Metrics:
             "tessera_scheduler_request_duration_seconds",
             "Time to answer an extender call, by verb",
             ["verb"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.decisions = Counter(

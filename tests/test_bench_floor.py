@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.common import ROOT
+from bench.scale_common import verb_histograms
 from kube_edge.client import KubeClient
 from tessera_testbed.apiserver import FakeApiServer, write_kubeconfig
 from tests.e2e.pki import Authority
@@ -88,6 +89,10 @@ def test_the_floor_extender_filters_binds_and_counts_connections(tmp_path: Path)
             assert api.get("/api/v1/namespaces/default/pods/p1")["spec"]["nodeName"] == "n1"
             status, text = _get(f"http://127.0.0.1:{health}/metrics")
             assert status == 200 and "tessera_scheduler_connections_total 1" in text
+            # each call's time, read as the benchmark reads tessera-scheduler's
+            verbs = verb_histograms(text)
+            assert {v: verbs[v].count for v in verbs} == {"filter": 1, "bind": 1}
+            assert 0 < verbs["bind"].quantile(0.99) < 5
             # a caller without a client certificate is refused at the handshake
             bare = ssl.create_default_context(cafile=str(ca.path))
             refused = http.client.HTTPSConnection("127.0.0.1", port, context=bare, timeout=10)
