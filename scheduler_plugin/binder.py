@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -254,7 +255,12 @@ class Binder:
         """Bind the pod (UID as precondition), setting `annotations` on it in the same
         update."""
         try:
-            await api.create(binding_path(args), binding_body(args, annotations))
+            started = time.perf_counter()
+            try:
+                await api.create(binding_path(args), binding_body(args, annotations))
+            finally:
+                if self.metrics is not None:
+                    self.metrics.binding_writes.observe(time.perf_counter() - started)
         except ApiError as exc:
             if exc.transient and await self._bound_to(args, api):
                 return  # the answer was lost but the Binding exists

@@ -192,6 +192,14 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.binding_writes = Histogram(
+            "tessera_scheduler_binding_write_seconds",
+            "Time from sending a bind's Binding to the API server's answer, as "
+            "tessera-scheduler reads it (beside the API server's own time for it, the "
+            "difference is the wait on the way and for this process's event loop)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.bind_failures = Counter(
             "tessera_scheduler_bind_failures",
             "Binds that failed, by step",

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kube_edge.client import KubeClient
 from kube_edge.loop_client import LoopClient
@@ -54,6 +55,24 @@ def test_a_bind_is_one_api_write_the_binding_carrying_the_record(fake: FakeApiSe
         assert text is not None
         assert obj["spec"]["nodeName"] == "n"
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
+
+
+def test_the_binding_write_is_timed_as_the_scheduler_reads_it(fake: FakeApiServer) -> None:
+    # one observation per Binding sent, on /metrics beside the bind's whole time
+    with serving_nodes(fake, ["n"], gpus=2) as served:
+        for name in ("p", "q"):
+            created = fake.create("pods", pod(name, share(30, 30)))
+            assert served.bind(created, "n") == ""
+        status, text = served.http.get("/metrics")
+        assert status == 200
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(text.decode())
+            if family.name == "tessera_scheduler_binding_write_seconds"
+            for s in family.samples
+        }
+        assert samples["tessera_scheduler_binding_write_seconds_count"] == 2
+        assert 0 < samples["tessera_scheduler_binding_write_seconds_sum"] < 10
 
 
 def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiServer) -> None:
