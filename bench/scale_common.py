@@ -195,16 +195,26 @@ class Histogram:
         return lower
 
 
+BINDING_WRITE = "binding write"
+"""`verb_histograms`' key for tessera_scheduler_binding_write_seconds: the Binding POSTs as
+tessera-scheduler reads them."""
+
+
 def verb_histograms(metrics_text: str) -> dict[str, Histogram]:
+    """tessera_scheduler_request_duration_seconds by verb, and the Binding POSTs' histogram
+    under BINDING_WRITE."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, Histogram] = {}
     for family in text_string_to_metric_families(metrics_text):
-        if family.name != "tessera_scheduler_request_duration_seconds":
+        if family.name not in (
+            "tessera_scheduler_request_duration_seconds",
+            "tessera_scheduler_binding_write_seconds",
+        ):
             continue
         for sample in family.samples:
             if sample.name.endswith("_bucket"):
-                verb = sample.labels["verb"]
+                verb = sample.labels.get("verb", BINDING_WRITE)
                 le = float(sample.labels["le"])
                 out.setdefault(verb, Histogram()).buckets[le] = sample.value
     return out

@@ -45,6 +45,18 @@ def test_histograms_are_read_per_verb_from_the_metrics_text() -> None:
     assert verb[0] == "bind" and verb[1].count == 4.0
 
 
+def test_the_binding_writes_are_read_beside_the_verbs() -> None:
+    from scheduler_plugin.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe("bind", 0.02, "bound")
+    for seconds in (0.004, 0.006, 0.03):
+        metrics.binding_writes.observe(seconds)
+    verbs = sc.verb_histograms(b"".join(metrics.chunks()).decode())
+    assert verbs["bind"].count == 1.0 and verbs[sc.BINDING_WRITE].count == 3.0
+    assert 0.0025 < verbs[sc.BINDING_WRITE].quantile(0.5) <= 0.0075
+
+
 def test_connections_are_counted_from_the_schedulers_own_metrics() -> None:
     from scheduler_plugin.metrics import Metrics
 
