@@ -4,7 +4,7 @@ tessera-scheduler's CPU per pod is the decision plus what any extender in its pl
 do whatever it decides: accept kube-scheduler's TLS connections, read its filter and bind
 calls and answer them, write the Binding, and follow the bound pods. This program does
 only that, as cheaply as Python does it: a bare asyncio protocol on httptools (no ASGI
-server, no routing, no bounds, no metrics but a connection count), the stdlib JSON
+server, no routing, no bounds, no metrics but a connection count and call times), the stdlib JSON
 decoder, the first candidate as the filter's answer, tessera's Binding without a record
 written with tessera's event-loop client, and a bound-pod watch whose events are decoded
 and dropped. It is not an extender anyone should run (it places pods anywhere and checks
