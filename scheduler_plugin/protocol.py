@@ -12,12 +12,15 @@ ahead of the application. This subclass adds, per connection:
   body: a split reply can wait on the client's delayed ACK;
 - the verified client certificate's subject in the ASGI scope (`extensions.tls`).
 
-It also answers filter and prioritize itself, without uvicorn's ASGI cycle (a task, a
+It also answers the extender verbs itself, without uvicorn's ASGI cycle (a task, a
 scope, receive and send messages per request), when the request is plain: POST over
 HTTP/1.1 with a Content-Length the body budget has room for, no Expect, no request of the
 connection still unanswered. The body is gathered from the parser's callbacks under a
-deadline and the application's `answer_inline` decides it, as the ASGI path does; the
-answer is written at once. Anything else takes the ASGI path, which answers every error.
+deadline. Filter and prioritize are decided at once by the application's `answer_inline`
+and written. A bind's answer is awaited (`answer_awaited`) in one task: while it runs, an
+`_Awaited` stands in for uvicorn's cycle, so a request pipelined behind it queues in
+uvicorn's pipeline and a graceful shutdown lets it finish. Anything else takes the ASGI
+path, which answers every error.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ class DirectAnswers(Protocol):
 
     def answer_inline(self, verb: str, body: bytes, started: float) -> Answer: ...
 
+    def awaited(self, verb: str) -> bool: ...
+
+    async def answer_awaited(self, verb: str, body: bytes, started: float) -> Answer: ...
+
     def answered(self, verb: str) -> None: ...
 
     def body_too_slow(self, verb: str, started: float) -> Answer: ...
@@ -86,6 +93,32 @@ class _Direct:
     """Its Content-Length: the bytes taken from the body budget."""
     started: float
     parts: list[bytes] = field(default_factory=list)
+
+
+_AWAITING: set[asyncio.Task[None]] = set()
+"""Awaited answers under way, held (the event loop keeps only weak references)."""
+
+
+class _NoEvent:
+    """uvicorn sets its cycle's message event when the connection is lost; an awaited
+    answer reads `disconnected` instead, so there is nothing to wake."""
+
+    def set(self) -> None:
+        pass
+
+
+class _Awaited:
+    """What stands in for uvicorn's RequestResponseCycle while a direct answer is
+    awaited: the attributes uvicorn's protocol reads and writes on its current cycle."""
+
+    __slots__ = ("disconnected", "keep_alive", "response_complete")
+    message_event = _NoEvent()
+
+    def __init__(self, keep_alive: bool) -> None:
+        self.response_complete = False
+        self.keep_alive = keep_alive
+        """Cleared by uvicorn's shutdown: the connection closes after the answer."""
+        self.disconnected = False
 
 
 class HeadTooLargeError(InputError):
@@ -272,6 +305,16 @@ class BoundedProtocol(HttpToolsProtocol):
         assert answers is not None
         body = b"".join(direct.parts)
         answers.give_body_room(direct.length)
+        if answers.awaited(direct.verb):
+            awaited = _Awaited(self.parser.should_keep_alive())
+            self.cycle = awaited  # type: ignore[assignment]
+            # held here until done and never cancelled (not in uvicorn's tasks, which a
+            # shutdown past its grace cancels): a bind cut off midway could leave its
+            # devices held, or free them while its Binding may yet land
+            task = self.loop.create_task(self._answer_awaited(answers, awaited, direct, body))
+            _AWAITING.add(task)
+            task.add_done_callback(_AWAITING.discard)
+            return
         try:
             answer = answers.answer_inline(direct.verb, body, direct.started)
         except Exception:  # answer_inline answers every error it expects
@@ -289,6 +332,35 @@ class BoundedProtocol(HttpToolsProtocol):
             )
         if answer.status == 200:
             answers.answered(direct.verb)
+
+    async def _answer_awaited(
+        self, answers: DirectAnswers, awaited: _Awaited, direct: _Direct, body: bytes
+    ) -> None:
+        try:
+            answer = await answers.answer_awaited(direct.verb, body, direct.started)
+        except Exception:  # answer_awaited answers every error it expects
+            log.exception("%s failed", direct.verb)
+            answer = INTERNAL_ERROR
+        except BaseException:
+            # the task cancelled as its loop ends, or dying: the client is not left
+            # waiting (uvicorn answers the ASGI path's the same way)
+            self._finish_awaited(awaited, INTERNAL_ERROR)
+            raise
+        self._finish_awaited(awaited, answer)
+
+    def _finish_awaited(self, awaited: _Awaited, answer: Answer) -> None:
+        awaited.response_complete = True
+        if awaited.disconnected or self.transport.is_closing():
+            return  # nobody to answer; the verb's work is done all the same
+        keep_alive = not answer.close and awaited.keep_alive
+        self._write(answer, keep_alive)
+        if keep_alive:
+            # counts it, reads again, starts a request pipelined behind it or arms the
+            # keep-alive deadline
+            self.on_response_complete()
+        else:
+            self.server_state.total_requests += 1
+            self.transport.close()
 
 
 class AlpnProtocol:

@@ -409,6 +409,12 @@ class Service:
             raise
         return self._bound(args, result)
 
+    async def bind_in_task(self, args: Any, api: BindApi) -> tuple[Any, str]:
+        """`bind_on_loop` in the caller's task, for a caller that holds its task and
+        never cancels it (HTTP/1.1's direct path): the bind's own task and shield cost two
+        turns of the loop, each a wait behind whatever is ready on a busy scheduler."""
+        return self._bound(args, await self.binder.bind_with(args, api))
+
     def _bound(self, args: Any, result: dict[str, Any]) -> tuple[Any, str]:
         if not result["Error"] and isinstance(args, dict):
             self.refusals.forget(str(args.get("PodUID", "")))

@@ -1,13 +1,16 @@
-"""filter and prioritize answered by the HTTP/1.1 protocol itself, without uvicorn's ASGI
+"""The extender verbs answered by the HTTP/1.1 protocol itself, without uvicorn's ASGI
 cycle (scheduler_plugin.protocol): the same answers as the ASGI path, in order when
-requests are pipelined, the ASGI path for everything that is not a plain request, bodies
-under the same deadline and budget, over real sockets to the real server."""
+requests are pipelined (behind an awaited bind too), the ASGI path for everything that is
+not a plain request, bodies under the same deadline and budget, a bind that lands when its
+client has gone or the server stops, over real sockets to the real server."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,7 +25,16 @@ from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
-from tests.scheduler.helpers import bind_body, pod, running, running_nodes, share, wait_for
+from tests.scheduler.helpers import (
+    bind_body,
+    pod,
+    populate,
+    running,
+    running_nodes,
+    share,
+    start,
+    wait_for,
+)
 
 NODES = ["direct-0", "direct-1", "direct-2"]
 
@@ -158,8 +170,9 @@ def test_pipelined_requests_are_answered_in_order(service: Service, asgi_calls: 
     assert second[0] == 200 and json.loads(second[2])["Error"]  # no such pod: refused
     assert third[0] == 200 and {p["Host"] for p in json.loads(third[2])} <= set(NODES)
     assert fourth[0] == 200 and json.loads(fourth[2])["NodeNames"]
-    # the first was answered at once; those behind the bind queue behind it (in order)
-    assert asgi_calls == ["/bind", "/prioritize", "/filter"]
+    # the first two were answered directly (the bind awaited an API GET for the pod);
+    # those pipelined behind the bind queued in uvicorn's pipeline until it was answered
+    assert asgi_calls == ["/prioritize", "/filter"]
 
 
 def test_requests_that_are_not_plain_take_the_asgi_path(
@@ -280,3 +293,117 @@ def test_any_split_of_the_bytes_gets_the_same_answers(
         answers = [reader.answer() for _ in range(pipelined)]
     assert all(status == 200 for status, _, _ in answers)
     assert all(json.loads(body)["NodeNames"] for _, _, body in answers)
+
+
+def _bind_bodies(fake: FakeApiServer, tag: str) -> list[tuple[str, bytes]]:
+    """Bind requests of every kind, with new pods named after `tag`."""
+    fits = fake.create("pods", pod(f"fits-{tag}", share(10, 10), uid=f"uid-fits-{tag}"))
+    whole = fake.create("pods", pod(f"whole-{tag}", {rn.GPU: 100}, uid=f"uid-whole-{tag}"))
+    plain = fake.create("pods", pod(f"plain-{tag}", {"cpu": "1"}, uid=f"uid-plain-{tag}"))
+    gone = pod("gone", {rn.GPU: 100}, uid="uid-gone")
+    return [
+        ("/bind", json.dumps(bind_body(fits, NODES[0])).encode()),
+        ("/tessera/bind/", json.dumps(bind_body(whole, NODES[1])).encode()),
+        ("/bind", json.dumps(bind_body(plain, NODES[2])).encode()),
+        ("/bind", json.dumps(bind_body(gone, NODES[0])).encode()),  # no such pod
+        ("/bind", json.dumps(bind_body(fits, "ghost")).encode()),  # no such node
+        ("/bind", b'{"PodName":"p"}'),
+        ("/bind", b"[1,2]"),
+        ("/bind", b'{"PodName":NaN}'),
+        ("/bind", b"{" * 200),
+    ]
+
+
+def _untagged(answer: Answer) -> Answer:
+    status, headers, body = answer
+    return status, headers, re.sub(rb"(fits|whole|plain)-[da]\b", rb"\1-?", body)
+
+
+def test_a_direct_bind_answers_what_the_asgi_path_answers(
+    asgi_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with FakeApiServer() as fake:
+        populate(fake, NODES, gpus=2)
+        with running(fake) as svc:
+            direct = _answers(svc, [_request(p, b) for p, b in _bind_bodies(fake, "d")])
+            assert asgi_calls == []
+            with monkeypatch.context() as m:
+                m.setattr(BoundedProtocol, "_direct_request", lambda self: None)
+                through_asgi = _answers(svc, [_request(p, b) for p, b in _bind_bodies(fake, "a")])
+            assert len(asgi_calls) == len(through_asgi)
+            bound = {
+                name: fake.get("pods", name, "default")["spec"].get("nodeName")
+                for tag in "da"
+                for name in (f"fits-{tag}", f"whole-{tag}", f"plain-{tag}")
+            }
+    assert [_untagged(a) for a in direct] == [_untagged(a) for a in through_asgi]
+    # bound; refused (no such pod, node taken, not ExtenderBindingArgs) in Error; not JSON
+    assert [status for status, _, _ in direct] == [200] * 7 + [400] * 2
+    errors = [json.loads(body)["Error"] for _, _, body in direct]
+    assert errors[:3] == [""] * 3 and all(errors[3:]), errors
+    assert bound == {
+        f"{kind}-{tag}": node
+        for tag in "da"
+        for kind, node in zip(("fits", "whole", "plain"), NODES, strict=True)
+    }
+
+
+class _HeldBinds:
+    """The fake API server's Binding writes held until `release`."""
+
+    def __init__(self, fake: FakeApiServer) -> None:
+        self.arrived = threading.Event()
+        self._gate = threading.Event()
+        self._bind = fake.bind
+
+        def held(namespace: str, name: str, binding: dict[str, Any]) -> dict[str, Any]:
+            self.arrived.set()
+            assert self._gate.wait(10)
+            return self._bind(namespace, name, binding)
+
+        fake.bind = held  # type: ignore[method-assign]
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+def test_a_bind_whose_client_went_away_still_lands_and_holds_its_devices() -> None:
+    with FakeApiServer() as fake:
+        populate(fake, NODES, gpus=2)
+        with running(fake) as svc:
+            created = fake.create("pods", pod("left", {rn.GPU: 100}, uid="uid-left"))
+            held = _HeldBinds(fake)
+            sock = _connect(svc)
+            sock.sendall(_request("/bind", json.dumps(bind_body(created, NODES[1])).encode()))
+            assert held.arrived.wait(10)
+            sock.close()  # kube-scheduler gave up on this bind
+            held.release()
+            wait_for(lambda: fake.get("pods", "left", "default")["spec"].get("nodeName"))
+            wait_for(lambda: not svc.cache.assumed())  # the watch saw it: held, not assumed
+            summary = svc.cache.node_summary(NODES[1])
+            assert summary is not None and "left" in json.dumps(summary)
+            assert _answers(svc, [_request("/filter", _filter("after"))])[0][0] == 200
+
+
+def test_a_stopping_server_answers_the_bind_it_awaits_then_closes() -> None:
+    with FakeApiServer() as fake:
+        populate(fake, NODES, gpus=2)
+        svc = start(fake)
+        try:
+            assert svc.wait_ready(10)
+            created = fake.create("pods", pod("last", {rn.GPU: 100}, uid="uid-last"))
+            held = _HeldBinds(fake)
+            with _connect(svc) as sock:
+                sock.sendall(_request("/bind", json.dumps(bind_body(created, NODES[0])).encode()))
+                assert held.arrived.wait(10)
+                stopping = threading.Thread(target=svc.server.stop)
+                stopping.start()
+                time.sleep(0.3)  # the shutdown has begun: the connection is asked to end
+                held.release()
+                status, headers, body = Reader(sock).answer()
+                stopping.join(10)
+            assert status == 200 and json.loads(body) == {"Error": ""}
+            assert headers.get(b"connection") == b"close"
+            assert fake.get("pods", "last", "default")["spec"]["nodeName"] == NODES[0]
+        finally:
+            svc.stop()
