@@ -220,6 +220,21 @@ def verb_histograms(metrics_text: str) -> dict[str, Histogram]:
     return out
 
 
+def bind_latencies(verbs: dict[str, Histogram], api_binding: Histogram) -> str:
+    """A round's binds in one line: the extender's answer, its Binding POST as it read
+    it, and the API server's own time for the round's Bindings (p50 / p99 each)."""
+
+    def both(h: Histogram | None) -> str:
+        if h is None or not h.count:
+            return "-"
+        return f"{ms(h.quantile(0.5))} / {ms(h.quantile(0.99))}"
+
+    return (
+        f"bind p50 / p99: {both(verbs.get('bind'))}; its Binding POST "
+        f"{both(verbs.get(BINDING_WRITE))}; the API server's Binding {both(api_binding)}"
+    )
+
+
 def connections_opened(metrics_text: str) -> float:
     """Connections tessera-scheduler's extender port has accepted, every protocol
     (tessera_scheduler_connections_total)."""

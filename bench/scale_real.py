@@ -325,6 +325,7 @@ class RealScale:
             per_thread = sc.by_thread(threads, count)
             who = "the floor extender" if self.floor else "tessera-scheduler"
             self.log(f"{run} {who} CPU ms per pod by thread: {per_thread}")
+            self.log(f"{run} {sc.bind_latencies(result.verbs, result.binding)}")
         if tessera and not self.floor:
             result.valid_records = self._valid_records(run)
         self._delete(run)

@@ -57,6 +57,16 @@ def test_the_binding_writes_are_read_beside_the_verbs() -> None:
     assert 0.0025 < verbs[sc.BINDING_WRITE].quantile(0.5) <= 0.0075
 
 
+def test_a_rounds_bind_line_names_each_histograms_quantiles() -> None:
+    verbs = {"bind": sc.Histogram({0.01: 2.0, 0.05: 4.0, float("inf"): 4.0})}
+    api = sc.Histogram({0.005: 3.0, 0.025: 4.0, float("inf"): 4.0})
+    line = sc.bind_latencies(verbs, api)
+    # bind: p50 at rank 2 ends the 10 ms bucket, p99 (rank 3.96) inside 10-50 ms
+    assert line.startswith("bind p50 / p99: 10.0 ms / 49.2 ms;")
+    assert "its Binding POST -;" in line  # no write histogram in this round
+    assert line.endswith("the API server's Binding 3.3 ms / 24.2 ms")
+
+
 def test_connections_are_counted_from_the_schedulers_own_metrics() -> None:
     from scheduler_plugin.metrics import Metrics
 
