@@ -66,17 +66,26 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None 
         raise JsonLimitError(what, "nested too deeply") from None
     except (ValueError, UnicodeDecodeError, TypeError) as exc:
         raise JsonLimitError(what, f"not valid JSON: {exc}") from None
-    if max_depth is not None and _opening_brackets(raw) > max_depth:
-        # fewer brackets than levels allowed (the usual body) cannot nest too deeply
+    if max_depth is not None and _may_nest_deeper(raw, max_depth):
         check_depth(doc, max_depth, what)
     return doc
 
 
-def _opening_brackets(raw: bytes | str) -> int:
-    """An upper bound on the nesting depth (brackets inside strings count too)."""
+def _may_nest_deeper(raw: bytes | str, max_depth: int) -> bool:
+    """False when the text's brackets alone show it nests at most `max_depth` deep (the
+    usual body: no walk of the parsed document needed).
+
+    Every container adds one level to a path through it, and only a path's last container
+    can be empty, so the depth is at most the opening brackets plus one, less those that
+    open an empty `{}` or `[]`: a Pod's managedFields are mostly such pairs. Brackets
+    inside strings are counted too, and a `{}` or `[]` inside a string takes away no more
+    than the `{` or `[` it added (neither pair can straddle a string's edge: a quote would
+    lie between), so the bound is never below the real depth."""
     if isinstance(raw, str):
-        return raw.count("[") + raw.count("{")
-    return raw.count(b"[") + raw.count(b"{")
+        opening = raw.count("[") + raw.count("{")
+        return opening > max_depth and opening - raw.count("{}") - raw.count("[]") >= max_depth
+    opening = raw.count(b"[") + raw.count(b"{")
+    return opening > max_depth and opening - raw.count(b"{}") - raw.count(b"[]") >= max_depth
 
 
 def check_depth(doc: Any, max_depth: int, what: str) -> None:

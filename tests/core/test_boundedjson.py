@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tessera import boundedjson
 from tessera.boundedjson import MAX_INT_DIGITS, JsonLimitError, loads
 
 
@@ -89,3 +90,49 @@ def test_the_depth_limit_holds_for_any_document_however_it_is_written(
         assert deep
     else:
         assert not deep
+
+
+bracket_values = st.recursive(
+    st.none() | st.integers(0, 9) | st.text(alphabet='{}[]"\\a', max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(alphabet="{}[]a", max_size=4), inner, max_size=4)
+    ),
+    max_leaves=24,
+)
+
+
+@given(bracket_values, st.integers(0, 8), st.booleans(), st.booleans())
+def test_brackets_and_empty_pairs_inside_strings_never_hide_depth(
+    value: object, limit: int, compact: bool, as_bytes: bool
+) -> None:
+    """Strings full of brackets and `{}`/`[]` pairs, keys too, written with and without
+    spaces: the bracket bound that spares the walk never lets a deep document by."""
+    raw = json.dumps(value, separators=(",", ":") if compact else None)
+    deep = _depth(value) > limit
+    try:
+        loads(raw.encode() if as_bytes else raw, what="d", max_bytes=1 << 20, max_depth=limit)
+    except JsonLimitError:
+        assert deep
+    else:
+        assert not deep
+
+
+def test_a_pod_whose_brackets_are_mostly_empty_pairs_is_not_walked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Pod's managedFields hold dozens of `{}`: more opening brackets than the limit,
+    yet the bound shows it shallow without walking the parsed document."""
+    fields: dict[str, dict[str, str]] = {f"f:field{k}": {} for k in range(80)}
+    pod = {"metadata": {"managedFields": [{"fieldsV1": {"f:spec": fields}}]}, "spec": {}}
+    raw = json.dumps({"Pod": pod, "NodeNames": ["n1", "n2"]}, separators=(",", ":"))
+    assert raw.count("{") > 64
+
+    def walked(*args: object) -> None:
+        raise AssertionError("walked")
+
+    monkeypatch.setattr(boundedjson, "check_depth", walked)
+    assert loads(raw, what="d", max_bytes=1 << 20, max_depth=64)["NodeNames"] == ["n1", "n2"]
+    deep = "[" * 70 + "]" * 70  # no empty pair but the innermost: the walk runs
+    with pytest.raises(AssertionError, match="walked"):
+        loads(deep, what="d", max_bytes=1 << 20, max_depth=64)
