@@ -405,7 +405,9 @@ def test_each_refused_node_is_counted_once_under_one_reason(
     assert _failures_counted(metrics) == len(refused)
     # the best answer writes no reasons when a node fits, yet counts the same failures
     best = Metrics()
-    Extender(cache, best, answer="best").filter(args(pod("p", resources), names))
+    extender = Extender(cache, best, answer="best")
+    extender.filter(args(pod("p", resources), names))
+    extender.catch_up()  # as the service does once the answer is out
     assert _failures_counted(best) == len(refused)
     assert _failure_labels(best) == _failure_labels(metrics)
 

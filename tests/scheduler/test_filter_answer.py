@@ -166,10 +166,33 @@ def test_the_array_answer_is_the_dict_answer(
         cache.lease_gone(heartbeat(node))
     fast, slow = _Counted(), _Counted()
     asked = pod("p", SHAPES[shape], uid="uid-p")
-    got = Extender(cache, fast, answer="best").filter(args(asked, names))
-    want = _DictsOnly(cache, slow, answer="best").filter(args(asked, names))
+    arrays, dicts = Extender(cache, fast, answer="best"), _DictsOnly(cache, slow, answer="best")
+    got = arrays.filter(args(asked, names))
+    want = dicts.filter(args(asked, names))
     assert got == want
+    arrays.catch_up()  # the array answer's failures are counted once it is out
+    dicts.catch_up()
     assert fast.counted == slow.counted
+
+
+def test_the_best_answers_failures_are_counted_after_it_and_never_lost() -> None:
+    cache = make_cache({n: {"gpus": g} for n, g in zip("abc", (1, 2, 8), strict=True)}, "binpack")
+    counted = _Counted()
+    extender = Extender(cache, counted, answer="best")
+    names = ["a", "b", "c", "ghost"]
+    wide = args(pod("p", {rn.GPU: 400}, uid="uid-p"), names)
+    assert extender.filter(wide)["NodeNames"] == ["c"]
+    assert not counted.counted  # counted once the answer is out
+    extender.catch_up()
+    after_one = Counter(counted.counted)
+    assert sum(after_one.values()) == 3  # a, b too small; ghost unknown
+    extender.catch_up()  # nothing counted twice
+    assert counted.counted == after_one
+    extender.filter(wide)  # no catch_up after it: the next filter counts it first
+    extender.filter(wide)
+    assert sum(counted.counted.values()) == 3 + 3
+    extender.catch_up()
+    assert counted.counted == after_one + after_one + after_one
 
 
 @pytest.mark.parametrize(
