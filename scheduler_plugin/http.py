@@ -362,20 +362,13 @@ class App:
         """The answer to filter or prioritize with its whole body, decided on the serving
         loop; counted in the verb metrics from `started` (a perf_counter reading). The
         ASGI path and HTTP/1.1's direct path (scheduler_plugin.protocol) both answer here."""
-        outcome = "bad_request"
+        args, refused = self._counted_arguments(verb, body, started)
+        if refused is not None:
+            return refused
         try:
-            args = self._arguments(verb, body)
-            outcome = "error"
-            try:
-                reply, outcome = self.service.call(verb, args)
-            except Exception as exc:
-                raise _failure(verb, exc) from None
-            return Answer(200, reply if isinstance(reply, bytes) else _dumps(reply))
-        except _ReplyError as r:
-            outcome = r.outcome
-            return r.answer()
-        finally:
-            self._observe(verb, started, outcome)
+            return self._replied(verb, started, self.service.call(verb, args))
+        except Exception as exc:
+            return self._failed(verb, started, exc)
 
     async def answer_awaited(self, verb: str, body: bytes, started: float) -> Answer:
         """The answer to bind with its whole body, its API calls awaited on the serving
@@ -384,20 +377,38 @@ class App:
         busy loop fewer than the ASGI path. Counted in the verb metrics from `started`."""
         api = self.loop_api()
         assert api is not None, "direct_verb names bind only with a loop client"
-        outcome = "bad_request"
+        args, refused = self._counted_arguments(verb, body, started)
+        if refused is not None:
+            return refused
         try:
-            args = self._arguments(verb, body)
-            outcome = "error"
-            try:
-                reply, outcome = await self.service.bind_in_task(args, api)
-            except Exception as exc:
-                raise _failure(verb, exc) from None
-            return Answer(200, reply if isinstance(reply, bytes) else _dumps(reply))
+            return self._replied(verb, started, await self.service.bind_in_task(args, api))
+        except Exception as exc:
+            return self._failed(verb, started, exc)
+
+    def _counted_arguments(
+        self, verb: str, body: bytes, started: float
+    ) -> tuple[Any, Answer | None]:
+        """The verb's arguments; or, where the body gives none or this replica may not
+        answer, the answer to send instead, counted in the verb metrics."""
+        try:
+            return self._arguments(verb, body), None
         except _ReplyError as r:
-            outcome = r.outcome
-            return r.answer()
-        finally:
-            self._observe(verb, started, outcome)
+            self._observe(verb, started, r.outcome)
+            return None, r.answer()
+
+    def _replied(self, verb: str, started: float, result: tuple[Any, str]) -> Answer:
+        """The 200 answer to a verb the service answered, counted with its outcome."""
+        reply, outcome = result
+        answer = Answer(200, reply if isinstance(reply, bytes) else _dumps(reply))
+        self._observe(verb, started, outcome)
+        return answer
+
+    def _failed(self, verb: str, started: float, exc: Exception) -> Answer:
+        """The answer to a verb the service failed with `exc`, counted (call it where
+        `exc` is being handled: a failure of this replica is logged with its traceback)."""
+        refused = _failure(verb, exc)
+        self._observe(verb, started, refused.outcome)
+        return refused.answer()
 
     def awaited(self, verb: str) -> bool:
         """Whether a direct verb's answer is awaited (`answer_awaited`), not decided at
