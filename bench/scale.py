@@ -110,14 +110,11 @@ def real(args: argparse.Namespace) -> list[str]:
     for (who, qps), s in series.items():
         write = s.best.verbs.get(sc.BINDING_WRITE) if who == "tessera" else None
         if write is not None and write.count:
-            binding = s.best.binding
             lines += [
                 "",
-                f"tessera-scheduler's Binding POSTs as it reads them (qps {qps}, best round): "
-                f"p50 {sc.ms(write.quantile(0.5))} / p99 {sc.ms(write.quantile(0.99))}, "
-                f"the API server's own {sc.ms(binding.quantile(0.5))} / "
-                f"{sc.ms(binding.quantile(0.99))}: the rest is the wait on the way and for "
-                "tessera-scheduler's event loop.",
+                f"tessera-scheduler's binds (qps {qps}, best round): "
+                f"{sc.bind_latencies(s.best.verbs, s.best.binding)}. Its Binding POST less "
+                "the API server's is the wait on the way and for tessera-scheduler's event loop.",
             ]
     for (who, qps), s in series.items():
         if who != "alone" and s.best.threads:

@@ -66,12 +66,12 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int | None 
         raise JsonLimitError(what, "nested too deeply") from None
     except (ValueError, UnicodeDecodeError, TypeError) as exc:
         raise JsonLimitError(what, f"not valid JSON: {exc}") from None
-    if max_depth is not None and _may_nest_deeper(raw, max_depth):
+    if max_depth is not None and _may_nest_deeper(text, max_depth):
         check_depth(doc, max_depth, what)
     return doc
 
 
-def _may_nest_deeper(raw: bytes | str, max_depth: int) -> bool:
+def _may_nest_deeper(text: str, max_depth: int) -> bool:
     """False when the text's brackets alone show it nests at most `max_depth` deep (the
     usual body: no walk of the parsed document needed).
 
@@ -81,11 +81,8 @@ def _may_nest_deeper(raw: bytes | str, max_depth: int) -> bool:
     inside strings are counted too, and a `{}` or `[]` inside a string takes away no more
     than the `{` or `[` it added (neither pair can straddle a string's edge: a quote would
     lie between), so the bound is never below the real depth."""
-    if isinstance(raw, str):
-        opening = raw.count("[") + raw.count("{")
-        return opening > max_depth and opening - raw.count("{}") - raw.count("[]") >= max_depth
-    opening = raw.count(b"[") + raw.count(b"{")
-    return opening > max_depth and opening - raw.count(b"{}") - raw.count(b"[]") >= max_depth
+    opening = text.count("[") + text.count("{")
+    return opening > max_depth and opening - text.count("{}") - text.count("[]") >= max_depth
 
 
 def check_depth(doc: Any, max_depth: int, what: str) -> None:
