@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,3 +49,16 @@ def test_the_image_copies_every_package_pip_installs() -> None:
 
     copied = set(re.findall(r"^COPY (\w+) ", (ROOT / "deploy" / "Dockerfile").read_text(), re.M))
     assert set(shipped_packages()) - copied == set()
+
+
+def test_the_base_image_names_its_python_and_debian_release() -> None:
+    """The image's Python is the minor version the suite tests (its end-to-end image is
+    made from the Python running it), and its Debian release is named: a floating `slim`
+    tag moves to the next release, and its OpenSSL, which sets what each TLS handshake
+    with kube-scheduler costs, without a change here."""
+    bases = re.findall(r"^FROM (\S+)", (ROOT / "deploy" / "Dockerfile").read_text(), re.M)
+    assert len(bases) == 1
+    found = re.fullmatch(r"python:(\d+)\.(\d+)-slim-([a-z]+)", bases[0])
+    assert found is not None, bases[0]
+    assert (int(found[1]), int(found[2])) == sys.version_info[:2]
+    assert found[3] not in ("bookworm", "bullseye", "buster")  # OpenSSL 3.0 or older
