@@ -320,16 +320,7 @@ class BoundedProtocol(HttpToolsProtocol):
         except Exception:  # answer_inline answers every error it expects
             log.exception("%s failed", direct.verb)
             answer = INTERNAL_ERROR
-        keep_alive = not answer.close and self.parser.should_keep_alive()
-        self._write(answer, keep_alive)
-        self.server_state.total_requests += 1
-        if not keep_alive:
-            self.transport.close()
-        elif not self.transport.is_closing():
-            self._unset_keepalive_if_required()
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+        self._answer(answer, not answer.close and self.parser.should_keep_alive())
         if answer.status == 200:
             answers.answered(direct.verb)
 
@@ -352,11 +343,14 @@ class BoundedProtocol(HttpToolsProtocol):
         awaited.response_complete = True
         if awaited.disconnected or self.transport.is_closing():
             return  # nobody to answer; the verb's work is done all the same
-        keep_alive = not answer.close and awaited.keep_alive
+        self._answer(answer, not answer.close and awaited.keep_alive)
+
+    def _answer(self, answer: Answer, keep_alive: bool) -> None:
+        """Write a direct answer, then close, or go on as uvicorn does once a response is
+        complete: count it, read again, start a request pipelined behind it or arm the
+        keep-alive deadline."""
         self._write(answer, keep_alive)
         if keep_alive:
-            # counts it, reads again, starts a request pipelined behind it or arms the
-            # keep-alive deadline
             self.on_response_complete()
         else:
             self.server_state.total_requests += 1

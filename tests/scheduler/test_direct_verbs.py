@@ -407,3 +407,32 @@ def test_a_stopping_server_answers_the_bind_it_awaits_then_closes() -> None:
             assert fake.get("pods", "last", "default")["spec"]["nodeName"] == NODES[0]
         finally:
             svc.stop()
+
+
+@pytest.mark.parametrize("verb", ["filter", "bind"])
+def test_a_kept_connection_idle_after_a_direct_answer_is_closed_at_its_deadline(
+    verb: str, monkeypatch: pytest.MonkeyPatch, asgi_calls: list[str]
+) -> None:
+    """After a direct answer the connection stays open for the next request, and is closed
+    once it has been idle for the keep-alive time, as after an ASGI answer."""
+    monkeypatch.setattr(limits, "KEEPALIVE_TIMEOUT", 1.0)
+    with FakeApiServer() as fake:
+        populate(fake, NODES, gpus=2)
+        with running(fake) as svc:
+            fits = fake.create("pods", pod("kept", share(10, 10), uid="uid-kept"))
+            first = (
+                _request("/filter", _filter("kept"))
+                if verb == "filter"
+                else _request("/bind", json.dumps(bind_body(fits, NODES[0])).encode())
+            )
+            with _connect(svc) as sock:
+                sock.settimeout(5)
+                reader = Reader(sock)
+                sock.sendall(first)
+                assert reader.answer()[0] == 200
+                sock.sendall(_request("/filter", _filter("next")))  # kept: answered
+                assert reader.answer()[0] == 200
+                opened = time.monotonic()
+                assert reader.closed()  # by the server, idle past its deadline
+                assert 0.5 < time.monotonic() - opened < 4
+    assert asgi_calls == []
