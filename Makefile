@@ -9,7 +9,7 @@ PROTO_STAMP   := protos/.stubs-stamp
 OPENB  ?= ../shared/data/openb
 # Packages that exist in this checkout (the components land from their own branches).
 
-.PHONY: demo demo-ui test lint bench bench-only bench-quick bench-scale sim-table e2e soak gpu-check fuzz protos clean help
+.PHONY: demo demo-ui test lint bench bench-only bench-quick bench-scale sim-table e2e soak gpu-check hami-core fuzz protos clean help
 
 help:
 	@echo "make demo   - run tessera on the built-in simulated cluster and print a summary"
@@ -22,6 +22,7 @@ help:
 	@echo "make e2e    - opt-in end-to-end suite against real Kubernetes binaries"
 	@echo "make soak   - opt-in: CYCLES pod create/delete cycles (10000) on a real node, leak checks"
 	@echo "make gpu-check - on a GPU node: NVML, device nodes, CUDA, HAMi-core and MPS limits, usage (opt-in)"
+	@echo "make hami-core HAMI_CORE_SRC=DIR - HAMi-core's libvgpu.so, pinned and patched, x86_64 and aarch64 (build/hami-core)"
 	@echo "make fuzz   - long attack runs on every input surface (figures go to docs/security.md)"
 
 $(STAMP): pyproject.toml
@@ -99,6 +100,20 @@ GPU_REPORT ?= gpu-check.json
 gpu-check: $(PROTO_STAMP)
 	TESSERA_REQUIRE_GPU=1 TESSERA_GPU_REPORT=$(abspath $(GPU_REPORT)) $(PY) -m pytest -m gpu -rA tests/gpu; \
 	status=$$?; $(PY) -m tools.gpu_table --print $(GPU_REPORT); exit $$status
+
+# HAMi-core's libvgpu.so as the image ships it: the pinned commit from $$HAMI_CORE_SRC (a
+# HAMi-core git directory or checkout), tessera's patches (deploy/hami-core/patches), for
+# x86_64 and aarch64 against glibc 2.17, into build/hami-core/<arch>/ with its stamp; no GPU
+# and no CUDA install needed (Zig's C compiler and NVIDIA's header packages, the hami extra)
+HAMI_STAMP := $(VENV)/.hami-stamp
+$(HAMI_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[hami]'
+	touch $@
+
+hami-core: $(HAMI_STAMP)
+	@if [ -z "$(HAMI_CORE_SRC)" ]; then \
+		echo "make hami-core: HAMI_CORE_SRC=<a HAMi-core git directory or checkout> is required"; exit 2; fi
+	$(PY) -m tools.hami_core build --source "$(HAMI_CORE_SRC)" --out build/hami-core
 
 clean:
 	rm -rf $(VENV) $(PROTO_STAMP) .mypy_cache .ruff_cache .pytest_cache
