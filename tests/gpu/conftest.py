@@ -203,14 +203,20 @@ def mps_control() -> str:
 
 
 @pytest.fixture(scope="session")
-def mps_daemon() -> Iterator[Path]:
-    """The MPS control daemon the sharing checks use; yields its pipe directory."""
+def mps() -> Iterator[MpsDaemon]:
+    """The one MPS control daemon of the checks (one per node, as the DaemonSet runs it)."""
     daemon = MpsDaemon(mps_control())
     daemon.start()
     try:
-        yield daemon.pipe
+        yield daemon
     finally:
         daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def mps_daemon(mps: MpsDaemon) -> Path:
+    """The MPS control daemon's pipe directory, for the plans."""
+    return mps.pipe
 
 
 @pytest.fixture(scope="session")

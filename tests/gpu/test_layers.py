@@ -26,7 +26,7 @@ import pytest
 from nri_hook.adjust import ISOLATION_HAMI_CORE, ISOLATION_MPS, Settings
 from tessera.model import Gpu
 from tests.gpu import containers
-from tests.gpu.conftest import MpsDaemon, mps_control, write_report
+from tests.gpu.conftest import MpsDaemon, write_report
 from tests.gpu.containers import Share
 from tests.gpu.test_sharing import (
     GIB,
@@ -168,34 +168,30 @@ def test_what_a_layer_costs_a_program(
 
 
 def test_mps_comes_back_when_its_control_daemon_is_killed(
-    gpus: list[Gpu], report: dict[str, Any]
+    gpus: list[Gpu], mps: MpsDaemon, report: dict[str, Any]
 ) -> None:
-    """Two MPS clients run the loop; the control daemon is killed (SIGKILL) in the middle.
-    Recorded: what each client saw, whether the daemon came back and after how long, and
-    whether a client started afterwards allocates and computes. Holds when the daemon came
-    back and the new client worked."""
+    """Two MPS clients run the loop; the node's control daemon is killed (SIGKILL) in the
+    middle. Recorded: what each client saw, whether the daemon came back and after how
+    long, and whether a client started afterwards allocates and computes. Holds when the
+    daemon came back and the new client worked. (The last check to use the daemon.)"""
     gpu = gpus[-1]
-    daemon = MpsDaemon(mps_control())
-    daemon.start()
-    try:
-        settings = Settings(isolation=ISOLATION_MPS, mps_pipe_dir=str(daemon.pipe))
-        clients = []
-        for core, memory in ((30, 10 * GIB), (50, 20 * GIB)):
-            plan = containers.plan([Share(gpu, core, memory)], settings)
-            command = containers.argv(plan, "--compute", "10", "--warmup", "2")
-            clients.append(containers.start(command))
-        time.sleep(10)  # both past CUDA's start and into their windows
-        killed = daemon.pid()
-        if killed:
-            os.kill(killed, signal.SIGKILL)
-        killed_at = time.monotonic()
-        back = daemon.wait_up(timeout_s=30, other_than=killed)
-        back_after = time.monotonic() - killed_at if back else None
-        seen = [containers.finish(c, timeout_s=90) for c in clients]
-        plan = containers.plan([Share(gpu, 30, 4 * GIB)], settings)
-        after = containers.run(containers.argv(plan, "--alloc-mib", "1024", "--compute", "2"))
-    finally:
-        daemon.stop()
+    daemon = mps
+    settings = Settings(isolation=ISOLATION_MPS, mps_pipe_dir=str(daemon.pipe))
+    clients = []
+    for core, memory in ((30, 10 * GIB), (50, 20 * GIB)):
+        plan = containers.plan([Share(gpu, core, memory)], settings)
+        command = containers.argv(plan, "--compute", "10", "--warmup", "2")
+        clients.append(containers.start(command))
+    time.sleep(10)  # both past CUDA's start and into their windows
+    killed = daemon.pid()
+    if killed:
+        os.kill(killed, signal.SIGKILL)
+    killed_at = time.monotonic()
+    back = daemon.wait_up(timeout_s=30, other_than=killed)
+    back_after = time.monotonic() - killed_at if back else None
+    seen = [containers.finish(c, timeout_s=90) for c in clients]
+    plan = containers.plan([Share(gpu, 30, 4 * GIB)], settings)
+    after = containers.run(containers.argv(plan, "--alloc-mib", "1024", "--compute", "2"))
     new_ok = after.get("alloc") == {"1024": "ok"} and bool(
         (after.get("compute") or {}).get("tflops")
     )
