@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from deviceplugin.usage_monitor import UsageMonitor
     from kube_edge.client import KubeClient
     from tessera.record import KeySource
+    from tessera_edge.layer_probe import LayerProbe
 
 log = logging.getLogger("deviceplugin")
 
@@ -171,7 +172,7 @@ def _run(config: DevicePluginConfig) -> int:
             poll_interval_s=config.socket_poll_interval,
             resync_interval_s=config.resync_interval,
         )
-        agent = Agent(agent_config, backend, nics)
+        agent = Agent(agent_config, backend, nics, layer=_layer_probe(config))
         try:
             inventory = agent.discover()
             for resource in units.resources(inventory):
@@ -263,6 +264,23 @@ def _usage_monitor(
         pods,
         proc_root=config.proc_root,
         interval_s=config.usage_interval,
+    )
+
+
+def _layer_probe(config: DevicePluginConfig) -> LayerProbe | None:
+    """The isolation layer's probe, when --isolation names the layer to report."""
+    if config.isolation is None:
+        return None
+    from tessera_edge.layer_probe import LayerPaths, LayerProbe
+
+    return LayerProbe(
+        LayerPaths(
+            config.isolation,
+            config.hami_core_library,
+            config.mps_pipe_dir,
+            root=config.host_root,
+            proc_root=config.proc_root,
+        )
     )
 
 
