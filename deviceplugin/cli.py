@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError, open_backend
@@ -31,7 +28,7 @@ from tessera_cli.paths import (
     check_socket_path,
 )
 from tessera_edge.logs import setup_logging
-from tessera_edge.node_cli import node_parser
+from tessera_edge.node_cli import node_parser, stop_on_signals
 from tessera_edge.threads import name_os_threads
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
@@ -337,14 +334,7 @@ def _check_inventory(
 
 
 def _serve(agent: Agent, metrics_port: int = 0, metrics_address: str = "") -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log)
     if metrics_port:  # before the kubelet hears of us: a taken port is a usage error
         try:
             serve_metrics(agent_registry(agent), metrics_port, metrics_address)

@@ -9,14 +9,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from tessera_cli import CliParser, ConfigError, config_from
@@ -33,6 +30,7 @@ from tessera_edge.host_paths import (
 )
 from tessera_edge.logs import add_log_flags, setup_logging
 from tessera_edge.mps_supervisor import MPS_CONTROL, NVIDIA_SMI, MpsSettings, MpsSupervisor
+from tessera_edge.node_cli import stop_on_signals
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -268,15 +266,7 @@ def run_mps(config: MpsConfig) -> int:
         serve_metrics(
             _mps_registry(supervisor, config.node_name), config.metrics_port, config.metrics_address
         )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping the MPS control daemon", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    supervisor.run(stop)
+    supervisor.run(stop_on_signals(log, "stopping the MPS control daemon"))
     return 0
 
 

@@ -6,14 +6,11 @@ that goes down or comes back is published again. Also `tessera_device_plugin_reg
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.cli import main
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, node_labels
@@ -28,23 +25,14 @@ from tessera_edge.layer_probe import LayerPaths, LayerProbe
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.kubelet import KubeletSimulator
 from tests.deviceplugin.helpers import make_agent, running
-from tests.deviceplugin.test_metrics import _free_port
+from tests.deviceplugin.test_metrics import _free_port, _scrape
 from tests.edge.layer_files import elf_library, image_folder, other_arch
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 NODE = "node-a"
 LIBRARY = "/usr/local/vgpu/libvgpu.so"
 ARCH = node_arch()
-
-
-def _wait(predicate: Callable[[], T], timeout_s: float = 15.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError("condition not met")
 
 
 @pytest.fixture
@@ -93,7 +81,7 @@ def test_the_agent_publishes_its_layer_and_follows_it(
     )
     lib = host / LIBRARY.lstrip("/")
     with running(agent):
-        up = _wait(lambda: _spec_isolation(apiserver))
+        up = wait_until(lambda: _spec_isolation(apiserver))
         assert up == {
             "layer": "hami-core",
             "up": True,
@@ -115,7 +103,7 @@ def test_the_agent_publishes_its_layer_and_follows_it(
             found = _spec_isolation(apiserver)
             return found if found and not found["up"] else None
 
-        down = _wait(went_down)
+        down = wait_until(went_down)
         assert down is not None
         assert "does not match its stamp (truncated or replaced; 4096 bytes)" in down["reason"]
         layer = NodeInventory.from_dict(_spec(apiserver), source="x").isolation
@@ -123,7 +111,7 @@ def test_the_agent_publishes_its_layer_and_follows_it(
         assert str(layer.refusal()).startswith("isolation layer hami-core is down: ")
         # installed again: up again, published again
         install(load_source(str(tmp_path / "image-v1"), ARCH), str(lib))
-        _wait(lambda: (i := _spec_isolation(apiserver)) and i["up"])
+        wait_until(lambda: (i := _spec_isolation(apiserver)) and i["up"])
     assert agent.inventory_error == ""
 
 
@@ -217,16 +205,6 @@ def test_the_label_names_the_layer_and_goes_with_it() -> None:
     assert node_labels(NodeInventory(NODE))[ISOLATION_LABEL] is None  # not reported: removed
 
 
-def _samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
-        text = answer.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 def test_metrics_say_whether_the_layer_is_up_and_the_agent_registered(
     tmp_path: Path, sock_dir: Path
 ) -> None:
@@ -247,17 +225,17 @@ def test_metrics_say_whether_the_layer_is_up_and_the_agent_registered(
     )
     with running(agent):
         serve_metrics(agent_registry(agent), port, "127.0.0.1")
-        before = _samples(port)
+        before = _scrape(port)
         assert before[registered] == 0  # no kubelet yet
         assert before[up] == 1 and before[info] == 1
         with KubeletSimulator(sock_dir) as kubelet:
             kubelet.wait_registered([GPU_CORE, GPU_MEMORY_RATIO, GPU_MEMORY, GPU])
-            assert _wait(lambda: _samples(port)[registered] == 1)
+            assert wait_until(lambda: _scrape(port)[registered] == 1)
             (host / LIBRARY.lstrip("/")).unlink()
             agent.query_once()
-            assert _samples(port)[up] == 0
+            assert _scrape(port)[up] == 0
         # the kubelet went away (its socket with it): not registered any more
-        assert _wait(lambda: _samples(port)[registered] == 0)
+        assert wait_until(lambda: _scrape(port)[registered] == 0)
 
 
 def test_print_inventory_shows_the_layer(

@@ -12,9 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -24,6 +23,7 @@ import pytest
 from tessera.isolation import LAYER_MPS
 from tessera_edge.layer_probe import LayerPaths, LayerProbe, daemon_alive
 from tests.edge.layer_files import fake_mps_control, fake_nvidia_smi
+from tests.waiting import wait_until
 
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
@@ -34,16 +34,6 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def _wait(check: Callable[[], T | None], what: str, timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -156,8 +146,8 @@ RESTARTS = 'tessera_mps_daemon_restarts_total{node="gpu-1"}'
 
 def test_starts_the_daemon_and_stops_it_with_quit(node: Node) -> None:
     node.start()
-    pid = _wait(node.live_pid, "the daemon's pid file")
-    assert _wait(lambda: node.metrics().get(UP) == 1, "up=1")
+    pid = wait_until(node.live_pid, "the daemon's pid file")
+    assert wait_until(lambda: node.metrics().get(UP) == 1, "up=1")
     assert node.metrics()[RESTARTS] == 0
     assert node.probe() == (True, "")
     assert node.smi_calls.read_text().splitlines() == ["-c EXCLUSIVE_PROCESS"]
@@ -173,11 +163,13 @@ def test_starts_the_daemon_and_stops_it_with_quit(node: Node) -> None:
 
 def test_a_daemon_that_dies_is_started_again(node: Node) -> None:
     node.start()
-    first = _wait(node.live_pid, "the daemon")
+    # once the supervisor has seen it run (a daemon killed before that is a failed start)
+    assert wait_until(lambda: node.metrics().get(UP) == 1, "up=1")
+    first = wait_until(node.live_pid, "the daemon")
     os.kill(first, signal.SIGKILL)  # its pid file stays behind, as the real daemon's does
-    second = _wait(lambda: (p := node.live_pid()) != first and p, "a new daemon")
+    second = wait_until(lambda: (p := node.live_pid()) != first and p, "a new daemon")
     assert second != first and not daemon_alive(first)
-    assert _wait(lambda: node.metrics().get(RESTARTS) == 1, "one restart counted")
+    assert wait_until(lambda: node.metrics().get(RESTARTS) == 1, "one restart counted")
     assert node.metrics()[UP] == 1
     assert node.probe() == (True, "")
     assert "is gone; starting it again" in node.log()
@@ -185,15 +177,15 @@ def test_a_daemon_that_dies_is_started_again(node: Node) -> None:
     # a second crash: counted again (the backoff has doubled to 2 s)
     os.kill(second, signal.SIGKILL)
     # the probe sees it down at once (a dead pid), then with the supervisor's reason
-    assert _wait(lambda: "died" in node.probe()[1], "the probe reports why it is down")
-    _wait(lambda: (p := node.live_pid()) not in (None, second) and p, "a third daemon")
-    assert _wait(lambda: node.metrics().get(RESTARTS) == 2, "two restarts counted")
+    assert wait_until(lambda: "died" in node.probe()[1], "the probe reports why it is down")
+    wait_until(lambda: (p := node.live_pid()) not in (None, second) and p, "a third daemon")
+    assert wait_until(lambda: node.metrics().get(RESTARTS) == 2, "two restarts counted")
     assert node.terminate() == 0
 
 
 def test_a_daemon_deaf_to_quit_is_signalled(node: Node) -> None:
     node.start("--stop-timeout=0.5", env={"FAKE_MPS_IGNORE_QUIT": "1"})
-    pid = _wait(node.live_pid, "the daemon")
+    pid = wait_until(node.live_pid, "the daemon")
     assert node.terminate() == 0
     assert not daemon_alive(pid)
     assert "command: quit" in (node.log_dir / "control.log").read_text()
@@ -202,12 +194,12 @@ def test_a_daemon_deaf_to_quit_is_signalled(node: Node) -> None:
 
 def test_no_driver_binary_says_so_and_takes_no_shares(node: Node) -> None:
     node.start(with_binary=False)
-    assert _wait((node.pipe_dir / "tessera-mps.error").exists, "the error file")
+    assert wait_until((node.pipe_dir / "tessera-mps.error").exists, "the error file")
     reason = (node.pipe_dir / "tessera-mps.error").read_text().strip()
     assert reason.startswith("nvidia-cuda-mps-control not found")
     assert "this node takes no GPU shares" in reason
     assert node.probe() == (False, reason)
-    assert _wait(lambda: node.metrics().get(UP) == 0, "up=0")
+    assert wait_until(lambda: node.metrics().get(UP) == 0, "up=0")
     assert node.proc is not None and node.proc.poll() is None  # keeps looking, no crash loop
     assert node.log().count("nvidia-cuda-mps-control not found") == 1  # backoff: not a flood
     assert node.terminate() == 0
@@ -215,7 +207,7 @@ def test_no_driver_binary_says_so_and_takes_no_shares(node: Node) -> None:
 
 def test_a_failing_start_is_reported_with_the_daemon_s_words(node: Node) -> None:
     node.start(env={"FAKE_MPS_FAIL": "1"})
-    assert _wait((node.pipe_dir / "tessera-mps.error").exists, "the error file")
+    assert wait_until((node.pipe_dir / "tessera-mps.error").exists, "the error file")
     reason = (node.pipe_dir / "tessera-mps.error").read_text()
     assert "-d exited with status 1: An instance of this daemon is already running" in reason
     assert node.probe()[0] is False
@@ -224,7 +216,7 @@ def test_a_failing_start_is_reported_with_the_daemon_s_words(node: Node) -> None
 
 def test_multi_user_mode_reaches_the_daemon(node: Node) -> None:
     node.start("--multi-user", "--keep-compute-mode")
-    _wait(node.live_pid, "the daemon")
+    wait_until(node.live_pid, "the daemon")
     assert "(multi-user)" in (node.log_dir / "control.log").read_text()
     assert node.terminate() == 0
     assert not node.smi_calls.exists()  # the compute mode was left alone
