@@ -181,7 +181,7 @@ def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int
             ) from None
     metrics: Metrics | None = None
     if config.metrics_port:
-        metrics = Metrics()
+        metrics = Metrics(node)
         serve_metrics(metrics.registry, config.metrics_port, config.metrics_address)
         metrics.isolation(settings.isolation)
     if config.no_integrity:

@@ -569,6 +569,18 @@ class Enforcer(Handler):
         if self.metrics is not None:
             self.metrics.netdev(direction, result)
 
+    # --- the runtime connection ----------------------------------------------------------
+
+    def connected(self) -> None:
+        if self.metrics is not None:
+            self.metrics.connection(True)
+
+    def disconnected(self) -> None:
+        # containerd creates containers without the hook now: the fail-closed gate (or
+        # NRI's required-plugins validation) holds the device pods' containers meanwhile
+        if self.metrics is not None:
+            self.metrics.connection(False)
+
     # --- synchronization --------------------------------------------------------------------
 
     async def synchronize(
@@ -659,10 +671,18 @@ class Metrics:
     """The hook's metrics port in the shipped DaemonSet (host network; 9465 is the node
     agent's, 9400 dcgm-exporter's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: str) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
+        # the node label lets an alert name the node, and find a node agent without a hook
+        self._connected = Gauge(
+            "tessera_nri_connected",
+            "1 while the hook is registered with the container runtime on its NRI socket "
+            "(containers are created through it), else 0",
+            ["node"],
+            registry=self.registry,
+        ).labels(node)
         self._results = Counter(
             "tessera_nri_requests",
             "Container creations and sandbox starts handled, by result",
@@ -702,6 +722,9 @@ class Metrics:
 
     def isolation(self, layer: str) -> None:
         self._layer.labels(layer).set(1)
+
+    def connection(self, connected: bool) -> None:
+        self._connected.set(1 if connected else 0)
 
     def unisolated(self, shares: int) -> None:
         self._unisolated.inc(shares)

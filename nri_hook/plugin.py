@@ -157,6 +157,9 @@ class Handler:
     ) -> api.ValidateContainerAdjustmentResponse:
         return api.ValidateContainerAdjustmentResponse()
 
+    def connected(self) -> None:
+        """The runtime accepted the registration: events follow on this connection."""
+
     def disconnected(self) -> None:
         """The runtime connection ended."""
 
@@ -418,6 +421,7 @@ class NriPlugin:
             )
             registered = True
             self.sessions += 1
+            self.handler.connected()
             log.info("registered with the runtime as %s", self.qualified_name)
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(mux.wait_closed())]
             if stop is not None:

@@ -23,6 +23,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import argparse
 import asyncio
+import functools
+import hashlib
 import json
 import logging
 import sys
@@ -36,8 +38,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from deviceplugin.agent import Agent, AgentConfig
+from deviceplugin.backend import GpuProcess
 from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher
+from deviceplugin.record_pods import list_node_pods
+from deviceplugin.usage import MIB, GpuUse
+from deviceplugin.usage_monitor import ApiPods, UsageMonitor
 from kube_edge.client import KubeClient
 from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
@@ -117,6 +123,8 @@ class Outcome:
     allocated: dict[str, list[dp.ContainerAllocateResponse]] = field(default_factory=dict)
     """Container -> the device plugin's Allocate answers the kubelet got for it."""
     injected: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    container_ids: dict[str, str] = field(default_factory=dict)
+    """Container -> the ID containerd gave it (its cgroup is named after it)."""
 
 
 @dataclass
@@ -127,6 +135,8 @@ class SimNode:
     device_root: Path
     kubelet: KubeletSimulator
     agent: Agent
+    backend: FakeBackend
+    """The agent's fake NVML: the demo's workloads are its process lists."""
     units_in_use: set[str] = field(default_factory=set)
 
     @property
@@ -181,7 +191,7 @@ def _start_node(api: FakeApiServer, work: Path, name: str, topology: str) -> Sim
     agent.start()
     device_root = work / name / "host"
     _device_nodes(device_root, agent.inventory)
-    return SimNode(name, topology, plugin_dir, device_root, kubelet, agent)
+    return SimNode(name, topology, plugin_dir, device_root, kubelet, agent, backend)
 
 
 def _post(url: str, body: Any) -> Any:
@@ -328,8 +338,12 @@ async def _create_containers(
                 await conn.event(nri.RUN_POD_SANDBOX, sandbox)
                 for container in meta.containers:
                     created = make_container(
-                        sandbox, container, allocated=outcome.allocated.get(container, ())
+                        sandbox,
+                        container,
+                        container_id=_container_id(outcome.uid, container),
+                        allocated=outcome.allocated.get(container, ()),
                     )
+                    outcome.container_ids[container] = created.id
                     response = await conn.create_container(sandbox, created)
                     # runc refuses the fail-closed gate unless the hook removed it
                     runc_create(created, response.adjust)
@@ -341,6 +355,119 @@ async def _create_containers(
             stop.set()
             await asyncio.wait_for(task, 5)
             await runtime.stop()
+
+
+def _container_id(pod_uid: str, container: str) -> str:
+    """A containerd-style ID (64 hex digits), the same for a pod's container every run."""
+    return hashlib.sha256(f"{pod_uid}/{container}".encode()).hexdigest()
+
+
+# --- what each share uses ------------------------------------------------------------------
+
+WORKLOADS: Mapping[tuple[str, str], tuple[float, float]] = {
+    ("llm-finetune", "main"): (0.92, 0.97),
+    ("notebook-a", "main"): (0.35, 0.4),
+    ("notebook-b", "main"): (0.8, 0.9),
+    ("inference", "main"): (0.6, 0.7),
+    ("trainer-pair", "main"): (0.88, 0.95),
+    ("server-with-cache", "main"): (0.7, 0.8),
+    ("server-with-cache", "cache"): (0.95, 0.0),
+    ("batch-1", "main"): (0.5, 0.95),
+    ("batch-2", "main"): (0.45, 0.9),
+}
+"""What each container's simulated process takes on each of its GPUs: (share of its
+granted memory, share of its compute share). Placed containers not named run nothing."""
+
+
+def _cgroup(pod_uid: str, container_id: str) -> str:
+    """/proc/<pid>/cgroup of a process in that container (cgroup v2, systemd driver)."""
+    pod = pod_uid.replace("-", "_")
+    return (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{pod}.slice/"
+        f"cri-containerd-{container_id}.scope\n"
+    )
+
+
+def _run_workloads(node: SimNode, outcomes: Sequence[Outcome], proc: Path) -> None:
+    """Start the demo's workloads on `node`: one process per container and GPU, in the
+    fake NVML's process lists and, with its cgroup, in a /proc of the node's own."""
+    processes: dict[str, list[GpuProcess]] = {}
+    pid = 1000
+    for outcome in outcomes:
+        if outcome.node != node.name or outcome.record is None:
+            continue
+        for c in outcome.record["containers"]:
+            load = WORKLOADS.get((outcome.pod.name, c["name"]))
+            if load is None or c.get("reuses"):
+                continue
+            for g in c.get("gpus", []):
+                pid += 1
+                (proc / str(pid)).mkdir(parents=True)
+                (proc / str(pid) / "comm").write_text("python3\n")
+                cid = outcome.container_ids[c["name"]]
+                (proc / str(pid) / "cgroup").write_text(_cgroup(outcome.uid, cid))
+                memory, compute = load
+                processes.setdefault(g["uuid"], []).append(
+                    GpuProcess(pid, int(g["memoryMiB"] * memory) * MIB, round(g["core"] * compute))
+                )
+    for uuid, listed in processes.items():
+        node.backend.set_processes(uuid, tuple(listed))
+
+
+def _container_statuses(api: FakeApiServer, outcomes: Sequence[Outcome]) -> None:
+    """What the kubelet writes once the containers run: their IDs, by name."""
+    for outcome in outcomes:
+        if not outcome.container_ids:
+            continue
+        statuses = [
+            {"name": name, "containerID": f"containerd://{cid}", "ready": True}
+            for name, cid in outcome.container_ids.items()
+        ]
+        api.patch(
+            "pods",
+            outcome.pod.name,
+            {"status": {"phase": "Running", "containerStatuses": statuses}},
+            namespace=NAMESPACE,
+            sub="status",
+        )
+
+
+def _read_usage(
+    api: FakeApiServer,
+    nodes: Mapping[str, SimNode],
+    outcomes: Sequence[Outcome],
+    keys: KeyringSource,
+    work: Path,
+) -> list[GpuUse]:
+    """One reading of each node agent's usage loop over the demo's workloads: NVML's
+    processes, put on their containers by cgroup and on their grants by the pods' records
+    (listed from the API server and verified, as on a real node)."""
+    _container_statuses(api, outcomes)
+    client = KubeClient.for_host(api.url, timeout=5)
+    rows: list[GpuUse] = []
+    for node in nodes.values():
+        proc = work / node.name / "proc"
+        _run_workloads(node, outcomes, proc)
+        pods = ApiPods(functools.partial(list_node_pods, client, node.name, 5.0), node.name, keys)
+        monitor = UsageMonitor(node.backend, node.agent.gpu_indexes, pods, proc_root=proc)
+        rows.extend(monitor.read_once().containers)
+    return rows
+
+
+def _usage_lines(rows: Sequence[GpuUse], outcomes: Sequence[Outcome]) -> list[str]:
+    """Each container's use of each GPU share beside its grant (whole GPUs left out)."""
+    node_of = {o.uid: o.node for o in outcomes}
+    lines = []
+    for u in sorted(rows, key=lambda r: (r.namespace, r.pod, r.container, r.gpu_index)):
+        if u.granted_core == 100:
+            continue
+        sm = "-" if u.sm_percent is None else f"{u.sm_percent}%"
+        compute = f"SM {sm} of its {u.granted_core}%" if u.granted_core else "no compute share"
+        lines.append(
+            f"  {u.pod + '/' + u.container:<24} {node_of.get(u.pod_uid, ''):<10} GPU{u.gpu_index}"
+            f"  memory {gib(u.used_bytes // MIB)} of {gib(u.granted_memory_mib)}, {compute}"
+        )
+    return lines
 
 
 # --- output ----------------------------------------------------------------------------------
@@ -568,7 +695,7 @@ def run(
     with ExitStack() as stack, _quiet_logs():
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tessera-demo-")))
         api = stack.enter_context(FakeApiServer())
-        say(f"[1/5] API server (simulated, in memory) at {api.url}")
+        say(f"[1/6] API server (simulated, in memory) at {api.url}")
         # as an operator would: tessera-keys generate; the scheduler gets the private key,
         # the nodes only the public one
         private_key, public_key = generate_key_files(work / "record-keys", "demo")
@@ -576,16 +703,16 @@ def run(
         key_file = public_key.parent
         node_keys = KeyringSource(key_file)
 
-        say("[2/5] node agents (fake NVML backend) register with their node's kubelet:")
+        say("[2/6] node agents (fake NVML backend) register with their node's kubelet:")
         nodes = _start_nodes(stack, api, work, say)
         service = _start_scheduler(
             stack, api, keyring, policy, list(nodes), 0 if ui is None else ui.port
         )
         base = f"http://127.0.0.1:{service.server.port}"
-        say(f"[3/5] scheduler extender at {base} (policy: {policy})")
+        say(f"[3/6] scheduler extender at {base} (policy: {policy})")
         say()
 
-        say("[4/5] scheduling as kube-scheduler calls an extender (filter, prioritize, bind):")
+        say("[4/6] scheduling as kube-scheduler calls an extender (filter, prioritize, bind):")
         outcomes = []
         for pod in PODS:
             outcome = _schedule(base, api, pod, list(nodes))
@@ -604,11 +731,19 @@ def run(
         say()
 
         say(
-            "[5/5] containerd creates the containers; the NRI hook injects devices and "
+            "[5/6] containerd creates the containers; the NRI hook injects devices and "
             f"{ISOLATION} limits:"
         )
         asyncio.run(_create_containers(nodes, outcomes, key_file, work))
         _report_injections(say, outcomes)
+        say()
+        say(
+            "[6/6] what each GPU share uses beside its grant, as the node agents' usage loop "
+            "reads it"
+        )
+        say("      (simulated workloads: one process per container and GPU, found by its cgroup):")
+        for line in _usage_lines(_read_usage(api, nodes, outcomes, node_keys, work), outcomes):
+            say(line)
         say()
         say("GPU compute in use per node, from the extender's debug API:")
         for line in _usage_table(base):

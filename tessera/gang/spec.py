@@ -2,7 +2,7 @@
 
 A pod joins a gang with the label `scheduling.x-k8s.io/pod-group: <name>`; the gang is the
 PodGroup of that name in the pod's namespace (`spec.minMember`,
-`spec.scheduleTimeoutSeconds`). Where gangs come from is one small interface,
+`spec.scheduleTimeoutSeconds`, `spec.minResources`). Where gangs come from is one small interface,
 `GangSource`, so that another API (kube-scheduler's Workload) can be a second source.
 """
 
@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Protocol
 
 from tessera.errors import GangError
 from tessera.pod_fields import section
+from tessera.quantity import QuantityError, parse_quantity
 from tessera.resources import (
     DEFAULT_GANG_TIMEOUT_SECONDS,
     GANG_PREFERRED_TOPOLOGY_ANNOTATION,
@@ -28,6 +30,8 @@ from tessera.resources import (
 MAX_MIN_MEMBER = 10_000
 """More members than any cluster tessera serves can hold at once (5,000 nodes)."""
 MAX_TIMEOUT_SECONDS = 86_400
+MAX_MIN_RESOURCES = 32
+"""Resource names one PodGroup's minResources may list: a node offers a few dozen at most."""
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 """A DNS subdomain (object names, namespaces), at most 253 characters."""
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -45,11 +49,28 @@ class GangKey:
 
 
 @dataclass(frozen=True, slots=True)
+class MinResources:
+    """A PodGroup's `spec.minResources`: what the whole gang needs free before any member is
+    placed, by resource name (Kubernetes quantities, so `tessera.dev/gpu: 800` is eight
+    whole GPUs, as a pod asks for them)."""
+
+    amounts: tuple[tuple[str, Decimal], ...] = ()
+    """(resource name, amount), by name."""
+
+    def __bool__(self) -> bool:
+        return bool(self.amounts)
+
+
+NO_MIN_RESOURCES = MinResources()
+
+
+@dataclass(frozen=True, slots=True)
 class GangSpec:
     key: GangKey
     min_member: int
     timeout_seconds: int
     """How long a reservation waits for its members to bind."""
+    min_resources: MinResources = NO_MIN_RESOURCES
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +102,31 @@ def _int(value: Any, where: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise GangError(f"{where} must be between {low} and {high}, got {value}")
     return value
+
+
+def parse_min_resources(value: Any, where: str) -> MinResources:
+    """`spec.minResources` (`where` names it in errors): a map of at most
+    MAX_MIN_RESOURCES resource names (qualified names, as label keys are) to non-negative
+    quantities, each bounded as a pod's are. Absent or null: nothing is asked."""
+    if value is None:
+        return NO_MIN_RESOURCES
+    if not isinstance(value, Mapping):
+        raise GangError(f"{where} must be a map of resource names to quantities")
+    if len(value) > MAX_MIN_RESOURCES:
+        raise GangError(f"{where} names more than {MAX_MIN_RESOURCES} resources")
+    amounts = []
+    for name, quantity in value.items():
+        if not isinstance(name, str) or not is_label_key(name):
+            shown = name[:64] if isinstance(name, str) else type(name).__name__
+            raise GangError(f"{where}: {shown!r} is not a resource name")
+        try:
+            amount = parse_quantity(quantity)
+        except QuantityError as exc:
+            raise GangError(f"{where}.{name}: {exc}") from None
+        if amount < 0:
+            raise GangError(f"{where}.{name} must not be negative")
+        amounts.append((name, amount))
+    return MinResources(tuple(sorted(amounts)))
 
 
 def gang_key_of(pod: Mapping[str, Any]) -> GangKey | None:
@@ -183,4 +229,5 @@ class PodGroupSource:
             if timeout is None
             else _int(timeout, f"{where}.scheduleTimeoutSeconds", 1, MAX_TIMEOUT_SECONDS)
         )
-        return GangSpec(key, min_member, seconds)
+        resources = parse_min_resources(spec.get("minResources"), f"{where}.minResources")
+        return GangSpec(key, min_member, seconds, resources)

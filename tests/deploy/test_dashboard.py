@@ -8,57 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
+
+from tests.deploy.exported_metrics import METRIC, exported_series, families
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tessera-dashboard.json"
-_METRIC = re.compile(r"\btessera_[a-z0-9_]+")
 # units Prometheus asks to be given in base units instead (bytes, seconds, ratios 0-1)
 _NOT_BASE_UNITS = ("_percent", "_mib", "_kib", "_gib", "_mb", "_ms", "_milliseconds", "_minutes")
-
-
-def _registries() -> dict[str, CollectorRegistry]:
-    from deviceplugin.agent import Agent, AgentConfig
-    from deviceplugin.fake_backend import FakeBackend
-    from deviceplugin.metrics import agent_registry
-    from deviceplugin.usage_monitor import UsageMonitor
-    from nri_hook.enforce import Metrics as HookMetrics
-    from scheduler_plugin.metrics import Metrics as SchedulerMetrics
-
-    backend = FakeBackend.from_topology("h100-sxm-8x")
-    agent = Agent(AgentConfig("node-a"), backend, backend)
-    agent.discover()  # reads the fake devices only; nothing is served
-    agent.usage = UsageMonitor(backend, agent.gpu_indexes)  # as the shipped agent runs
-    return {
-        "scheduler": SchedulerMetrics().registry,
-        "nri-hook": HookMetrics().registry,
-        "node agent": agent_registry(agent),
-    }
-
-
-def _families() -> list[tuple[str, str, str]]:
-    """(component, family name, type) of every metric family the components register, and
-    the scheduler's per-GPU gauges (rendered outside its registry, in batches of nodes)."""
-    from scheduler_plugin.metrics import GPU_FAMILIES
-
-    return [
-        (component, family.name, family.type)
-        for component, registry in _registries().items()
-        for family in registry.collect()
-    ] + [("scheduler", name, "gauge") for name, _, _ in GPU_FAMILIES]
-
-
-def exported_series() -> set[str]:
-    """The series names the components expose (counters as `_total`, histograms as
-    `_bucket`/`_sum`/`_count`)."""
-    names: set[str] = set()
-    for _, name, kind in _families():
-        if kind == "counter":
-            names.add(f"{name}_total")
-        elif kind == "histogram":
-            names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
-        else:
-            names.add(name)
-    return names
 
 
 def _panels() -> list[dict[str, object]]:
@@ -73,7 +28,7 @@ def test_every_panel_queries_only_exported_metrics() -> None:
     for panel in _panels():
         targets = panel["targets"]
         assert isinstance(targets, list) and targets, panel["title"]
-        used = {m for t in targets for m in _METRIC.findall(t["expr"])}
+        used = {m for t in targets for m in METRIC.findall(t["expr"])}
         assert used, f"panel {panel['title']!r} queries no tessera metric"
         missing = used - exported
         assert not missing, f"panel {panel['title']!r} queries {sorted(missing)}, not exported"
@@ -113,10 +68,10 @@ def test_panels_do_not_overlap_and_fit_the_grid() -> None:
 
 def test_the_checker_sees_a_panel_that_queries_a_missing_metric() -> None:
     bogus = "sum(tessera_gpu_core_allocated_percent)"
-    assert set(_METRIC.findall(bogus)) - exported_series() == {"tessera_gpu_core_allocated_percent"}
+    assert set(METRIC.findall(bogus)) - exported_series() == {"tessera_gpu_core_allocated_percent"}
 
 
-@pytest.mark.parametrize(("component", "name", "kind"), _families())
+@pytest.mark.parametrize(("component", "name", "kind"), families())
 def test_metric_names_follow_prometheus_rules(component: str, name: str, kind: str) -> None:
     assert re.fullmatch(r"tessera_[a-z][a-z0-9_]*", name), (component, name)
     assert not name.endswith(_NOT_BASE_UNITS), f"{component}: {name} is not in base units"

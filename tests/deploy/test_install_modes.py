@@ -396,3 +396,34 @@ def test_chart_refuses_unlimited_gpu_shares_unless_accepted(
     text: the failing file is what can be checked); with the acceptance it lints above."""
     result = lint(chart_copy(tmp_path / "tessera", {"nriHook": hook}))
     assert any(m["Path"] == "values.yaml" for m in lint_errors(result)), result
+
+
+def test_one_nri_plugin_name_for_the_hook_and_the_scheduler() -> None:
+    """The hook registers under the name the scheduler requires on every pod it binds: in
+    each overlay the two flags agree, and the chart sets both from `nriPlugin.name`."""
+    for mode in MODES:
+        objs = overlay(mode)
+        hook, _ = _hook_args(objs)
+        scheduler = _scheduler_args(objs)
+        assert hook.plugin_name == scheduler.nri_plugin_name == rn.DEFAULT_NRI_PLUGIN_NAME
+        assert scheduler.require_nri_plugin, mode
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["nriPlugin"] == {"name": rn.DEFAULT_NRI_PLUGIN_NAME}
+    templates = CHART / "templates"
+    flag = "={{ .Values.nriPlugin.name }}\n"
+    assert (templates / "nri-hook.yaml").read_text().count(f"- --plugin-name{flag}") == 1
+    assert (templates / "scheduler.yaml").read_text().count(f"- --nri-plugin-name{flag}") == 1
+    for template in templates.glob("*.yaml"):
+        assert "plugin-name=tessera" not in template.read_text(), template.name
+
+
+@pytest.mark.parametrize(
+    ("name", "valid"),
+    [("gpu-guard", True), ("a_b.c+1", True)] + [(bad, False) for bad in ("bad name", "", "x/y")],
+)
+def test_chart_takes_only_an_nri_plugin_name_containerd_accepts(
+    tmp_path: Path, name: str, valid: bool
+) -> None:
+    result = lint(chart_copy(tmp_path / "tessera", {"nriPlugin": {"name": name}}))
+    failing = [m for m in lint_errors(result) if m["Path"] == "values.yaml"]
+    assert bool(failing) != valid, result

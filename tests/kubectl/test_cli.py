@@ -376,13 +376,24 @@ def test_explain_prints_the_broken_rule_and_unrelated_pods(
 def test_explain_reads_the_required_plugins_annotation_as_the_scheduler_does(
     fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A pod whose required-plugins annotation does not read: tessera-scheduler's filter
+    refuses it on every node, and explain says so with the scheduler's own words; a
+    scheduler that does not require the NRI plugin takes it, and so does explain told so."""
     add_node(fake, "t4", "t4-4x")
     unreadable = {rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION: "[tessera, [nested]]"}
-    fake.create("pods", pod("odd", share(10, 10), annotations=unreadable))
+    created = fake.create("pods", pod("odd", share(10, 10), annotations=unreadable))
+    with serving(fake) as served:  # as shipped: --nri-plugin-name tessera
+        reply = served.filter(created, ["t4"])
+    assert reply["NodeNames"] == []
+    refusal = reply["FailedAndUnresolvableNodes"]["t4"]
+    assert refusal.startswith("tessera: invalid device request: ")
     doc = run_json(capsys, "explain", "odd", "--kubeconfig", kubeconfig)
-    assert doc["summary"].startswith("the request breaks a rule")
+    assert doc["summary"].startswith("the request breaks a rule") and doc["nodes"] == []
+    assert doc["summary"].endswith(refusal.removeprefix("tessera: invalid device request: "))
     assert rn.NRI_REQUIRED_PLUGINS_POD_ANNOTATION in doc["summary"]
     # a scheduler run with --no-require-nri-plugin does not read it
+    with serving(fake, nri_plugin=None) as served:
+        assert served.filter(created, ["t4"])["NodeNames"] == ["t4"]
     off = run_json(capsys, "explain", "odd", "--kubeconfig", kubeconfig, "--no-require-nri-plugin")
     assert [v["fits"] for v in off["nodes"]] == [True]
     code, _, err = run(

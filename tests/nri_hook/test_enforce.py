@@ -18,7 +18,7 @@ from nri_hook.adjust import Settings
 from nri_hook.devices import HostDevices
 from nri_hook.enforce import Enforcer, EnforcerConfig, Metrics, OnInvalid
 from nri_hook.netdev import NetdevMover
-from nri_hook.plugin import NriPlugin
+from nri_hook.plugin import Backoff, NriPlugin
 from protos.nri import api_pb2 as api
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
 from tessera.record import Keyring, encode
@@ -611,7 +611,7 @@ def test_an_unisolated_share_is_warned_and_counted(
 ) -> None:
     """With --isolation=none (accepted by the operator) every container given part of a GPU
     is logged as a warning and counted; a whole GPU is neither."""
-    metrics = Metrics()
+    metrics = Metrics(NODE)
     enforcer = Enforcer(
         EnforcerConfig(node_name=NODE, settings=Settings(isolation="none")),
         KeyringSource(key_file),
@@ -632,6 +632,52 @@ def test_an_unisolated_share_is_warned_and_counted(
     assert warning.levelname == "WARNING" and "team-a/train" in warning.getMessage()
 
 
+def test_the_connected_gauge_follows_the_runtime_connection(
+    sock_dir: Path, device_root: Path, key_file: Path
+) -> None:
+    """tessera_nri_connected{node} is 0 until containerd accepts the registration, 1 while
+    the connection lasts, 0 once containerd goes away, and 1 again after the reconnect."""
+    metrics = Metrics(NODE)
+    enforcer = Enforcer(
+        EnforcerConfig(node_name=NODE),
+        KeyringSource(key_file),
+        HostDevices(device_root),
+        metrics=metrics,
+    )
+    path = str(sock_dir / "nri.sock")
+
+    def connected() -> float | None:
+        return metrics.registry.get_sample_value("tessera_nri_connected", {"node": NODE})
+
+    async def reaches(value: float) -> None:
+        async def poll() -> None:
+            while connected() != value:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(poll(), 10)
+
+    async def body() -> None:
+        plugin = NriPlugin(
+            enforcer, name="tessera", index="50", socket_path=path, backoff=Backoff(0.02, 0.1)
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(plugin.run(stop))  # no runtime yet: retrying
+        await asyncio.sleep(0.1)
+        assert connected() == 0
+        for _ in range(2):
+            sim = RuntimeSimulator(path)
+            await sim.start()
+            conn = await sim.next_plugin()
+            await reaches(1)
+            conn.close()  # containerd restarts
+            await sim.stop()
+            await reaches(0)
+        stop.set()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
 def test_containers_whose_own_rules_open_gpus_are_warned_and_counted(
     hook: Hook, device_root: Path, key_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -644,7 +690,7 @@ def test_containers_whose_own_rules_open_gpus_are_warned_and_counted(
         info = device_root / "proc" / "driver" / "nvidia" / "gpus" / f"0000:0{minor}:00.0"
         info.mkdir(parents=True)
         (info / "information").write_text(f"GPU UUID:\t{uuid}\nDevice Minor:\t{minor}\n")
-    metrics = Metrics()
+    metrics = Metrics(NODE)
 
     def counted() -> float | None:
         return metrics.registry.get_sample_value("tessera_nri_unmanaged_gpu_access_total")
@@ -683,7 +729,7 @@ def test_without_the_drivers_gpu_list_a_privileged_container_is_reported_only_wi
     /proc list of GPUs: the warning speaks of the node's GPUs as a whole."""
     root = tmp_path / "host"
     (root / "dev").mkdir(parents=True)
-    metrics = Metrics()
+    metrics = Metrics(NODE)
     enforcer = Enforcer(
         EnforcerConfig(node_name=NODE, settings=Settings()),
         KeyringSource(key_file),

@@ -130,3 +130,34 @@ def test_demo_ui_keeps_the_cluster_busy_and_serves_the_page() -> None:
     overview = seen["overview"]
     assert isinstance(overview, dict) and len(overview["nodes"]) == 33
     assert overview["pods"] > 0
+
+
+def test_demo_shows_each_share_used_beside_its_grant() -> None:
+    """Step 6: the node agents' usage loop reads the demo's workloads (fake NVML processes
+    put on their containers by cgroup, on their grants by the verified records): each GPU
+    share's line shows what its workload takes beside what its record grants."""
+    out = io.StringIO()
+    outcomes = {o.pod.name: o for o in demo.run(out, with_simulation=False)}
+    text = out.getvalue()
+    step = text[text.index("[6/6]") : text.index("GPU compute in use per node")]
+    lines = [ln for ln in step.splitlines() if re.match(r"  [a-z0-9-]+/[a-z0-9-]+ ", ln)]
+    expected = []
+    for (pod, container), (memory, compute) in demo.WORKLOADS.items():
+        o = outcomes[pod]
+        assert o.record is not None
+        (c,) = [c for c in o.record["containers"] if c["name"] == container]
+        for g in c["gpus"]:
+            if g["core"] == 100:
+                continue  # whole GPUs are not listed
+            used = demo.gib(int(g["memoryMiB"] * memory))
+            share = (
+                f"SM {round(g['core'] * compute)}% of its {g['core']}%"
+                if g["core"]
+                else "no compute share"
+            )
+            expected.append(
+                f"{pod}/{container} {o.node} GPU{g['index']} memory {used} of "
+                f"{demo.gib(g['memoryMiB'])}, {share}"
+            )
+    assert sorted(" ".join(ln.split()) for ln in lines) == sorted(expected)
+    assert len(lines) >= 5

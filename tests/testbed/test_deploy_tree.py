@@ -16,6 +16,9 @@ NOT_APPLIED = {
     "nri-hook/record-verify-secret.example.yaml",
     "scheduler/kube-scheduler-config.yaml",
     "crds/podgroups.yaml",  # created apart, only where absent (docs/gangs.md)
+    # a Prometheus rule file (applied as prometheus/prometheusrule.yaml) and its promtool tests
+    "prometheus/tessera-alerts.yaml",
+    *(f"prometheus/tests/{p.name}" for p in (DEPLOY / "prometheus" / "tests").glob("*.yaml")),
 }
 KUBE_SCHEDULER_IMAGE = "registry.k8s.io/kube-scheduler:"
 """The stock kube-scheduler that second-scheduler mode runs beside tessera-scheduler."""
