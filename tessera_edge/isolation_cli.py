@@ -264,13 +264,13 @@ def run_mps(config: MpsConfig) -> int:
     )
     if config.metrics_port:
         serve_metrics(
-            _mps_registry(supervisor, config.node_name), config.metrics_port, config.metrics_address
+            mps_registry(supervisor, config.node_name), config.metrics_port, config.metrics_address
         )
     supervisor.run(stop_on_signals(log, "stopping the MPS control daemon"))
     return 0
 
 
-def _mps_registry(supervisor: MpsSupervisor, node: str) -> CollectorRegistry:
+def mps_registry(supervisor: MpsSupervisor, node: str) -> CollectorRegistry:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
