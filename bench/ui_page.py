@@ -52,7 +52,7 @@ class PageCluster:
         import http.client
         import json
 
-        from scheduler_plugin.binder import BindArgs
+        from scheduler_plugin.decisions.binder import BindArgs
 
         created = self.fake.create(
             "pods",

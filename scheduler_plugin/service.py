@@ -26,22 +26,29 @@ from typing import Any
 from kube_edge.client import KubeClient
 from kube_edge.informer import Informer
 from kube_edge.leader import LeaderElector
-from scheduler_plugin import limits, overview
-from scheduler_plugin.auth import TokenAuthorizer
-from scheduler_plugin.binder import BindApi, Binder
-from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
-from scheduler_plugin.cluster import Reconciler, gang_informers, informers
-from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
+from scheduler_plugin.decisions.binder import BindApi, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.decisions.nudger import Nudger
 from scheduler_plugin.heap import limit_arenas
-from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.nudger import Nudger
-from scheduler_plugin.pending import EXPLAINED, Refusals, explanation, refusal_json, top_reasons
-from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
-from scheduler_plugin.status_writer import StatusWriter
-from scheduler_plugin.stranded_reporter import StrandedReporter
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.app import App, ChangeFeed, Server, requires_client_cert
+from scheduler_plugin.serving.auth import TokenAuthorizer
+from scheduler_plugin.state.cache import DEFAULT_HEARTBEAT_GRACE, Cache
+from scheduler_plugin.views import overview
+from scheduler_plugin.views.events import EVENT_REASONS, EventRecorder, PodEvent
+from scheduler_plugin.views.metrics import Metrics
+from scheduler_plugin.views.pending import (
+    EXPLAINED,
+    Refusals,
+    explanation,
+    refusal_json,
+    top_reasons,
+)
+from scheduler_plugin.views.status_writer import StatusWriter
+from scheduler_plugin.views.stranded_reporter import StrandedReporter
+from scheduler_plugin.watches.cluster import Reconciler, gang_informers, informers
+from scheduler_plugin.watches.resign import has_legacy_keys, resign_legacy_records
 from tessera.errors import RecordError, RequestError
 from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource

@@ -45,7 +45,7 @@ from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.nri import api_pb2 as nri
-from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory

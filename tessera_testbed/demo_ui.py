@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer

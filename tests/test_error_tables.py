@@ -16,10 +16,10 @@ from kube_edge.errors import ApiError
 from nri_hook.errors import NRI_ERRORS, RejectError
 from nri_hook.netdev import NetdevError
 from nri_hook.plugin import _guarded
-from scheduler_plugin.binder import BindRefusedError
-from scheduler_plugin.events import EVENT_REASONS, UNTRUSTED_RECORD
-from scheduler_plugin.extender import BadArgsError
-from scheduler_plugin.http import HTTP_ERRORS
+from scheduler_plugin.decisions.binder import BindRefusedError
+from scheduler_plugin.decisions.extender import BadArgsError
+from scheduler_plugin.serving.app import HTTP_ERRORS
+from scheduler_plugin.views.events import EVENT_REASONS, UNTRUSTED_RECORD
 from tessera.boundedjson import JsonLimitError
 from tessera.errors import (
     ErrorTable,

@@ -10,10 +10,10 @@ from typing import Any
 import yaml
 
 from deviceplugin.inventory import cr_spec
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.recovery import Holds
-from scheduler_plugin.status_writer import StatusWriter
-from scheduler_plugin.views import PodSeen
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import PodSeen
+from scheduler_plugin.views.status_writer import StatusWriter
+from scheduler_plugin.watches.recovery import Holds
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
 from tessera_testbed.inventory import inventory_spec

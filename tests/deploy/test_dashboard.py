@@ -22,7 +22,7 @@ def _registries() -> dict[str, CollectorRegistry]:
     from deviceplugin.metrics import agent_registry
     from deviceplugin.usage_monitor import UsageMonitor
     from nri_hook.enforce import Metrics as HookMetrics
-    from scheduler_plugin.metrics import Metrics as SchedulerMetrics
+    from scheduler_plugin.views.metrics import Metrics as SchedulerMetrics
 
     backend = FakeBackend.from_topology("h100-sxm-8x")
     agent = Agent(AgentConfig("node-a"), backend, backend)
@@ -38,7 +38,7 @@ def _registries() -> dict[str, CollectorRegistry]:
 def _families() -> list[tuple[str, str, str]]:
     """(component, family name, type) of every metric family the components register, and
     the scheduler's per-GPU gauges (rendered outside its registry, in batches of nodes)."""
-    from scheduler_plugin.metrics import GPU_FAMILIES
+    from scheduler_plugin.views.metrics import GPU_FAMILIES
 
     return [
         (component, family.name, family.type)

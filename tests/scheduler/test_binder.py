@@ -184,8 +184,8 @@ def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
     from concurrent.futures import ThreadPoolExecutor
 
     from kube_edge.client import KubeClient
-    from scheduler_plugin import limits
     from scheduler_plugin.service import Service
+    from scheduler_plugin.serving import limits
     from tests.scheduler.helpers import Served, options
 
     populate(fake, [f"n{i}" for i in range(8)], gpus=8)
@@ -212,7 +212,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
 ) -> None:
     """The record a bind signs is remembered as the verdict for exactly that text: the
     watch event of our own Binding is not verified again, and any other text still is."""
-    from scheduler_plugin.recovery import judge as real_judge
+    from scheduler_plugin.watches.recovery import judge as real_judge
 
     judged: list[str] = []
 
@@ -221,7 +221,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
             judged.append(obj["metadata"]["name"])  # a record to decode and verify
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.cluster.judge", counting_judge)
     with serving_nodes(fake, ["n"], gpus=2) as served:
         created = fake.create("pods", pod("p", share(40, 40)))
         assert served.bind(created, "n") == ""

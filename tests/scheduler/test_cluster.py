@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.metrics import sample
+from scheduler_plugin.views.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
@@ -214,8 +214,8 @@ def test_lists_are_paged(fake: FakeApiServer) -> None:
 
 
 def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeApiServer) -> None:
-    from scheduler_plugin.cache import Cache
-    from scheduler_plugin.status_writer import StatusWriter
+    from scheduler_plugin.state.cache import Cache
+    from scheduler_plugin.views.status_writer import StatusWriter
     from tessera_testbed.inventory import inventory_spec
     from tests.scheduler.helpers import client_for
 
@@ -232,8 +232,8 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeA
     writer.mark_all()
     assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
     fake.requests.clear()
-    from scheduler_plugin.recovery import Holds
-    from scheduler_plugin.views import PodSeen
+    from scheduler_plugin.state.values import PodSeen
+    from scheduler_plugin.watches.recovery import Holds
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
     grant = GpuGrant("GPU-b-0", 0, 0, 10, 8192)
@@ -271,7 +271,7 @@ def test_the_pod_watch_sees_bound_pods_only(
 ) -> None:
     """Pending pods hold nothing: neither the list nor the watch hands them over (an
     unschedulable pod's status updates cost nothing), and a pod arrives when it is bound."""
-    from scheduler_plugin.recovery import judge as real_judge
+    from scheduler_plugin.watches.recovery import judge as real_judge
 
     judged: list[str] = []
 
@@ -279,7 +279,7 @@ def test_the_pod_watch_sees_bound_pods_only(
         judged.append(obj["metadata"]["name"])
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.cluster.judge", counting_judge)
     populate(fake, ["n"], gpus=1)
     fake.create("pods", pod("listed-pending", share(10, 10)))
     with serving(fake) as served:

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
-from scheduler_plugin.heartbeats import HeartbeatTracker
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.recovery import Holds
-from scheduler_plugin.views import Assumed, PodSeen
+from scheduler_plugin.decisions.extender import BadArgsError, Extender, rank_priorities
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.heartbeats import HeartbeatTracker
+from scheduler_plugin.state.values import Assumed, PodSeen
+from scheduler_plugin.views.metrics import Metrics
+from scheduler_plugin.watches.recovery import Holds
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.request import PodRequest, parse_pod
@@ -237,7 +237,7 @@ def test_priorities_do_not_import_numpy_ma() -> None:
     scheduler's resident memory) on the first prioritize call."""
     code = (
         "import sys\n"
-        "from scheduler_plugin.extender import rank_priorities\n"
+        "from scheduler_plugin.decisions.extender import rank_priorities\n"
         "assert rank_priorities({'a': 0.5, 'b': 0.7, 'c': 0.5}, ['a', 'b', 'c', 'd'])"
         " == [9, 10, 9, 0]\n"
         "print('numpy.ma' in sys.modules)\n"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from scheduler_plugin.events import UNTRUSTED_RECORD
-from scheduler_plugin.metrics import sample
+from scheduler_plugin.views.events import UNTRUSTED_RECORD
+from scheduler_plugin.views.metrics import sample
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import pod, serving, serving_nodes, share, wait_for

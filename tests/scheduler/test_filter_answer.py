@@ -12,9 +12,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin.extender import Extender, best_node, rank_priorities, states_preferences
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.views import Assumed
+from scheduler_plugin.decisions.extender import (
+    Extender,
+    best_node,
+    rank_priorities,
+    states_preferences,
+)
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.views.metrics import Metrics
 from tessera import resources as rn
 from tessera.cluster_decision import RowVerdicts
 from tessera.node_placement import NoFit

@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 
 from fuzz.surface_reconciler import MemoryApi
-from scheduler_plugin.binder import BindArgs, Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import (
+from scheduler_plugin.decisions.binder import BindArgs, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.cluster import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     NodeHandler,
     Reconciler,
 )
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
 from tessera import resources as rn
 from tessera.gang.spec import GangKey
 from tessera.record import decode

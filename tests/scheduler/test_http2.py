@@ -34,10 +34,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from uvicorn.server import ServerState
 
-from scheduler_plugin import http2, limits
-from scheduler_plugin.http import tls_context
-from scheduler_plugin.metrics import sample
 from scheduler_plugin.service import Service
+from scheduler_plugin.serving import http2, limits
+from scheduler_plugin.serving.app import tls_context
+from scheduler_plugin.views.metrics import sample
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import pod, populate, running, share, start
 

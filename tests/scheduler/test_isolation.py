@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from fuzz import surface_reconciler
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.recovery import Holds, Invalid, Verdict, judge, rebuild
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
+from scheduler_plugin.watches.recovery import Holds, Invalid, Verdict, judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
@@ -208,7 +208,7 @@ def test_a_bug_while_handling_one_object_is_contained(
 ) -> None:
     """Defence in depth: an unexpected exception for one object is logged as a bug with
     its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
-    from scheduler_plugin import cluster
+    from scheduler_plugin.watches import cluster
 
     real_judge = judge  # the function cluster.py imported from recovery.py
 

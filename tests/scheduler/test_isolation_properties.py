@@ -32,9 +32,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fuzz.surface_reconciler import MemoryApi
-from scheduler_plugin.binder import BindArgs, Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import (
+from scheduler_plugin.decisions.binder import BindArgs, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.watches.cluster import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
@@ -42,9 +45,6 @@ from scheduler_plugin.cluster import (
     NodeHandler,
     Reconciler,
 )
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
-from scheduler_plugin.views import Assumed
 from tessera import resources as rn
 from tessera.record import decode
 from tessera.resources import UNITS_PER_DEVICE

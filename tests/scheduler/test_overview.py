@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.pending import MAX_TEXT, Refusals, scheduler_message
+from scheduler_plugin.views.pending import MAX_TEXT, Refusals, scheduler_message
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (

@@ -8,10 +8,10 @@ import copy
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
-from scheduler_plugin.stranded_reporter import StrandedReporter
-from scheduler_plugin.views import Assumed
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.views.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
+from scheduler_plugin.views.stranded_reporter import StrandedReporter
 from tessera import resources as rn
 from tessera.request import parse_pod
 from tessera_testbed.inventory import inventory_spec

@@ -22,7 +22,7 @@ from tessera.resources import GPU
 from tessera_testbed.browser import CHROMIUM, Browser, wait_for
 
 NODES = 5000
-# the page's palette (scheduler_plugin/ui.js)
+# the page's palette (scheduler_plugin/views/ui.js)
 FREE, PART, MOST, FULL = (220, 235, 221), (140, 191, 224), (58, 127, 192), (11, 61, 117)
 NOT_READY_RING, FENCE_RING = (188, 76, 0), (207, 34, 46)
 

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin import usage_view
-from scheduler_plugin.cache import Cache
+from scheduler_plugin.state import usage as usage_view
+from scheduler_plugin.state.cache import Cache
 from tessera import resources as rn
 from tessera.usage import (
     MAX_USAGE_BYTES,
@@ -261,7 +261,7 @@ def test_an_unreadable_reading_is_logged_once_per_node_until_it_reads_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     cache = cache_with("n", "m")
-    caplog.set_level(logging.WARNING, logger="scheduler_plugin.usage_view")
+    caplog.set_level(logging.WARNING, logger="scheduler_plugin.state.usage")
 
     def show(node: str, text: str) -> None:
         cache.lease_seen(lease(node, text))

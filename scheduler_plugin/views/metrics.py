@@ -23,8 +23,8 @@ from prometheus_client.utils import floatToGoString
 from tessera.resources import UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
-    from scheduler_plugin.cache import Cache
-    from scheduler_plugin.views import GpuUsage
+    from scheduler_plugin.state.cache import Cache
+    from scheduler_plugin.state.values import GpuUsage
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MIB = 1 << 20  # metrics are in base units: bytes, not the MiB the model counts in

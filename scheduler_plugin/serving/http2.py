@@ -8,7 +8,7 @@ certificate. Why off by default: this protocol runs in Python, and at 5,000 node
 
 The `h2` library does the protocol (framing, HPACK, stream states, flow control, settings);
 this module connects it to the same ASGI application the HTTP/1.1 side serves. Bounds, on
-top of scheduler_plugin.limits:
+top of scheduler_plugin.serving.limits:
 
 - connections count against the port's MAX_CONNECTIONS together with HTTP/1.1 ones;
 - the client's preface and first request must arrive within HEADER_TIMEOUT; a connection
@@ -44,8 +44,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from scheduler_plugin import limits
-from scheduler_plugin.protocol import client_cert_name
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.protocol import client_cert_name
 from tessera_edge.transports import no_delay
 
 if TYPE_CHECKING:

@@ -31,10 +31,10 @@ from urllib.parse import quote
 
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import INVENTORY_PATH
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.rounds import Rounds
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views.metrics import Metrics
+from scheduler_plugin.views.rounds import Rounds
+from scheduler_plugin.watches.cluster import INVENTORY_PATH
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from prometheus_client import Gauge
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
 from tessera.stranded import MISSING, StrandedGrant
 
 log = logging.getLogger(__name__)

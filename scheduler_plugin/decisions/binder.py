@@ -36,10 +36,15 @@ from typing import Any, Protocol, TypeVar
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.extender import BadArgsError, Extender, allocation_summary, get_field
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.views import AlreadyHeld, Refused
+from scheduler_plugin.decisions.extender import (
+    BadArgsError,
+    Extender,
+    allocation_summary,
+    get_field,
+)
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import AlreadyHeld, Refused
+from scheduler_plugin.views.metrics import Metrics
 from tessera.allocation import PodAllocation
 from tessera.errors import RequestError, TesseraError
 from tessera.nri_required import render

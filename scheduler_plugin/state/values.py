@@ -1,4 +1,4 @@
-"""The values the scheduler's state (scheduler_plugin/cache.py) takes in and hands out.
+"""The values the scheduler's state (scheduler_plugin/state/cache.py) takes in and hands out.
 
 Everything here is immutable: a reader gets a value it may keep, pass to another thread
 or compare, and nothing it does to it reaches the state (mappings are read-only proxies

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from sys import intern
 from typing import Any
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.recovery import is_finished, pod_identity, pod_node
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.recovery import is_finished, pod_identity, pod_node
 from tessera.errors import GangError, RequestError
 from tessera.gang.plan import GangAsk, GangShortfall
 from tessera.gang.roster import GangRoster, Member, Ready, Waiting

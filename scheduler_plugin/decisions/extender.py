@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.gangs import GangAnswer, Gangs
-from scheduler_plugin.metrics import Metrics, reason_category
+from scheduler_plugin.decisions.gangs import GangAnswer, Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views.metrics import Metrics, reason_category
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
 from tessera.cluster_index import IntArray
@@ -147,7 +147,7 @@ class Extender:
         self.answer_best = answer == "best"
         self._parser = PodParser(nvidia_gpu_enabled=manage_nvidia_gpu, nri_plugin=nri_plugin)
         self.gangs: Gangs | None = None
-        """Gang members are answered by their gang (scheduler_plugin/gangs.py)."""
+        """Gang members are answered by their gang (scheduler_plugin/decisions/gangs.py)."""
         self._requests: OrderedDict[str, tuple[str, PodRequest]] = OrderedDict()
         self._requests_lock = threading.Lock()
         self._categories: dict[NoFit, str] = {}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from scheduler_plugin.views import StateReading
+from scheduler_plugin.state.values import StateReading
 from tessera.capacity import ModelCapacity, by_model
 from tessera.resources import UNITS_PER_DEVICE
 

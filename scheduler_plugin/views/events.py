@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
-from scheduler_plugin.rounds import Rounds
+from scheduler_plugin.views.rounds import Rounds
 from tessera.errors import ErrorTable, RecordError, StateError, TesseraError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
-from scheduler_plugin.recovery import Holds, judge, pod_identity, record_text
+from scheduler_plugin.watches.recovery import Holds, judge, pod_identity, record_text
 from tessera.errors import TesseraError
 from tessera.record import LEGACY_MAC_ALGORITHM, KeySource, encode, signature_algorithm
 from tessera.resources import ALLOCATION_ANNOTATION

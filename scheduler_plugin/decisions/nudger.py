@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
-from scheduler_plugin.gangs import Poke
+from scheduler_plugin.decisions.gangs import Poke
 from tessera.resources import GANG_RESERVED_ANNOTATION
 
 log = logging.getLogger(__name__)

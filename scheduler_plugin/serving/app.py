@@ -1,7 +1,8 @@
 """The HTTP(S) servers: extender verbs and the debug API; health and metrics.
 
 uvicorn (httptools parser, uvloop event loop) in this process, each server on its own
-thread and event loop; bounds in scheduler_plugin.limits and scheduler_plugin.protocol.
+thread and event loop; bounds in scheduler_plugin.serving.limits and
+scheduler_plugin.serving.protocol.
 Why uvicorn, and the latency it was measured at: docs/scheduler.md, "HTTP server".
 
 Extender server (`--listen`), routes matched on the last path segment for the verbs, so any
@@ -12,7 +13,7 @@ urlPrefix works:
 - GET /debug/nodes, /debug/nodes/<name>, /debug/pods, /debug/watch[?node=<name>]: JSON
   views of the devices and pods (see docs/scheduler.md); a verified client certificate or
   a bearer token that may `get` the path (TokenReview + SubjectAccessReview) is needed;
-- GET /debug/ui: a page that draws those views live (scheduler_plugin.ui); the page itself
+- GET /debug/ui: a page that draws those views live (scheduler_plugin.views.ui); the page itself
   is a fixed shell without data, its data calls need the same credentials as /debug.
 
 Health server (`--health-listen`, plain HTTP for kubelet probes and Prometheus):
@@ -20,7 +21,7 @@ GET /healthz (alive), /readyz (synced and leader, 503 otherwise), /metrics.
 
 Filter and prioritize run on the event loop (they are CPU-bound and short; a thread hop
 costs more than the HTTP work); plain HTTP/1.1 requests for them skip uvicorn's ASGI cycle
-and reach `App.answer_inline` from the protocol (scheduler_plugin.protocol). Bind runs
+and reach `App.answer_inline` from the protocol (scheduler_plugin.serving.protocol). Bind runs
 there too, its API calls awaited on the loop (kube_edge.loop_client): on a thread it
 waited for the interpreter, held by the loop, once to start and once when the API server
 answered, which tripled its latency on a busy scheduler. Plain HTTP/1.1 binds skip the
@@ -54,16 +55,17 @@ from uvicorn.config import Config as UvicornConfig
 from uvicorn.server import Server as UvicornServer
 
 from kube_edge.loop_client import LoopClient
-from scheduler_plugin import limits, overview, ui
-from scheduler_plugin.binder import BindRefusedError
-from scheduler_plugin.metrics import CONTENT_TYPE
-from scheduler_plugin.protocol import ALPN_PROTOCOLS, AlpnProtocol, Answer, BoundedProtocol
+from scheduler_plugin.decisions.binder import BindRefusedError
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.protocol import ALPN_PROTOCOLS, AlpnProtocol, Answer, BoundedProtocol
+from scheduler_plugin.views import overview, ui
+from scheduler_plugin.views.metrics import CONTENT_TYPE
 from tessera.boundedjson import JsonLimitError, loads
 from tessera.errors import ErrorTable, InputError, TesseraError
 
 if TYPE_CHECKING:
-    from scheduler_plugin.auth import TokenAuthorizer
     from scheduler_plugin.service import Service
+    from scheduler_plugin.serving.auth import TokenAuthorizer
 
 log = logging.getLogger(__name__)
 # uvicorn warns once per malformed request: any client could flood the log with them
@@ -86,7 +88,7 @@ def tls_context(
 ) -> ssl.SSLContext:
     """TLS 1.2+ with this certificate; with a client CA, client certificates it signed are
     verified when offered (the extender verbs then require one, /debug takes one). With
-    `http2`, ALPN offers h2 before http/1.1 (scheduler_plugin.http2; `--http2`)."""
+    `http2`, ALPN offers h2 before http/1.1 (scheduler_plugin.serving.http2; `--http2`)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
@@ -293,7 +295,7 @@ class App:
             await self._api.close()
 
     def connection_opened(self, protocol: str) -> None:
-        """Counted per protocol (scheduler_plugin.protocol.AlpnProtocol calls it once TLS
+        """Counted per protocol (scheduler_plugin.serving.protocol.AlpnProtocol calls it once TLS
         is up)."""
         metrics = self.service.metrics
         if metrics is not None:
@@ -361,7 +363,8 @@ class App:
     def answer_inline(self, verb: str, body: bytes, started: float) -> Answer:
         """The answer to filter or prioritize with its whole body, decided on the serving
         loop; counted in the verb metrics from `started` (a perf_counter reading). The
-        ASGI path and HTTP/1.1's direct path (scheduler_plugin.protocol) both answer here."""
+        ASGI path and HTTP/1.1's direct path (scheduler_plugin.serving.protocol) both answer
+        here."""
         args, refused = self._counted_arguments(verb, body, started)
         if refused is not None:
             return refused
@@ -622,7 +625,7 @@ class App:
 
     async def _stream_overview(self, receive: Receive, send: Send) -> None:
         """Chunked JSON lines for the allocation page: an OVERVIEW line (the figures per
-        model and every node's row, scheduler_plugin.overview), then a ROWS line with the
+        model and every node's row, scheduler_plugin.views.overview), then a ROWS line with the
         rows that changed whenever nodes change, PING lines when idle."""
         service = self.service
         sent: dict[str, Any] = {}

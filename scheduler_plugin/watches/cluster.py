@@ -28,10 +28,11 @@ from typing import Any
 from kube_edge.client import KubeClient, lease_path, pod_path
 from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer
-from scheduler_plugin.cache import INTERNAL_ERROR, Cache
-from scheduler_plugin.gangs import Gangs
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.recovery import (
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import INTERNAL_ERROR, Cache
+from scheduler_plugin.state.values import PodSeen
+from scheduler_plugin.views.metrics import Metrics
+from scheduler_plugin.watches.recovery import (
     Holds,
     Verdict,
     apply_order,
@@ -41,7 +42,6 @@ from scheduler_plugin.recovery import (
     pod_node,
     record_text,
 )
-from scheduler_plugin.views import PodSeen
 from tessera.allocation import PodAllocation
 from tessera.pod_fields import section
 from tessera.record import KeySource

@@ -41,10 +41,9 @@ from sys import intern
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from scheduler_plugin.heartbeats import HeartbeatTracker
-from scheduler_plugin.recovery import Holds, Invalid, Nothing, Verdict
-from scheduler_plugin.usage_view import UsageTexts, with_usage
-from scheduler_plugin.views import (
+from scheduler_plugin.state.heartbeats import HeartbeatTracker
+from scheduler_plugin.state.usage import UsageTexts, with_usage
+from scheduler_plugin.state.values import (
     AlreadyHeld,
     Assessment,
     Assumed,
@@ -59,6 +58,7 @@ from scheduler_plugin.views import (
     StateReading,
     Stats,
 )
+from scheduler_plugin.watches.recovery import Holds, Invalid, Nothing, Verdict
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import Decider, RowVerdicts
 from tessera.cluster_state import ClusterState

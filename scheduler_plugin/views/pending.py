@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_plugin.views import StateReading
+from scheduler_plugin.state.values import StateReading
 from tessera.explain import asks, nearest, verdicts
 from tessera.pod_fields import section
 from tessera.request import PodRequest

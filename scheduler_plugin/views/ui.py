@@ -14,7 +14,7 @@ elsewhere; everything it shows comes from the debug API (`/debug/watch?view=over
 `/debug/nodes/<node>`, `/debug/search`, `/debug/pending`), which the browser calls with
 the caller's credentials (the TLS client certificate, or a bearer token given in the URL
 fragment as `#token=...`, which browsers never send to the server). It only reads. The
-script only draws: every figure comes computed from the scheduler (scheduler_plugin.overview,
+script only draws: every figure comes computed from the scheduler (scheduler_plugin.views.overview,
 tessera.capacity, tessera.explain).
 """
 
@@ -29,7 +29,7 @@ SCRIPT_PATH = "/debug/ui.js"
 
 @cache
 def script() -> bytes:
-    return files(__package__ or "scheduler_plugin").joinpath("ui.js").read_bytes()
+    return files(__package__ or "scheduler_plugin.views").joinpath("ui.js").read_bytes()
 
 
 PAGE = b"""<!doctype html>

@@ -19,7 +19,7 @@ from typing import Any
 
 from kube_edge.client import KubeClient
 from kube_edge.errors import ApiError
-from scheduler_plugin import limits
+from scheduler_plugin.serving import limits
 
 log = logging.getLogger(__name__)
 

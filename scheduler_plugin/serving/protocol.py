@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from scheduler_plugin import limits
+from scheduler_plugin.serving import limits
 from tessera.errors import InputError
 from tessera_edge.transports import no_delay
 
@@ -63,7 +63,7 @@ INTERNAL_ERROR = Answer(500, b'{"Error":"tessera: internal error"}', close=True)
 
 class DirectAnswers(Protocol):
     """What the HTTP/1.1 protocol needs of the application to answer a verb itself
-    (scheduler_plugin.http.App)."""
+    (scheduler_plugin.serving.app.App)."""
 
     max_body: int
 
@@ -378,7 +378,7 @@ class AlpnProtocol:
         if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
             # imported on the first HTTP/2 connection: h2 costs about 1.3 MB resident,
             # and only `--http2` ever offers it
-            from scheduler_plugin.http2 import H2Protocol
+            from scheduler_plugin.serving.http2 import H2Protocol
 
             self._impl = H2Protocol(config, server_state, loop or asyncio.get_event_loop())
             protocol = "h2"
