@@ -105,8 +105,7 @@ def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
     """A Cache (`cache`, or a new one) with `nodes` 8-GPU nodes, about half of the GPU
     capacity allocated in a mix of whole GPUs and shares."""
     from scheduler_plugin.state.cache import Cache
-    from scheduler_plugin.state.values import PodSeen
-    from scheduler_plugin.watches.recovery import Holds
+    from scheduler_plugin.state.values import Holds, PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera_testbed.inventory import heartbeat_lease
 

@@ -27,12 +27,11 @@ from sys import intern
 from typing import Any
 
 from scheduler_plugin.state.cache import Cache
-from scheduler_plugin.watches.recovery import is_finished, pod_identity, pod_node
 from tessera.errors import GangError, RequestError
 from tessera.gang.plan import GangAsk, GangShortfall
 from tessera.gang.roster import GangRoster, Member, Ready, Waiting
 from tessera.gang.spec import NO_TOPOLOGY, GangKey, GangSource, GangSpec, PodGroupSource
-from tessera.pod_fields import section
+from tessera.pod_fields import is_finished, pod_identity, pod_node, section
 from tessera.request import PodRequest
 
 log = logging.getLogger(__name__)

@@ -50,15 +50,18 @@ from scheduler_plugin.state.values import (
     Assumption,
     Fence,
     GpuUsage,
+    Holds,
+    Invalid,
     NicUsage,
+    Nothing,
     PodSeen,
     PreemptionView,
     Refused,
     Snapshot,
     StateReading,
     Stats,
+    Verdict,
 )
-from scheduler_plugin.watches.recovery import Holds, Invalid, Nothing, Verdict
 from tessera.allocation import PodAllocation
 from tessera.cluster_decision import Decider, RowVerdicts
 from tessera.cluster_state import ClusterState

@@ -46,6 +46,37 @@ class Fence:
     problem: str
 
 
+# --- the rebuild rule's verdict on a watched pod (scheduler_plugin.watches.recovery) ----
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """The pod holds this allocation."""
+
+    allocation: PodAllocation
+
+
+@dataclass(frozen=True, slots=True)
+class Nothing:
+    """The pod holds no tessera devices (and why, for the debug API)."""
+
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """The pod carries a record that must not count. It is bound and has not finished
+    (judge only decodes such records), so its real device use is unknown: its node
+    is fenced."""
+
+    problem: str
+    node: str = ""
+    """The node the pod is bound to (the one to fence)."""
+
+
+Verdict = Holds | Nothing | Invalid
+
+
 # --- assume: the in-memory step of a bind ----------------------------------------------
 
 

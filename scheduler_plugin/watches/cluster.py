@@ -30,20 +30,11 @@ from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer
 from scheduler_plugin.decisions.gangs import Gangs
 from scheduler_plugin.state.cache import INTERNAL_ERROR, Cache
-from scheduler_plugin.state.values import PodSeen
+from scheduler_plugin.state.values import Holds, PodSeen, Verdict
 from scheduler_plugin.views.metrics import Metrics
-from scheduler_plugin.watches.recovery import (
-    Holds,
-    Verdict,
-    apply_order,
-    is_finished,
-    judge,
-    pod_identity,
-    pod_node,
-    record_text,
-)
+from scheduler_plugin.watches.recovery import apply_order, judge, record_text
 from tessera.allocation import PodAllocation
-from tessera.pod_fields import section
+from tessera.pod_fields import is_finished, pod_identity, pod_node, section
 from tessera.record import KeySource
 from tessera.resources import (
     INVENTORY_GROUP,

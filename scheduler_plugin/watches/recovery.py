@@ -32,64 +32,15 @@ from dataclasses import dataclass, field
 from sys import intern
 from typing import Any
 
-from tessera.allocation import PodAllocation
+from scheduler_plugin.state.values import Holds, Invalid, Nothing, Verdict
 from tessera.cluster_state import ClusterState
 from tessera.errors import RecordError, StateError
 from tessera.model import NodeInventory
-from tessera.pod_fields import requests_devices, section
+from tessera.pod_fields import is_finished, pod_identity, pod_node, requests_devices, section, text
 from tessera.record import KeySource, decode
 from tessera.resources import ALLOCATION_ANNOTATION
 
 log = logging.getLogger(__name__)
-
-FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-@dataclass(frozen=True, slots=True)
-class Holds:
-    """The pod holds this allocation."""
-
-    allocation: PodAllocation
-
-
-@dataclass(frozen=True, slots=True)
-class Nothing:
-    """The pod holds no tessera devices (and why, for the debug API)."""
-
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class Invalid:
-    """The pod carries a record that must not count. It is bound and has not finished
-    (judge only decodes such records), so its real device use is unknown: its node
-    is fenced."""
-
-    problem: str
-    node: str = ""
-    """The node the pod is bound to (the one to fence)."""
-
-
-Verdict = Holds | Nothing | Invalid
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def pod_identity(pod: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(uid, namespace, name) of a pod dict."""
-    meta = section(pod, "metadata")
-    return (
-        _text(meta.get("uid")),
-        _text(meta.get("namespace")) or "default",
-        _text(meta.get("name")),
-    )
-
-
-def pod_node(pod: Mapping[str, Any]) -> str:
-    """The node the pod is bound to, or ""."""
-    return _text(section(pod, "spec").get("nodeName"))
 
 
 def record_text(pod: Mapping[str, Any]) -> str | None:
@@ -97,13 +48,9 @@ def record_text(pod: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def is_finished(pod: Mapping[str, Any]) -> bool:
-    return section(pod, "status").get("phase") in FINISHED_PHASES
-
-
 def apply_order(pod: Mapping[str, Any]) -> tuple[str, str, str, str]:
     """The order in which pods are accounted: oldest first, then by UID."""
-    created = _text(section(pod, "metadata").get("creationTimestamp"))
+    created = text(section(pod, "metadata").get("creationTimestamp"))
     return (created, *pod_identity(pod))
 
 

@@ -16,8 +16,10 @@ from typing import Any, Final
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
-from scheduler_plugin.watches.recovery import Holds, judge, pod_identity, record_text
+from scheduler_plugin.state.values import Holds
+from scheduler_plugin.watches.recovery import judge, record_text
 from tessera.errors import TesseraError
+from tessera.pod_fields import pod_identity
 from tessera.record import LEGACY_MAC_ALGORITHM, KeySource, encode, signature_algorithm
 from tessera.resources import ALLOCATION_ANNOTATION
 

@@ -11,9 +11,8 @@ import yaml
 
 from deviceplugin.inventory import cr_spec
 from scheduler_plugin.state.cache import Cache
-from scheduler_plugin.state.values import PodSeen
+from scheduler_plugin.state.values import Holds, PodSeen
 from scheduler_plugin.views.status_writer import StatusWriter
-from scheduler_plugin.watches.recovery import Holds
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
 from tessera_testbed.inventory import inventory_spec

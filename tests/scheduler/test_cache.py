@@ -11,8 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from scheduler_plugin.state.cache import Cache, parse_inventory
-from scheduler_plugin.state.values import Assumed, PodSeen, Refused
-from scheduler_plugin.watches.recovery import Holds
+from scheduler_plugin.state.values import Assumed, Holds, PodSeen, Refused
 from tessera.model import NodeInventory
 from tessera.request import parse_pod
 from tessera.resources import UNITS_PER_DEVICE

@@ -232,8 +232,7 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeA
     writer.mark_all()
     assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
     fake.requests.clear()
-    from scheduler_plugin.state.values import PodSeen
-    from scheduler_plugin.watches.recovery import Holds
+    from scheduler_plugin.state.values import Holds, PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
     grant = GpuGrant("GPU-b-0", 0, 0, 10, 8192)

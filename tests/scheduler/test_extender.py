@@ -14,9 +14,8 @@ import pytest
 from scheduler_plugin.decisions.extender import BadArgsError, Extender, rank_priorities
 from scheduler_plugin.state.cache import Cache
 from scheduler_plugin.state.heartbeats import HeartbeatTracker
-from scheduler_plugin.state.values import Assumed, PodSeen
+from scheduler_plugin.state.values import Assumed, Holds, PodSeen
 from scheduler_plugin.views.metrics import Metrics
-from scheduler_plugin.watches.recovery import Holds
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.request import PodRequest, parse_pod

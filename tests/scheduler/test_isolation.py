@@ -12,8 +12,9 @@ import pytest
 from fuzz import surface_reconciler
 from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Holds, Invalid, Verdict
 from scheduler_plugin.watches.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
-from scheduler_plugin.watches.recovery import Holds, Invalid, Verdict, judge, rebuild
+from scheduler_plugin.watches.recovery import judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory

@@ -3,8 +3,9 @@ what it accounts is what a rebuild accounts, in the rebuild's order."""
 
 from __future__ import annotations
 
+from scheduler_plugin.state.values import Holds, Invalid
 from scheduler_plugin.watches import cluster
-from scheduler_plugin.watches.recovery import Holds, Invalid, judge
+from scheduler_plugin.watches.recovery import judge
 from tessera.allocation import PodAllocation
 from tests.scheduler.helpers import KEYRING
 from tests.scheduler.test_isolation import cache_with, running_pod, signed
