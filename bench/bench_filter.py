@@ -129,13 +129,13 @@ def measure(
         meta = body["Pod"]["metadata"]
         request = extender.remembered(meta["uid"])
         if chosen and request is not None:
-            outcome = cache.assume(request, chosen[0])
+            outcome = cache.pods.assume(request, chosen[0])
             if isinstance(outcome, Assumed):
-                cache.bind(meta["uid"])
+                cache.pods.bind(meta["uid"])
                 placed.append((meta["uid"], f"default/{meta['name']}"))
         extender.forget(meta["uid"])
         if placed and rng.random() < 0.9:
-            cache.pod_deleted(*placed.pop(rng.randrange(len(placed))))
+            cache.pods.deleted(*placed.pop(rng.randrange(len(placed))))
     return cpu, wall, answers
 
 
@@ -172,8 +172,12 @@ def scale_pattern(cache: Any, pods: int) -> dict[str, list[float]]:
         meta = body["Pod"]["metadata"]
         request = extender.remembered(meta["uid"])
         chosen = reply["NodeNames"]
-        if chosen and request is not None and isinstance(cache.assume(request, chosen[0]), Assumed):
-            cache.bind(meta["uid"])
+        if (
+            chosen
+            and request is not None
+            and isinstance(cache.pods.assume(request, chosen[0]), Assumed)
+        ):
+            cache.pods.bind(meta["uid"])
         extender.forget(meta["uid"])
     return out
 

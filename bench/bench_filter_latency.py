@@ -138,8 +138,8 @@ def bind_answers(service: Any) -> None:
 
     def bind(uid: str, node: str) -> None:
         request = extender.remembered(uid)
-        if request is not None and isinstance(cache.assume(request, node), Assumed):
-            cache.bind(uid)
+        if request is not None and isinstance(cache.pods.assume(request, node), Assumed):
+            cache.pods.bind(uid)
         extender.forget(uid)
 
     def filter_then_bind(args: Any) -> Any:

@@ -91,7 +91,7 @@ class _Cluster:
         args = BindArgs(name, "bench", obj["metadata"]["uid"], node).to_json()
         result = self.binder.bind(args)
         assert result == {"Error": ""}, result
-        self.cache.pod_deleted(obj["metadata"]["uid"], f"bench/{name}")  # keep the load steady
+        self.cache.pods.deleted(obj["metadata"]["uid"], f"bench/{name}")  # keep the load steady
 
     def create(self, obj: dict[str, Any]) -> None:
         self.api.pods[obj["metadata"]["name"]] = obj

@@ -114,8 +114,8 @@ def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
         cache = Cache("binpack", require_heartbeat=True)
     for n in range(nodes):
         name = f"node-{n:05d}"
-        cache.upsert_inventory(name, node_spec(name))
-        cache.lease_seen(heartbeat_lease(name))
+        cache.nodes.upsert(name, node_spec(name))
+        cache.leases.seen(heartbeat_lease(name))
         used = 0.0
         slot = 0
         pod_no = 0
@@ -134,7 +134,7 @@ def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
             alloc = PodAllocation(
                 uid, "default", pod_name, name, (ContainerAllocation("main", grants),)
             )
-            cache.pod_observed(PodSeen(uid, "default", pod_name, name), Holds(alloc))
+            cache.pods.observed(PodSeen(uid, "default", pod_name, name), Holds(alloc))
     return cache
 
 

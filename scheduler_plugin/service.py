@@ -198,7 +198,7 @@ class Service:
         self.events = EventRecorder(
             client, instance=options.identity or default_identity(), enabled=self._leading
         )
-        self.cache.subscribe_fences(self._fence_changed)
+        self.cache.records.subscribe(self._fence_changed)
         self.refusals = Refusals()
         self._binds: set[asyncio.Future[dict[str, Any]]] = set()
         """Binds running on the extender's event loop (`bind_on_loop`)."""
@@ -207,7 +207,7 @@ class Service:
         self.cache.subscribe(self._feed)
         self.stranded = StrandedReporter(self.cache, self.events.warn, self.metrics.stranded)
         self.cache.subscribe(self.stranded.mark)
-        self.cache.subscribe_usage(self._feed)  # the page redraws use beside grants
+        self.cache.leases.subscribe_usage(self._feed)  # the page redraws use beside grants
         self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
         self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
         self.authorizer = TokenAuthorizer(client)
@@ -309,7 +309,7 @@ class Service:
                 sweep = time.monotonic() - last_sweep >= HEARTBEAT_SWEEP_SECONDS
                 if sweep:
                     last_sweep = time.monotonic()
-                self.cache.check_heartbeats(every_node=sweep)
+                self.cache.usability.check(every_node=sweep)
                 if self.gangs is not None and self.answering():
                     self.gangs.tick()
                 self.stranded.flush()
@@ -334,7 +334,7 @@ class Service:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.status_writer.mark_all()
-            for fence in self.cache.fences():
+            for fence in self.cache.records.fences():
                 self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
             self.stranded.replay()
 
@@ -459,7 +459,7 @@ class Service:
         """The pods tessera refused lately, newest first; the first EXPLAINED (or the pod
         `only`, namespace/name) with their explanation from the state as it is now."""
         now = time.time()
-        refused = self.refusals.current(self.cache.bound)
+        refused = self.refusals.current(self.cache.pods.bound)
         if only is not None:
             refused = [r for r in refused if r.pod == only]
         out = []

@@ -9,7 +9,7 @@ it. (Pods bound by older versions, record first and Binding second, are still re
 before: an unbound pod's record holds nothing, see recovery.py.)
 
 There is no per-node lock. The only serialized step is a short in-memory section
-(`Cache.assume`, under the cache's lock) that computes the exact placement on the chosen
+(`Cache.pods.assume`, under the state's lock) that computes the exact placement on the chosen
 node and adds it to the state as *assumed*; the API call happens outside it, so binds on
 one node overlap. Because the placement is assumed before any I/O, a concurrent bind on
 the same node sees those devices as taken: two pods can never get the same share between
@@ -217,7 +217,7 @@ class Binder:
             return
         gangs = self.extender.gangs
         gang = None if gangs is None else gangs.key_of(args.uid)
-        outcome = self.cache.assume(request, args.node, gang=gang)
+        outcome = self.cache.pods.assume(request, args.node, gang=gang)
         if isinstance(outcome, Refused):
             raise BindRefusedError(outcome.reason)
         if isinstance(outcome, AlreadyHeld):
@@ -238,13 +238,13 @@ class Binder:
                 annotations[NRI_REQUIRED_PLUGINS_POD_ANNOTATION] = render(request.required_plugins)
             await self._create_binding(args, api, annotations)
         except BindRefusedError:
-            self.cache.forget(args.uid, alloc)
+            self.cache.pods.forget(args.uid, alloc)
             raise
         except Exception as exc:
             log.exception("bind of %s/%s failed", args.namespace, args.name)
-            self.cache.forget(args.uid, alloc)
+            self.cache.pods.forget(args.uid, alloc)
             raise BindRefusedError(f"bind failed: {exc}") from None
-        self.cache.bind(args.uid)
+        self.cache.pods.bind(args.uid)
         self.extender.forget(args.uid)
         log.info(
             "bound %s/%s to %s: %s",

@@ -208,7 +208,7 @@ class Gangs:
 
     def _void_if_member_left(self, key: GangKey, uid: str | None = None) -> None:
         """A member left a reserved gang: the plan no longer stands (it is made again)."""
-        reservation = self.cache.gang_reservation(key)
+        reservation = self.cache.reservations.reservation(key)
         if reservation is None:
             return
         if uid is None or uid in reservation.members:
@@ -247,7 +247,7 @@ class Gangs:
             return GangAnswer(None, str(exc))
         if key is None:
             return None
-        node = self.cache.gang_reserved_node(request.uid)
+        node = self.cache.reservations.reserved_node(request.uid)
         if node is not None:
             if node in names:
                 return GangAnswer(node, "")
@@ -270,7 +270,7 @@ class Gangs:
             with self._lock:
                 if len(self._early) < MAX_EARLY:
                     self._early[request.uid] = (key.namespace, request.name, request.uid, "")
-        node = self.cache.gang_reserved_node(request.uid)
+        node = self.cache.reservations.reserved_node(request.uid)
         if node is not None and node in names:
             return GangAnswer(node, "")
         return GangAnswer(None, reason)
@@ -291,14 +291,14 @@ class Gangs:
                 return readiness.reason
             if not readiness.pending:
                 return ""  # every member that asks for devices is bound
-            if self.cache.gang_reservation(key) is not None:
+            if self.cache.reservations.reservation(key) is not None:
                 return f"gang {key}: reserved, waiting for its members to bind"
             if self._tried.get(key) == stamp and key in self._reasons:
                 return self._reasons[key]
-            if not self.cache.gang_may_plan(key):
+            if not self.cache.reservations.may_plan(key):
                 return self._reasons.get(key) or f"gang {key}: released, retrying soon"
             ask = GangAsk(key, readiness.pending, readiness.placed, readiness.topology)
-            result = self.cache.reserve_gang(
+            result = self.cache.reservations.reserve(
                 ask,
                 readiness.spec.timeout_seconds,
                 names=names,
@@ -362,7 +362,7 @@ class Gangs:
 
     def tick(self) -> None:
         """Release reservations past their timeout; plan complete, unreserved gangs."""
-        for key in self.cache.expired_gangs():
+        for key in self.cache.reservations.expired():
             freed = self.cache.release_gang(key)
             log.info(
                 "gang %s: reservation timed out with %d members not bound; released",
@@ -403,7 +403,7 @@ class Gangs:
         members = self._roster.members(key)
         pending = sorted(m.name for m in members if m.pending)
         readiness = self._roster.readiness(key)
-        standing = self.cache.gang_standing(key)
+        standing = self.cache.reservations.standing(key)
         if isinstance(readiness, Waiting):
             reason = readiness.reason
         elif standing.state == "reserved":
@@ -441,7 +441,7 @@ class Gangs:
             for key in keys:
                 readiness = self._roster.readiness(key)
                 members = self._roster.members(key)
-                reservation = self.cache.gang_reservation(key)
+                reservation = self.cache.reservations.reservation(key)
                 out.append(
                     {
                         "gang": str(key),

@@ -1,6 +1,6 @@
 """Freshness of node agents' heartbeat Leases (a node whose agent is silent takes no new
-tessera pods: scheduler_plugin/state/cache.py asks `problem` on every Lease event, and once a
-second for the nodes whose heartbeat has just run out, `expired`)."""
+tessera pods: the state's usability asks `problem` on every Lease event, and once a second
+for the nodes whose heartbeat has just run out, `expired`)."""
 
 from __future__ import annotations
 

@@ -113,8 +113,8 @@ def reading_of(lease: Mapping[str, Any]) -> Reading:
 
 
 class UsageTexts:
-    """Per node, the Reading of its heartbeat Lease. Not thread-safe: the Cache calls it
-    under its lock."""
+    """Per node, the Reading of its heartbeat Lease. Not thread-safe: the state's Leases
+    part calls it under the state's lock."""
 
     __slots__ = ("_invalid", "_memos", "_readings")
 

@@ -29,7 +29,8 @@ from kube_edge.client import KubeClient, lease_path, pod_path
 from kube_edge.errors import ApiError
 from kube_edge.informer import Handler, Informer
 from scheduler_plugin.decisions.gangs import Gangs
-from scheduler_plugin.state.cache import INTERNAL_ERROR, Cache
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.nodes import INTERNAL_ERROR
 from scheduler_plugin.state.values import Holds, PodSeen, Verdict
 from scheduler_plugin.views.metrics import Metrics
 from scheduler_plugin.watches.recovery import apply_order, judge, record_text
@@ -96,7 +97,7 @@ class InventoryHandler(Handler):
                 yield name, obj.get("spec")
 
         # the cache parses each spec as the pages come and keeps only the inventories
-        self.cache.replace_inventories(specs())
+        self.cache.nodes.replace(specs())
         self._handled = handled
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -106,13 +107,13 @@ class InventoryHandler(Handler):
         try:
             if kind == "DELETED":
                 self._handled.pop(name, None)
-                self.cache.remove_inventory(name)
+                self.cache.nodes.remove(name)
                 return
             version = _version(obj)
             if version is not None and self._handled.get(name) == version:
                 self.skipped += 1
                 return
-            self.cache.upsert_inventory(name, obj.get("spec"))
+            self.cache.nodes.upsert(name, obj.get("spec"))
             if version is None:
                 self._handled.pop(name, None)
             else:
@@ -135,7 +136,7 @@ class NodeHandler(Handler):
             if name:
                 names.append(name)
                 self._labels(name, obj)
-        self.cache.replace_nodes(names)
+        self.cache.nodes.replace_objects(names)
 
     def _labels(self, name: str, obj: Mapping[str, Any] | None) -> None:
         if self.on_labels is not None:
@@ -145,10 +146,10 @@ class NodeHandler(Handler):
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         name = _name(obj)
         if name and kind == "DELETED":
-            self.cache.node_gone(name)
+            self.cache.nodes.object_gone(name)
             self._labels(name, None)
         elif name:
-            self.cache.node_seen(name)
+            self.cache.nodes.object_seen(name)
             self._labels(name, obj)
 
 
@@ -220,14 +221,14 @@ class LeaseHandler(Handler):
         self.cache = cache
 
     def replace(self, items: Iterable[dict[str, Any]]) -> None:
-        self.cache.replace_leases(list(items))
+        self.cache.leases.replace(list(items))
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         try:
             if kind == "DELETED":
-                self.cache.lease_gone(obj)
+                self.cache.leases.gone(obj)
             else:
-                self.cache.lease_seen(obj)
+                self.cache.leases.seen(obj)
         except Exception:
             _bug("lease", obj)
 
@@ -323,13 +324,13 @@ class Reconciler(Handler):
             kept = entry[7]
             verdict = Holds(kept) if isinstance(kept, PodAllocation) else kept
             try:
-                self.cache.pod_observed(pod_seen, verdict)
+                self.cache.pods.observed(pod_seen, verdict)
             except Exception:
                 self._crashed(_as_pod(pod_seen))
         del waiting
         for uid in [u for u in self._verdicts if u not in seen]:
             del self._verdicts[uid]
-        self.cache.pods_relisted(seen)
+        self.cache.pods.relisted(seen)
 
     def event(self, kind: str, obj: dict[str, Any]) -> None:
         try:
@@ -351,7 +352,7 @@ class Reconciler(Handler):
         key = f"{namespace}/{name}"
         try:
             self._verdicts.pop(uid, None)
-            self.cache.fence(uid, node, key, INTERNAL_ERROR)
+            self.cache.records.distrust(key, uid, node, INTERNAL_ERROR)
         except Exception:
             log.exception("bug: fencing node %s for pod %s failed", node, key)
 
@@ -388,7 +389,7 @@ class Reconciler(Handler):
     def deleted(self, pod: Mapping[str, Any]) -> None:
         uid, namespace, name = pod_identity(pod)
         self._verdicts.pop(uid, None)
-        self.cache.pod_deleted(uid, f"{namespace}/{name}")
+        self.cache.pods.deleted(uid, f"{namespace}/{name}")
 
     def apply(self, pod: Mapping[str, Any], *, authoritative: bool = False) -> None:
         """Account one pod as the rebuild rule says. `authoritative`: the object was just
@@ -397,20 +398,20 @@ class Reconciler(Handler):
         if not uid:
             return
         verdict = self._judge(uid, pod)
-        self.cache.pod_observed(_seen(uid, pod), verdict, authoritative=authoritative)
+        self.cache.pods.observed(_seen(uid, pod), verdict, authoritative=authoritative)
 
     def expire_assumed(self, client: KubeClient, now: float | None = None) -> None:
         """Read back each assumed pod the watch has not confirmed within `assume_ttl` of
         its bind, and judge it authoritatively."""
-        for uid, namespace, name in self.cache.expired_assumptions(self.assume_ttl, now):
+        for uid, namespace, name in self.cache.pods.expired_assumptions(self.assume_ttl, now):
             try:
                 pod = client.get(pod_path(namespace, name))
             except ApiError as exc:
                 if exc.status == 404:
-                    self.cache.assumption_gone(uid)
+                    self.cache.pods.assumption_gone(uid)
                 continue
             if pod_identity(pod)[0] != uid:
-                self.cache.assumption_gone(uid)
+                self.cache.pods.assumption_gone(uid)
                 continue
             self.apply(pod, authoritative=True)
 

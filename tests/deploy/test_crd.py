@@ -47,10 +47,10 @@ def _written_object() -> dict[str, Any]:
     spec = inventory_spec("gpu-1", gpus=2, nics=1)
     inventory = NodeInventory.from_dict(spec, source="test")
     cache = Cache("binpack")
-    cache.upsert_inventory("gpu-1", spec)
+    cache.nodes.upsert("gpu-1", spec)
     grant = GpuGrant(spec["gpus"][0]["uuid"], 0, spec["gpus"][0]["minor"], 30, 8192)
     alloc = PodAllocation("u1", "default", "x", "gpu-1", (ContainerAllocation("main", (grant,)),))
-    cache.pod_observed(PodSeen("u1", "default", "x", "gpu-1"), Holds(alloc))
+    cache.pods.observed(PodSeen("u1", "default", "x", "gpu-1"), Holds(alloc))
     client = _Recorder()
     writer = StatusWriter(cache, client)  # type: ignore[arg-type]
     writer.mark_all()

@@ -251,7 +251,7 @@ class Served:
 
     def wait_settled(self) -> None:
         """Wait until the pod watch has seen every bind (none is only assumed any more)."""
-        wait_for(lambda: not self.cache.assumed())
+        wait_for(lambda: not self.cache.pods.assumed())
 
     def node_summary(self, node: str) -> dict[str, Any]:
         """The cache's summary of a node the test has populated (None would be a test bug)."""

@@ -80,7 +80,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiSe
         created = fake.create("pods", pod("p", share(100, 100)))
         fake.fail("/pods/p/binding", status=500, times=1)
         assert "creating the Binding failed" in served.bind(created, "n")
-        assert served.cache.allocation(created["metadata"]["uid"]) is None
+        assert served.cache.pods.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
         assert served.used_core("n") == 0
@@ -98,7 +98,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer
         assert text is not None
         assert obj["spec"]["nodeName"] == "n"
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
-        assert served.cache.allocation(created["metadata"]["uid"]) is not None
+        assert served.cache.pods.allocation(created["metadata"]["uid"]) is not None
 
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) -> None:
@@ -118,7 +118,7 @@ def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiSer
         assert "is not UID" in served.http.post("/bind", wrong)[1]["Error"]
         # the node agent of "quiet" goes away with its heartbeat Lease
         fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
-        wait_for(lambda: "quiet" in served.cache.problems())
+        wait_for(lambda: "quiet" in served.cache.usability.problems())
         assert "heartbeat Lease" in served.bind(created, "quiet")
         assert served.bind(created, "n") == ""
         other = fake.create("pods", pod("q", {rn.GPU: 100}))
@@ -227,7 +227,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
         assert served.bind(created, "n") == ""
         uid = created["metadata"]["uid"]
         served.wait_settled()
-        assert served.cache.allocation(uid) is not None
+        assert served.cache.pods.allocation(uid) is not None
         assert "p" not in judged
         # the same pod with another record (here: another pod's) is judged, and refused
         other = fake.create("pods", pod("q", share(10, 10)))
@@ -385,7 +385,7 @@ def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
         _bind_cancelled_midway(served.service, created, api)
         assert api.created == 1
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
-        assert served.cache.allocation(uid) is not None
+        assert served.cache.pods.allocation(uid) is not None
 
 
 class _FailingApi(_SlowApi):

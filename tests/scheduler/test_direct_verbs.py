@@ -379,7 +379,7 @@ def test_a_bind_whose_client_went_away_still_lands_and_holds_its_devices() -> No
             sock.close()  # kube-scheduler gave up on this bind
             held.release()
             wait_for(lambda: fake.get("pods", "left", "default")["spec"].get("nodeName"))
-            wait_for(lambda: not svc.cache.assumed())  # the watch saw it: held, not assumed
+            wait_for(lambda: not svc.cache.pods.assumed())  # the watch saw it: held, not assumed
             summary = svc.cache.node_summary(NODES[1])
             assert summary is not None and "left" in json.dumps(summary)
             assert _answers(svc, [_request("/filter", _filter("after"))])[0][0] == 200

@@ -165,10 +165,10 @@ def test_the_array_answer_is_the_dict_answer(
     )
     for k, (s, node) in enumerate(pods):
         request = parse_pod(pod(f"o{k}", SHAPES[s], uid=f"uid-o{k}"))
-        if isinstance(cache.assume(request, node), Assumed):
-            cache.bind(request.uid)
+        if isinstance(cache.pods.assume(request, node), Assumed):
+            cache.pods.bind(request.uid)
     for node in silent:  # no heartbeat: the node takes no new pods
-        cache.lease_gone(heartbeat(node))
+        cache.leases.gone(heartbeat(node))
     fast, slow = _Counted(), _Counted()
     asked = pod("p", SHAPES[shape], uid="uid-p")
     arrays, dicts = Extender(cache, fast, answer="best"), _DictsOnly(cache, slow, answer="best")

@@ -94,12 +94,12 @@ def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record: st
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("poison", "n", record), good])
-    assert cache.allocation("uid-good") is not None
-    assert "default/poison" in cache.invalid_records()
-    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.problems()
-    assert "untrusted allocation record" in cache.problems()["n"]
+    assert cache.pods.allocation("uid-good") is not None
+    assert "default/poison" in cache.records.invalid()
+    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.usability.problems()
+    assert "untrusted allocation record" in cache.usability.problems()["n"]
     reconciler.event("DELETED", running_pod("poison", "n", record))
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.usability.problems()
 
 
 def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence() -> None:
@@ -120,7 +120,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge = nodedevices("big", gpus=1)
     huge["spec"]["gpus"][0]["memoryMiB"] = 2**64
     InventoryHandler(cache).replace([huge, nodedevices("ok", gpus=1)])
-    assert "big" in cache.problems() and "ok" not in cache.problems()
+    assert "big" in cache.usability.problems() and "ok" not in cache.usability.problems()
     assert "ok" in cache.snapshot().nodes and "big" not in cache.snapshot().nodes
     reply = Extender(cache).filter(
         {"Pod": pod("x", share(10, 10), uid="x"), "NodeNames": ["big", "ok"]}
@@ -131,7 +131,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge["metadata"]["name"] = "ok"
     huge["spec"]["nodeName"] = "ok"
     InventoryHandler(cache).event("MODIFIED", huge)
-    assert "ok" in cache.problems()
+    assert "ok" in cache.usability.problems()
 
 
 HOSTILE_OBJECTS: list[Any] = [
@@ -169,15 +169,18 @@ def test_copied_and_conflicting_records_fence_and_unfence_when_fixed() -> None:
     reconciler.replace([a])
     # a valid record of another pod copied onto b: b's real use is unknown
     reconciler.event("ADDED", running_pod("b", "n", signed("a", "n", core=60)))
-    assert "copied" not in cache.problems()["n"] and "default/b" in cache.problems()["n"]
+    assert (
+        "copied" not in cache.usability.problems()["n"]
+        and "default/b" in cache.usability.problems()["n"]
+    )
     # b gets a record of its own that overcommits the GPU with a: a conflict, still fenced
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=60)))
-    (fence,) = cache.fences()
+    (fence,) = cache.records.fences()
     assert (fence.node, fence.uid) == ("n", "uid-b") and "conflicts" in fence.problem
     # fixed: b's record fits
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=40)))
     assert isinstance(judge(running_pod("b", "n", signed("b", "n", core=40)), KEYRING), Holds)
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.usability.problems()
 
 
 def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation() -> None:
@@ -190,18 +193,18 @@ def test_a_running_pod_whose_record_was_removed_fences_its_node() -> None:
     """Removing the annotation from a running pod must not free devices it still uses."""
     cache, reconciler = cache_with(["n"])
     reconciler.replace([running_pod("a", "n", signed("a", "n"))])
-    assert cache.allocation("uid-a") is not None
+    assert cache.pods.allocation("uid-a") is not None
     reconciler.event("MODIFIED", running_pod("a", "n", None))
-    assert "default/a" in cache.problems()["n"]
+    assert "default/a" in cache.usability.problems()["n"]
     reconciler.event("MODIFIED", running_pod("a", "n", signed("a", "n")))
-    assert not cache.problems() and cache.allocation("uid-a") is not None
+    assert not cache.usability.problems() and cache.pods.allocation("uid-a") is not None
     # pods that ask for no tessera device, or finished ones, hold nothing and fence nothing
     plain = running_pod("plain", "n", None)
     plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     done = running_pod("done", "n", None)
     done["status"]["phase"] = "Succeeded"
     reconciler.replace([running_pod("a", "n", signed("a", "n")), plain, done])
-    assert not cache.problems()
+    assert not cache.usability.problems()
 
 
 def test_a_bug_while_handling_one_object_is_contained(
@@ -222,7 +225,7 @@ def test_a_bug_while_handling_one_object_is_contained(
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("buggy", "n", signed("buggy", "n")), good])
-    assert cache.allocation("uid-good") is not None
+    assert cache.pods.allocation("uid-good") is not None
     assert cache.snapshot().record_fenced_nodes == {"n"}
     assert any("bug: handling pod default/buggy" in r.getMessage() for r in caplog.records)
     reconciler.event("MODIFIED", running_pod("buggy", "n", signed("buggy", "n")))
@@ -234,4 +237,4 @@ def test_a_bug_while_handling_one_object_is_contained(
 
     monkeypatch.setattr(NodeInventory, "from_dict", from_dict_with_a_bug)
     InventoryHandler(cache).replace([nodedevices("n"), nodedevices("m")])
-    assert {"n", "m"} <= set(cache.problems())
+    assert {"n", "m"} <= set(cache.usability.problems())

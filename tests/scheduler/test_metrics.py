@@ -19,7 +19,7 @@ def cache_of(nodes: int, model: str) -> Cache:
     cache = Cache("binpack", require_heartbeat=False)
     for n in range(nodes):
         name = f"node-{n}"
-        cache.upsert_inventory(name, inventory_spec(name, 2, model=model))
+        cache.nodes.upsert(name, inventory_spec(name, 2, model=model))
     return cache
 
 

@@ -18,11 +18,11 @@ def test_a_relist_accounts_the_oldest_pod_first_whatever_the_list_order() -> Non
     new["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
     new["spec"]["priority"] = 7
     reconciler.replace([new, old])
-    assert cache.allocation("uid-old") is not None
-    assert cache.allocation("uid-new") is None  # 60% + 60% of one GPU: the newer loses
+    assert cache.pods.allocation("uid-old") is not None
+    assert cache.pods.allocation("uid-new") is None  # 60% + 60% of one GPU: the newer loses
     cache2, reconciler2 = cache_with(["n"])
     reconciler2.replace([old, new])
-    assert cache2.allocation("uid-old") == cache.allocation("uid-old")
+    assert cache2.pods.allocation("uid-old") == cache.pods.allocation("uid-old")
 
 
 def test_a_waiting_pod_keeps_the_allocation_bare_and_shares_its_creation_stamp() -> None:
