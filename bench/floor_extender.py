@@ -42,7 +42,7 @@ from kube_edge.client import KubeClient
 from kube_edge.informer import Handler, Informer
 from kube_edge.loop_client import LoopClient
 from scheduler_plugin.decisions.binder import BindArgs, binding_body, binding_path
-from scheduler_plugin.serving.app import tls_context
+from scheduler_plugin.serving.server import tls_context
 from scheduler_plugin.views.metrics import LATENCY_BUCKETS
 from scheduler_plugin.watches.cluster import BOUND_PODS
 from tessera_edge.threads import name_os_threads

@@ -47,7 +47,7 @@ def build_parser() -> CliParser:
 
 def check_config(config: SchedulerConfig) -> ssl.SSLContext | None:
     """Flag combinations and TLS material (a `ConfigError` on any problem); the TLS context."""
-    from scheduler_plugin.serving.app import tls_context
+    from scheduler_plugin.serving.server import tls_context
 
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     for flag, value in (

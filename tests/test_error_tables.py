@@ -18,7 +18,7 @@ from nri_hook.netdev import NetdevError
 from nri_hook.plugin import _guarded
 from scheduler_plugin.decisions.binder import BindRefusedError
 from scheduler_plugin.decisions.extender import BadArgsError
-from scheduler_plugin.serving.app import HTTP_ERRORS
+from scheduler_plugin.serving.answers import HTTP_ERRORS
 from scheduler_plugin.views.events import EVENT_REASONS, UNTRUSTED_RECORD
 from tessera.boundedjson import JsonLimitError
 from tessera.errors import (
@@ -129,7 +129,7 @@ def test_the_extender_answers_from_its_table(monkeypatch: pytest.MonkeyPatch) ->
                 def fail(verb: str, args: Any, error: BaseException = error) -> Any:
                     raise error
 
-                monkeypatch.setattr(service, "call", fail)
+                monkeypatch.setattr(service.verbs, "call", fail)
                 h = Http(service.server.port)
                 got, reply = h.post("/filter", body)
                 assert got == status and str(error) in reply["Error"], (error, got, reply)

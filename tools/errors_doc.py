@@ -42,7 +42,7 @@ PACKAGES = (
 OUTSIDE_THE_TREE = {
     "tessera.node_placement._NoFitError": "private: unwinds one fit attempt inside the module",
     "deviceplugin.nvml_backend._CallError": "private: one failed NVML call, handled in the module",
-    "scheduler_plugin.serving.app._ReplyError": (
+    "scheduler_plugin.serving.answers._ReplyError": (
         "private: an HTTP answer already decided, sent by the app"
     ),
     "tessera_ttrpc.errors.TtrpcError": "the ttrpc library's own root (usable without tessera)",
@@ -70,7 +70,7 @@ SHIPPED = tuple(p for p in PACKAGES if p != "tessera_testbed")
 EDGES = (
     Edge(
         "Scheduler extender (HTTP status)",
-        "scheduler_plugin.serving.app",
+        "scheduler_plugin.serving.answers",
         "HTTP_ERRORS",
         ("tessera", "kube_edge", "scheduler_plugin"),
     ),

@@ -1,4 +1,6 @@
-"""Who may read /debug: a verified client certificate, or a Kubernetes bearer token.
+"""Who may call what: the client certificate a connection verified (the extender verbs
+need one when a client CA is set), and who may read /debug: a verified client
+certificate, or a Kubernetes bearer token.
 
 A token is checked the way the API server's own delegated authentication does it: a
 TokenReview says who it belongs to, a SubjectAccessReview whether that user may `get` the
@@ -9,11 +11,13 @@ token, so polling clients cost the API server little and no token is kept in mem
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,3 +111,21 @@ class TokenAuthorizer:
 
 def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
+
+
+def client_cert_name(transport: asyncio.BaseTransport) -> str | None:
+    """The subject of the client certificate the TLS handshake verified, if any."""
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    parts = [f"{k}={v}" for rdn in cert.get("subject", ()) for k, v in rdn]
+    return ",".join(parts) or "(no subject)"
+
+
+def client_cert(scope: Mapping[str, Any]) -> bool:
+    """Whether the request (its ASGI scope) came with a verified client certificate."""
+    tls = (scope.get("extensions") or {}).get("tls") or {}
+    return bool(tls.get("client_cert_name"))

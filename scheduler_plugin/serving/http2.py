@@ -45,7 +45,7 @@ import h2.exceptions
 import h2.settings
 
 from scheduler_plugin.serving import limits
-from scheduler_plugin.serving.protocol import client_cert_name
+from scheduler_plugin.serving.auth import client_cert_name
 from tessera_edge.transports import no_delay
 
 if TYPE_CHECKING:

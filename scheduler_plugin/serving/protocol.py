@@ -35,6 +35,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.auth import client_cert_name
 from tessera.errors import InputError
 from tessera_edge.transports import no_delay
 
@@ -150,18 +151,6 @@ class OneWrite:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
-
-
-def client_cert_name(transport: asyncio.BaseTransport) -> str | None:
-    """The subject of the client certificate the TLS handshake verified, if any."""
-    ssl_object = transport.get_extra_info("ssl_object")
-    if ssl_object is None:
-        return None
-    cert = ssl_object.getpeercert()
-    if not cert:
-        return None
-    parts = [f"{k}={v}" for rdn in cert.get("subject", ()) for k, v in rdn]
-    return ",".join(parts) or "(no subject)"
 
 
 class BoundedProtocol(HttpToolsProtocol):

@@ -360,7 +360,7 @@ def _bind_cancelled_midway(service: Service, created: dict[str, Any], api: _Slow
     the shielded bind half a second to go on."""
 
     async def cancel_midway() -> None:
-        task = asyncio.ensure_future(service.bind_on_loop(bind_body(created, "n"), api))
+        task = asyncio.ensure_future(service.verbs.bind_on_loop(bind_body(created, "n"), api))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -69,7 +69,7 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
     forged_pod(fake, "copied", "n", KEYRING, record_uid="someone-else")
     with serving(fake) as served:
         invalid = wait_for(
-            lambda: len(served.cache.records.invalid()) == 3 and served.service.debug_pods()
+            lambda: len(served.cache.records.invalid()) == 3 and served.service.views.pods()
         )
         problems = {i["pod"]: i["problem"] for i in invalid["invalidRecords"]}
         assert "no integrity proof" in problems["default/unsigned"]
@@ -147,7 +147,7 @@ def test_records_seen_before_their_node_wait_for_it(fake: FakeApiServer) -> None
         assert served.schedule(pod("a", {rn.GPU: 100}), ["n"]) == "n"
     fake.delete("nodedevices", "n")
     with serving(fake) as served:
-        assert served.service.debug_pods()["waitingForNode"] == ["default/a -> n"]
+        assert served.service.views.pods()["waitingForNode"] == ["default/a -> n"]
         fake.create("nodedevices", nodedevices("n", gpus=1))
         wait_for(lambda: "n" in served.cache.snapshot().nodes)
         assert served.used_core("n") == 100

@@ -30,8 +30,8 @@ from fuzz.surface_extender import (
 from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Service
 from scheduler_plugin.serving import limits
-from scheduler_plugin.serving.app import tls_context
 from scheduler_plugin.serving.protocol import BoundedProtocol
+from scheduler_plugin.serving.server import tls_context
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, pod, populate, running, running_nodes, share, start

@@ -267,4 +267,4 @@ def test_a_stream_whose_reader_left_gives_up_its_place(fake: FakeApiServer, view
             assert json.loads(answer.readline())["type"] in ("OVERVIEW", "SYNC")
             answer.close()
             conn.close()
-            wait_for(lambda: not served.service._feeds, timeout=10)
+            wait_for(lambda: not served.service.views._feeds, timeout=10)

@@ -189,7 +189,7 @@ def test_why_pending_lists_refused_pods_with_the_nearest_fit(
     service = cluster.service
     assert cluster.bind("too-big", {GPU: "1600"}, cluster.names) is None
     assert cluster.bind("eight-gpus", {GPU: "800"}, cluster.names) is None
-    want = service.debug_pending()["pods"]
+    want = service.views.pending()["pods"]
     assert [p["pod"] for p in want] == ["default/eight-gpus", "default/too-big"]
     near = want[0]["explain"]["nearest"]
     assert near and near[0]["reason"].startswith("needs 8 whole GPUs, ")
