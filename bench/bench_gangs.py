@@ -24,7 +24,7 @@ from scheduler_plugin.decisions.binder import BindArgs, Binder
 from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.decisions.gangs import Gangs
 from scheduler_plugin.state.cache import Cache
-from scheduler_plugin.watches.cluster import (
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,

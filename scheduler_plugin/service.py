@@ -39,7 +39,8 @@ from scheduler_plugin.views.metrics import Metrics
 from scheduler_plugin.views.pending import Refusals
 from scheduler_plugin.views.status_writer import StatusWriter
 from scheduler_plugin.views.stranded_reporter import StrandedReporter
-from scheduler_plugin.watches.cluster import Reconciler, gang_informers, informers
+from scheduler_plugin.watches.informers import gang_informers, informers
+from scheduler_plugin.watches.reconciler import Reconciler
 from scheduler_plugin.watches.resign import has_legacy_keys, resign_legacy_records
 from tessera.errors import RecordError
 from tessera.gang.spec import PodGroupSource

@@ -34,7 +34,7 @@ from kube_edge.errors import ApiError
 from scheduler_plugin.state.cache import Cache
 from scheduler_plugin.views.metrics import Metrics
 from scheduler_plugin.views.rounds import Rounds
-from scheduler_plugin.watches.cluster import INVENTORY_PATH
+from tessera.resources import INVENTORY_PATH
 
 log = logging.getLogger(__name__)
 

@@ -221,7 +221,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
             judged.append(obj["metadata"]["name"])  # a record to decode and verify
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.watches.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.reconciler.judge", counting_judge)
     with serving_nodes(fake, ["n"], gpus=2) as served:
         created = fake.create("pods", pod("p", share(40, 40)))
         assert served.bind(created, "n") == ""

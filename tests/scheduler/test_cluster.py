@@ -278,7 +278,7 @@ def test_the_pod_watch_sees_bound_pods_only(
         judged.append(obj["metadata"]["name"])
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.watches.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.reconciler.judge", counting_judge)
     populate(fake, ["n"], gpus=1)
     fake.create("pods", pod("listed-pending", share(10, 10)))
     with serving(fake) as served:

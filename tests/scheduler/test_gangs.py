@@ -15,13 +15,13 @@ from scheduler_plugin.decisions.binder import BindArgs, Binder
 from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.decisions.gangs import Gangs
 from scheduler_plugin.state.cache import Cache
-from scheduler_plugin.watches.cluster import (
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     NodeHandler,
-    Reconciler,
 )
+from scheduler_plugin.watches.reconciler import Reconciler
 from tessera import resources as rn
 from tessera.gang.spec import GangKey
 from tessera.record import decode

@@ -13,7 +13,8 @@ from fuzz import surface_reconciler
 from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.state.cache import Cache
 from scheduler_plugin.state.values import Holds, Invalid, Verdict
-from scheduler_plugin.watches.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
+from scheduler_plugin.watches.handlers import InventoryHandler, LeaseHandler, NodeHandler
+from scheduler_plugin.watches.reconciler import Reconciler
 from scheduler_plugin.watches.recovery import judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
@@ -212,16 +213,16 @@ def test_a_bug_while_handling_one_object_is_contained(
 ) -> None:
     """Defence in depth: an unexpected exception for one object is logged as a bug with
     its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
-    from scheduler_plugin.watches import cluster
+    from scheduler_plugin.watches import reconciler as reconciler_module
 
-    real_judge = judge  # the function cluster.py imported from recovery.py
+    real_judge = judge  # the function reconciler.py imported from recovery.py
 
     def judge_with_a_bug(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
         if pod["metadata"]["name"] == "buggy":
             raise ZeroDivisionError("a bug")
         return real_judge(pod, keyring)
 
-    monkeypatch.setattr(cluster, "judge", judge_with_a_bug)
+    monkeypatch.setattr(reconciler_module, "judge", judge_with_a_bug)
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("buggy", "n", signed("buggy", "n")), good])

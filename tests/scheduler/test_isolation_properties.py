@@ -37,14 +37,14 @@ from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.decisions.gangs import Gangs
 from scheduler_plugin.state.cache import Cache
 from scheduler_plugin.state.values import Assumed
-from scheduler_plugin.watches.cluster import (
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     LeaseHandler,
     NodeHandler,
-    Reconciler,
 )
+from scheduler_plugin.watches.reconciler import Reconciler
 from tessera import resources as rn
 from tessera.record import decode
 from tessera.resources import UNITS_PER_DEVICE
