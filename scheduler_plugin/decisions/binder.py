@@ -39,7 +39,6 @@ from kube_edge.errors import ApiError
 from scheduler_plugin.decisions.extender import (
     BadArgsError,
     Extender,
-    allocation_summary,
     get_field,
 )
 from scheduler_plugin.state.cache import Cache
@@ -279,3 +278,15 @@ class Binder:
             return False
         meta = pod.get("metadata") or {}
         return meta.get("uid") == args.uid and (pod.get("spec") or {}).get("nodeName") == args.node
+
+
+def allocation_summary(alloc: PodAllocation) -> str:
+    """A short human sentence of what a pod was given (logs and events)."""
+    parts = []
+    for c in alloc.containers:
+        if not c.counted:
+            continue
+        gpus = ", ".join(f"GPU {g.index} {g.core}%/{g.memory_mib}MiB" for g in c.gpus)
+        nics = ", ".join(f"{r.ibdev} {r.share}%" for r in c.rdma)
+        parts.append(f"{c.name}: " + "; ".join(p for p in (gpus, nics) if p))
+    return " | ".join(parts)

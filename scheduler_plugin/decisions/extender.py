@@ -26,23 +26,22 @@ import math
 import re
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations, repeat
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from scheduler_plugin.decisions.gangs import GangAnswer, Gangs
+from scheduler_plugin.decisions.preempt import chosen_victims
 from scheduler_plugin.state.cache import Cache
-from scheduler_plugin.views.metrics import Metrics, reason_category
-from tessera.allocation import PodAllocation
+from scheduler_plugin.views.metrics import Metrics
 from tessera.cluster_decision import UNKNOWN_NODE, RowVerdicts
 from tessera.cluster_index import IntArray
 from tessera.errors import InputError, RequestError
-from tessera.node_placement import NoFit, Placement, place_pod
-from tessera.node_state import NodeState
+from tessera.node_placement import NoFit
 from tessera.request import PodParser, PodRequest
 
 log = logging.getLogger(__name__)
@@ -57,13 +56,41 @@ _PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")
 """Node names are DNS subdomains: when all are plain, they need no JSON escaping."""
 _HEAD = '{"Host":"'
 _TAILS = [f'","Score":{k}}}' for k in range(MAX_PRIORITY + 1)]
-_PREEMPT_BUDGET = 512
-"""Subset evaluations per node before preempt falls back to a greedy minimal set."""
 FILTER_ANSWERS = ("best", "all")
 """What filter returns when the pod fits somewhere: `best`, the policy's best node only
 (kube-scheduler binds a lone survivor without scoring: one extender call per pod, and the
 node is the policy's choice as in the simulator); `all`, every node where it fits, for
 kube-scheduler to weigh with prioritize and its own score plugins."""
+
+_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("tessera: gang ", "gang"),
+    ("node is fenced", "fenced"),
+    ("no tessera device inventory", "no_inventory"),
+    ("device inventory", "inventory_invalid"),
+    ("heartbeat", "agent_silent"),
+    ("invalid device request", "invalid_request"),
+    ("node has no GPUs", "no_gpu"),
+    ("of model", "gpu_model"),
+    ("UUID", "gpu_uuid_hint"),
+    ("unhealthy", "gpu_unhealthy"),
+    ("insufficient cpu", "host_resources"),
+    ("insufficient memory", "host_resources"),
+    ("largest GPU here", "gpu_too_small"),
+    ("whole GPUs", "whole_gpus"),
+    ("no GPU has", "gpu_share"),
+    ("RDMA", "rdma"),
+    (" share ", "topology"),
+)
+"""The labels of tessera_scheduler_node_failures{reason}: the first needle a failure reason
+contains names its label."""
+
+
+def reason_category(reason: str) -> str:
+    """A small, fixed label for a free-text failure reason (bounded label cardinality)."""
+    for needle, label in _CATEGORIES:
+        if needle in reason:
+            return label
+    return "other"
 
 
 class BadArgsError(InputError, ValueError):
@@ -122,6 +149,39 @@ def _pod_of(args: Any) -> Mapping[str, Any]:
     if not isinstance(pod, Mapping):
         raise BadArgsError("Pod is missing or not an object")
     return pod
+
+
+def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
+    """node -> (victim UIDs, NumPDBViolations) from either victims form."""
+    result: dict[str, tuple[list[str], int]] = {}
+    meta = get_field(args, "NodeNameToMetaVictims")
+    full = get_field(args, "NodeNameToVictims")
+    source = meta if meta is not None else full
+    if source is None:
+        return result
+    if not isinstance(source, Mapping):
+        raise BadArgsError("NodeNameToMetaVictims / NodeNameToVictims must be objects")
+    for node, victims in source.items():
+        if not isinstance(victims, Mapping):
+            raise BadArgsError(f"victims of {node} must be an object")
+        pods = get_field(victims, "Pods") or []
+        if not isinstance(pods, list):
+            raise BadArgsError(f"victims of {node}: Pods must be a list")
+        uids = []
+        for p in pods:
+            uid = (
+                get_field(p, "UID")
+                if meta is not None
+                else get_field(get_field(p, "metadata"), "uid")
+            )
+            if not isinstance(uid, str) or not uid:
+                raise BadArgsError(f"victims of {node}: every pod needs a UID")
+            uids.append(uid)
+        pdb = get_field(victims, "NumPDBViolations") or 0
+        if isinstance(pdb, bool) or not isinstance(pdb, int):
+            raise BadArgsError(f"victims of {node}: NumPDBViolations must be an integer")
+        result[str(node)] = (uids, pdb)
+    return result
 
 
 class Extender:
@@ -408,6 +468,7 @@ class Extender:
     # --- preempt ------------------------------------------------------------------------------
 
     def preempt(self, args: Any) -> dict[str, Any]:
+        """ExtenderPreemptionResult for ExtenderPreemptionArgs (either victims form)."""
         pod = _pod_of(args)
         try:
             request = self.parse(pod)
@@ -417,120 +478,7 @@ class Extender:
         gang = None
         if self.gangs is not None and request.wants_devices:
             gang = self.gangs.preemption(pod, request)
-        result: dict[str, Any] = {}
-        for node, (uids, pdb) in offered.items():
-            if not request.wants_devices:
-                chosen: list[str] | None = uids
-            elif gang is not None:
-                # the gang's plan: victims on this member's planned node only, for every
-                # member planned there, or none anywhere
-                together = gang.get(node)
-                chosen = (
-                    None if together is None else self._victims_on(request, node, uids, together)
-                )
-            else:
-                chosen = self._victims_on(request, node, uids)
-            if chosen:
-                result[node] = {
-                    "Pods": [{"UID": uid} for uid in chosen],
-                    "NumPDBViolations": pdb if chosen == uids else min(pdb, len(chosen)),
-                }
-        return {"NodeNameToMetaVictims": result}
-
-    def _victims_on(
-        self,
-        request: PodRequest,
-        node: str,
-        uids: list[str],
-        together: Mapping[str, PodRequest] | None = None,
-    ) -> list[str] | None:
-        """The smallest set of the offered victims on `node` whose removal lets the pod
-        (and the gang members `together` planned there with it) fit."""
-        view = self.cache.preemption_view(node, request, uids)
-        if view is None:
-            return None
-        held, priorities = view.held, view.priorities
-        device_victims = sorted(
-            (u for u in dict.fromkeys(uids) if u in held), key=lambda u: (priorities[u], u)
-        )
-        others = [u for u in uids if u not in held]
-
-        def fits(removed: Iterable[str]) -> bool:
-            gone = set(removed)
-            trial = NodeState(view.inventory)
-            for uid, alloc in held.items():
-                if uid not in gone:
-                    trial.apply(alloc)
-            for other in (together or {request.uid: request}).values():
-                placed = place_pod(trial, other, view.policy)
-                if not isinstance(placed, Placement):
-                    return False
-                trial.apply(placed.allocation)
-            return True
-
-        if fits(()):
-            return uids  # the devices fit already: the victims were chosen for other reasons
-        if not device_victims or not fits(device_victims):
-            return None
-        chosen = _smallest_subset(device_victims, fits)
-        return others + chosen
-
-
-def _smallest_subset(candidates: list[str], fits: Any) -> list[str]:
-    """The smallest subset (lowest priority first among equals) for which `fits` holds;
-    past the evaluation budget, a greedy minimal one instead."""
-    budget = _PREEMPT_BUDGET
-    for k in range(1, len(candidates) + 1):
-        for combo in combinations(candidates, k):
-            budget -= 1
-            if budget < 0:
-                return _greedy_subset(candidates, fits)
-            if fits(combo):
-                return list(combo)
-    return list(candidates)
-
-
-def _greedy_subset(candidates: list[str], fits: Any) -> list[str]:
-    """Start from all, then spare victims (highest priority first) while the pod fits."""
-    chosen = list(candidates)
-    for uid in reversed(candidates):
-        trial = [u for u in chosen if u != uid]
-        if fits(trial):
-            chosen = trial
-    return chosen
-
-
-def _victims_of(args: Mapping[str, Any]) -> dict[str, tuple[list[str], int]]:
-    """node -> (victim UIDs, NumPDBViolations) from either victims form."""
-    result: dict[str, tuple[list[str], int]] = {}
-    meta = get_field(args, "NodeNameToMetaVictims")
-    full = get_field(args, "NodeNameToVictims")
-    source = meta if meta is not None else full
-    if source is None:
-        return result
-    if not isinstance(source, Mapping):
-        raise BadArgsError("NodeNameToMetaVictims / NodeNameToVictims must be objects")
-    for node, victims in source.items():
-        if not isinstance(victims, Mapping):
-            raise BadArgsError(f"victims of {node} must be an object")
-        pods = get_field(victims, "Pods") or []
-        if not isinstance(pods, list):
-            raise BadArgsError(f"victims of {node}: Pods must be a list")
-        uids = []
-        for p in pods:
-            uid = (
-                get_field(p, "UID")
-                if meta is not None
-                else get_field(get_field(p, "metadata"), "uid")
-            )
-            if not isinstance(uid, str) or not uid:
-                raise BadArgsError(f"victims of {node}: every pod needs a UID")
-            uids.append(uid)
-        pdb = get_field(victims, "NumPDBViolations") or 0
-        if isinstance(pdb, bool) or not isinstance(pdb, int):
-            raise BadArgsError(f"victims of {node}: NumPDBViolations must be an integer")
-        result[str(node)] = (uids, pdb)
-    return result
+        return {"NodeNameToMetaVictims": chosen_victims(self.cache, request, offered, gang)}
 
 
 def best_node(scores: Mapping[str, float], names: Sequence[str]) -> str:
@@ -612,15 +560,3 @@ def rank_priorities(scores: Mapping[str, float], names: Sequence[str]) -> list[i
         result[fits] = np.maximum(MAX_PRIORITY - rank, 1)
     priorities: list[int] = result.tolist()
     return priorities
-
-
-def allocation_summary(alloc: PodAllocation) -> str:
-    """A short human sentence of what a pod was given (logs and events)."""
-    parts = []
-    for c in alloc.containers:
-        if not c.counted:
-            continue
-        gpus = ", ".join(f"GPU {g.index} {g.core}%/{g.memory_mib}MiB" for g in c.gpus)
-        nics = ", ".join(f"{r.ibdev} {r.share}%" for r in c.rdma)
-        parts.append(f"{c.name}: " + "; ".join(p for p in (gpus, nics) if p))
-    return " | ".join(parts)

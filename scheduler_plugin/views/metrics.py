@@ -51,34 +51,6 @@ LATENCY_BUCKETS = (
 """Buckets of the extender's call durations (bench.floor_extender uses them too, so the
 two compare quantile for quantile)."""
 
-_CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("tessera: gang ", "gang"),
-    ("node is fenced", "fenced"),
-    ("no tessera device inventory", "no_inventory"),
-    ("device inventory", "inventory_invalid"),
-    ("heartbeat", "agent_silent"),
-    ("invalid device request", "invalid_request"),
-    ("node has no GPUs", "no_gpu"),
-    ("of model", "gpu_model"),
-    ("UUID", "gpu_uuid_hint"),
-    ("unhealthy", "gpu_unhealthy"),
-    ("insufficient cpu", "host_resources"),
-    ("insufficient memory", "host_resources"),
-    ("largest GPU here", "gpu_too_small"),
-    ("whole GPUs", "whole_gpus"),
-    ("no GPU has", "gpu_share"),
-    ("RDMA", "rdma"),
-    (" share ", "topology"),
-)
-
-
-def reason_category(reason: str) -> str:
-    """A small, fixed label for a free-text failure reason (bounded label cardinality)."""
-    for needle, label in _CATEGORIES:
-        if needle in reason:
-            return label
-    return "other"
-
 
 def _core_ratio(g: GpuUsage) -> float:
     return (UNITS_PER_DEVICE - g.free_core) / UNITS_PER_DEVICE
@@ -256,7 +228,7 @@ class Metrics:
         counter.inc()
 
     def node_failures(self, reasons: Mapping[str, int]) -> None:
-        # the reasons are reason_category's few labels
+        # the reasons are a few labels (decisions/extender.py, reason_category)
         for reason, count in reasons.items():
             counter = self._failed.get(reason)
             if counter is None:
