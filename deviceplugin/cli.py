@@ -12,7 +12,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError, open_backend
+from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError
+from deviceplugin.backend_choice import open_backend
 from deviceplugin.config import DevicePluginConfig
 from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.health import XidPolicy
