@@ -40,7 +40,7 @@ def _pixel(browser: Browser, node: str, gpu: int) -> tuple[int, ...]:
 def _free_gpus(cluster: PageCluster, count: int) -> list[str]:
     """Nodes with a whole GPU free (one bind each)."""
     cache = cluster.service.cache
-    problems = cache.usability.problems()
+    problems = cache.problems.by_node()
     found = []
     for name in cluster.names[::7]:
         view = cache.node_summary(name)

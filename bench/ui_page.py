@@ -107,7 +107,7 @@ def page_cluster(nodes: int, seed: int = 1) -> Iterator[PageCluster]:
                 service.cache.leases.gone(heartbeat_lease(name))
             for name in names[11::2500][:FENCED]:
                 key = f"research/forged-{name}"
-                service.cache.records.distrust(key, f"uid-{key}", name, "record: not valid JSON")
+                service.cache.problems.distrust(key, f"uid-{key}", name, "record: not valid JSON")
             for informer in service.informers:  # filled above, as the watches would
                 informer.synced.set()
             service.settle_memory()

@@ -185,7 +185,7 @@ class Service:
         self.events = EventRecorder(
             client, instance=options.identity or default_identity(), enabled=self._leading
         )
-        self.cache.records.subscribe(self._fence_changed)
+        self.cache.problems.subscribe_fences(self._fence_changed)
         self.refusals = Refusals()
         self.verbs = Verbs(self.extender, self.binder, self.refusals)
         self.views = DebugViews(
@@ -300,7 +300,7 @@ class Service:
                 sweep = time.monotonic() - last_sweep >= HEARTBEAT_SWEEP_SECONDS
                 if sweep:
                     last_sweep = time.monotonic()
-                self.cache.usability.check(every_node=sweep)
+                self.cache.problems.check(every_node=sweep)
                 if self.gangs is not None and self.answering():
                     self.gangs.tick()
                 self.stranded.flush()
@@ -325,7 +325,7 @@ class Service:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.status_writer.mark_all()
-            for fence in self.cache.records.fences():
+            for fence in self.cache.problems.fences():
                 self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
             self.stranded.replay()
 

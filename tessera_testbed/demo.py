@@ -637,7 +637,7 @@ def _serve_ui(
     extra = demo_ui.add_nodes(api, ui.nodes)
     everyone = nodes + extra
     deadline = time.monotonic() + 120
-    while len(service.cache.node_names()) < len(everyone) or service.cache.usability.problems():
+    while len(service.cache.node_names()) < len(everyone) or service.cache.problems.by_node():
         if time.monotonic() > deadline:
             raise RuntimeError("the added nodes did not become usable for the scheduler")
         time.sleep(0.1)

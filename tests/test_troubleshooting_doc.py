@@ -143,10 +143,10 @@ def test_the_silent_agent_reason_is_the_trackers() -> None:
 
 
 def test_the_fence_reason_and_event_are_the_schedulers() -> None:
-    from scheduler_plugin.state import records
+    from scheduler_plugin.state import problems
     from scheduler_plugin.views import events
 
-    source = Path(records.__file__).read_text()
+    source = Path(problems.__file__).read_text()
     assert '"node is fenced: a running pod carries an untrusted allocation record' in source
     _in_doc("`tessera: node is fenced: ...")
     assert '"UntrustedAllocationRecord"' in Path(events.__file__).read_text()

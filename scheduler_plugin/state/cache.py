@@ -6,8 +6,8 @@ the decider, and composes the parts that keep the rest, each with its own fields
 - `nodes` (nodes.py): NodeDevices inventories and Node objects, which decide the nodes
   whose devices the cluster state holds;
 - `leases` (leases.py): the node agents' heartbeat Leases and the usage readings they carry;
-- `records` (records.py): allocation records that do not count, and the nodes they fence;
-- `usability` (usability.py): which nodes take no new tessera pods, and why;
+- `problems` (problems.py): why nodes take no new tessera pods: their inventory, the
+  allocation records that do not count and the nodes they fence, their heartbeat;
 - `pods` (pods.py): the pod ledger: priorities, binds in flight, assumed allocations;
 - `reservations` (reservations.py): the gangs' reservations.
 
@@ -32,12 +32,13 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from scheduler_plugin.state import summaries
+from scheduler_plugin.state.heartbeats import HeartbeatTracker
 from scheduler_plugin.state.leases import Leases
 from scheduler_plugin.state.nodes import Nodes
+from scheduler_plugin.state.part import Shared
 from scheduler_plugin.state.pods import Pods
-from scheduler_plugin.state.records import Records
+from scheduler_plugin.state.problems import Problems
 from scheduler_plugin.state.reservations import Reservations
-from scheduler_plugin.state.usability import Usability
 from scheduler_plugin.state.usage import with_usage
 from scheduler_plugin.state.values import (
     Assessment,
@@ -99,9 +100,8 @@ class Cache:
         "leases",
         "nodes",
         "pods",
-        "records",
+        "problems",
         "reservations",
-        "usability",
     )
 
     def __init__(
@@ -120,36 +120,15 @@ class Cache:
         lock = self._lock = threading.RLock()
         cluster = self._cluster = ClusterState()
         self._decider = Decider(cluster, policies, policy)
-        self.nodes = Nodes(lock, cluster, self._recheck)
-        self.leases = Leases(
-            lock,
-            namespace=heartbeat_namespace,
-            grace=heartbeat_grace,
-            clock=clock,
-            touched=self._recheck,
+        shared = Shared(lock, cluster, self._decider, clock, monotonic)
+        self.nodes = Nodes(shared, self._recheck)
+        beats = HeartbeatTracker(heartbeat_namespace, heartbeat_grace)
+        self.leases = Leases(shared, beats, self._recheck)
+        self.problems = Problems(
+            shared, self.nodes, self.leases, self._notify, require_heartbeat=require_heartbeat
         )
-        self.records = Records(lock, cluster, self._recheck)
-        self.usability = Usability(
-            lock,
-            self.nodes,
-            self.records,
-            self.leases,
-            require_heartbeat=require_heartbeat,
-            clock=clock,
-            notify=self._notify,
-        )
-        self.reservations = Reservations(
-            lock, cluster, self._decider, self.usability, monotonic=monotonic
-        )
-        self.pods = Pods(
-            lock,
-            cluster,
-            self._decider,
-            self.records,
-            self.usability,
-            self.reservations,
-            monotonic=monotonic,
-        )
+        self.reservations = Reservations(shared, self.problems)
+        self.pods = Pods(shared, self.problems, self.reservations)
         self._generation = 0
         """Grows on every change to any node's devices or pods (the assessment memo's key)."""
         self._assess_memo: _AssessMemo | None = None
@@ -175,7 +154,7 @@ class Cache:
 
     def _recheck(self, node: str, now: float | None = None) -> None:
         """A part changed what `node`'s usability rests on."""
-        self.usability.recheck(node, now)
+        self.problems.recheck(node, now)
 
     @property
     def generation(self) -> int:
@@ -201,7 +180,7 @@ class Cache:
             else:
                 judgement = self._decider.judge(request, names)
                 self._assess_memo = _AssessMemo(key, self._generation, names, judgement)
-            return Assessment(judgement, self.usability.problems())
+            return Assessment(judgement, self.problems.by_node())
 
     def catch_up(self, request: PodRequest) -> int:
         """Judge the nodes that changed since `request`'s shape was last judged on them
@@ -218,7 +197,7 @@ class Cache:
         """`node` as preempt needs it; None when its devices are unknown or it is unusable."""
         with self._lock:
             state = self._cluster.nodes.get(node)
-            if state is None or self.usability.of(node) is not None:
+            if state is None or self.problems.of(node) is not None:
                 return None
             return PreemptionView(
                 inventory=state.inventory,
@@ -234,7 +213,7 @@ class Cache:
         (but those in `spare`: the gang's own members, reservations, binds in flight), or
         None when the gang would not fit even then. Changes nothing."""
         with self._lock:
-            nodes = self.pods.without_lower(priority, spare, self.usability.problems())
+            nodes = self.pods.without_lower(priority, spare, self.problems.by_node())
             result = plan_gang(ask, nodes, label_of=label_of, policy_for=self._decider.policy_for)
             return result if isinstance(result, GangPlan) else None
 
@@ -267,9 +246,9 @@ class Cache:
                 pending=MappingProxyType(dict(cluster.pending)),
                 assumed=frozenset(cluster.assumed),
                 inflight=self.pods.in_flight(),
-                fences=self.records.fences(),
-                problems=self.usability.problems(),
-                invalid_records=self.records.invalid(),
+                fences=self.problems.fences(),
+                problems=self.problems.by_node(),
+                invalid_records=self.problems.invalid_records(),
                 accounts=cluster.snapshot(),
             )
 
@@ -278,9 +257,9 @@ class Cache:
             cluster = self._cluster
             assumed = len(cluster.assumed)
             return Stats(
-                unusable=self.usability.count(),
-                invalid_records=self.records.invalid_count(),
-                fenced_untrusted=len(self.records.fenced()),
+                unusable=self.problems.count(),
+                invalid_records=self.problems.invalid_count(),
+                fenced_untrusted=len(self.problems.fenced_by_records()),
                 fenced_inventory=len(self.nodes.invalid()),
                 assumed=assumed,
                 confirmed=len(cluster.pods) - assumed,
@@ -308,8 +287,8 @@ class Cache:
                 StateReading(
                     self._cluster,
                     self._decider,
-                    self.usability.problems(),
-                    self.usability.fenced(),
+                    self.problems.by_node(),
+                    self.problems.fenced(),
                     frozenset(self._cluster.assumed),
                 )
             )
@@ -322,7 +301,7 @@ class Cache:
             return {
                 "invalidRecords": [
                     {"pod": key, "uid": uid, "problem": problem}
-                    for key, (uid, problem) in sorted(self.records.invalid().items())
+                    for key, (uid, problem) in sorted(self.problems.invalid_records().items())
                 ],
                 "assumed": sorted(cluster.assumed),
                 "inflight": sorted(self.pods.in_flight()),
@@ -353,8 +332,8 @@ class Cache:
             return summaries.node_summary(
                 self._cluster,
                 name,
-                problem=self.usability.of(name),
-                fenced=self.records.fencing(name),
+                problem=self.problems.of(name),
+                fenced=self.problems.fencing(name),
                 invalid=self.nodes.error(name) is not None,
             )
 

@@ -1,5 +1,5 @@
 """Freshness of node agents' heartbeat Leases (a node whose agent is silent takes no new
-tessera pods: the state's usability asks `problem` on every Lease event, and once a second
+tessera pods: the state's problems ask `problem` on every Lease event, and once a second
 for the nodes whose heartbeat has just run out, `expired`)."""
 
 from __future__ import annotations

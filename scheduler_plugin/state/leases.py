@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from scheduler_plugin.state.heartbeats import HeartbeatTracker
+from scheduler_plugin.state.part import Part, Shared
 from scheduler_plugin.state.usage import Decoded, Reading, UsageTexts
 
 log = logging.getLogger(__name__)
@@ -16,27 +16,22 @@ log = logging.getLogger(__name__)
 NodeListener = Callable[[str], None]
 
 
-class Leases:
-    """Heartbeats and usage texts (one part of the state: the state's lock, see
-    state/cache.py). `touched(node, now)` is told of every node whose heartbeat was seen
-    or went, so that its usability is judged again as of `now`."""
+class Leases(Part):
+    """Heartbeats and usage texts (one part of the state: state/cache.py says the lock
+    rule). `touched(node, now)` is told of every node whose heartbeat was seen or went, so
+    that its usability is judged again as of `now`."""
 
-    __slots__ = ("_beats", "_clock", "_listeners", "_lock", "_texts", "_touched")
+    __slots__ = ("_beats", "_listeners", "_texts", "_touched")
 
     def __init__(
         self,
-        lock: threading.RLock,
-        *,
-        namespace: str,
-        grace: float,
-        clock: Callable[[], float],
+        shared: Shared,
+        beats: HeartbeatTracker,
         touched: Callable[[str, float | None], None],
     ) -> None:
-        self._lock = lock
-        self._clock = clock
-        """Wall clock: a Lease's renewTime is wall-clock time."""
+        super().__init__(shared)
         self._touched = touched
-        self._beats = HeartbeatTracker(namespace, grace)
+        self._beats = beats
         self._texts = UsageTexts()
         """Each node's usage annotation as its Lease carries it, decoded only by a view
         (Cache.node_view): the Lease watch stays O(1) a renewal."""

@@ -10,12 +10,11 @@ not watched) every inventory counts.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from sys import intern
 from typing import Any
 
-from tessera.cluster_state import ClusterState
+from scheduler_plugin.state.part import Part, Shared
 from tessera.errors import TesseraError
 from tessera.model import NodeInventory
 from tessera.sharing import SharedValues
@@ -51,18 +50,15 @@ def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
         return f"cannot be read ({type(exc).__name__})"
 
 
-class Nodes:
-    """Inventories and Node objects (one part of the state: the state's lock, see
-    state/cache.py). `touched(node)` is told of every node whose inventory or Node changed,
-    so that its usability is judged again."""
+class Nodes(Part):
+    """Inventories and Node objects (one part of the state: state/cache.py says the lock
+    rule). `touched(node)` is told of every node whose inventory or Node changed, so that
+    its usability is judged again."""
 
-    __slots__ = ("_cluster", "_errors", "_inventories", "_lock", "_objects", "_touched")
+    __slots__ = ("_errors", "_inventories", "_objects", "_touched")
 
-    def __init__(
-        self, lock: threading.RLock, cluster: ClusterState, touched: Callable[[str], None]
-    ) -> None:
-        self._lock = lock
-        self._cluster = cluster
+    def __init__(self, shared: Shared, touched: Callable[[str], None]) -> None:
+        super().__init__(shared)
         self._touched = touched
         self._inventories: dict[str, NodeInventory] = {}
         self._errors: dict[str, str] = {}

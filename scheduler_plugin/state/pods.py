@@ -13,12 +13,11 @@ A bind goes through `assume` -> `bind` (or `forget` when it fails).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Collection, Iterable
 
-from scheduler_plugin.state.records import Records
+from scheduler_plugin.state.part import Part, Shared
+from scheduler_plugin.state.problems import Problems
 from scheduler_plugin.state.reservations import Reservations
-from scheduler_plugin.state.usability import Usability
 from scheduler_plugin.state.values import (
     AlreadyHeld,
     Assumed,
@@ -31,8 +30,6 @@ from scheduler_plugin.state.values import (
     Verdict,
 )
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Decider
-from tessera.cluster_state import ClusterState
 from tessera.errors import StateError
 from tessera.gang.spec import GangKey
 from tessera.node_placement import NoFit
@@ -40,42 +37,16 @@ from tessera.node_state import NodeState
 from tessera.request import PodRequest
 
 
-class Pods:
+class Pods(Part):
     """Pods' priorities, binds in flight and assumed allocations (one part of the state:
-    the state's lock, see state/cache.py)."""
+    state/cache.py says the lock rule)."""
 
-    __slots__ = (
-        "_bound_at",
-        "_cluster",
-        "_decider",
-        "_inflight",
-        "_lock",
-        "_monotonic",
-        "_priorities",
-        "_records",
-        "_reservations",
-        "_usability",
-    )
+    __slots__ = ("_bound_at", "_inflight", "_priorities", "_problems", "_reservations")
 
-    def __init__(
-        self,
-        lock: threading.RLock,
-        cluster: ClusterState,
-        decider: Decider,
-        records: Records,
-        usability: Usability,
-        reservations: Reservations,
-        *,
-        monotonic: Callable[[], float],
-    ) -> None:
-        self._lock = lock
-        self._cluster = cluster
-        self._decider = decider
-        self._records = records
-        self._usability = usability
+    def __init__(self, shared: Shared, problems: Problems, reservations: Reservations) -> None:
+        super().__init__(shared)
+        self._problems = problems
         self._reservations = reservations
-        self._monotonic = monotonic
-        """For the age of assumed allocations."""
         self._priorities: dict[str, int] = {}
         """Every pod's priority by UID (all pods, tessera or not), for preempt: the rest of
         what the watch shows of a pod is not kept (there may be 100,000 pods)."""
@@ -91,7 +62,7 @@ class Pods:
         just read (not a possibly stale event), so it may drop an assumed allocation."""
         with self._lock:
             uid, key = pod.uid, pod.key
-            cluster, records = self._cluster, self._records
+            cluster, problems = self._cluster, self._problems
             self._priorities[uid] = pod.priority
             current = cluster.allocation(uid)
             if uid in self._inflight:
@@ -104,23 +75,23 @@ class Pods:
                 self._bound_at.pop(uid, None)
                 if current == alloc:
                     cluster.confirm(uid)
-                    records.trust(key, uid)
+                    problems.trust(key, uid)
                     return
                 if current is not None:
                     cluster.remove(uid)
                 try:
                     cluster.add(alloc)
                 except StateError as exc:
-                    records.conflicts(key, uid, pod.node, alloc, exc)
+                    problems.conflicts(key, uid, pod.node, alloc, exc)
                 else:
-                    records.trust(key, uid)
+                    problems.trust(key, uid)
                 if current is not None:
-                    records.retry(current.node, self._inflight)
+                    problems.retry(current.node, self._inflight)
                 return
             if isinstance(verdict, Invalid):
-                records.distrust(key, uid, verdict.node or pod.node, verdict.problem)
+                problems.distrust(key, uid, verdict.node or pod.node, verdict.problem)
             else:
-                records.trust(key, uid)
+                problems.trust(key, uid)
             if current is None:
                 return
             protected = (
@@ -139,7 +110,7 @@ class Pods:
         with self._lock:
             self._priorities.pop(uid, None)
             self._bound_at.pop(uid, None)
-            self._records.trust(key, uid)  # nothing of its record stays
+            self._problems.trust(key, uid)  # nothing of its record stays
             if uid not in self._inflight:
                 self.release(uid)
 
@@ -158,14 +129,14 @@ class Pods:
                 self.release(uid)
             for uid in [u for u in self._priorities if u not in seen and u not in inflight]:
                 del self._priorities[uid]
-            self._records.relisted(seen)
+            self._problems.relisted(seen)
 
     def release(self, uid: str) -> None:
         """Remove a pod's allocation; a record that conflicted with it may count now."""
         with self._lock:
             alloc = self._cluster.remove(uid)
             if alloc is not None:
-                self._records.retry(alloc.node, self._inflight)
+                self._problems.retry(alloc.node, self._inflight)
 
     # --- binds --------------------------------------------------------------------------------
 
@@ -183,7 +154,7 @@ class Pods:
             held = self._cluster.allocation(uid)
             if held is not None:
                 return AlreadyHeld(held)
-            problem = self._usability.of(node)
+            problem = self._problems.of(node)
             if problem is not None:
                 return Refused(problem)
             # the node is chosen: only its devices are wanted, not its score

@@ -3,13 +3,11 @@ until it binds, the reservation times out, or the gang changes (tessera.gang.boo
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
-from scheduler_plugin.state.usability import Usability
+from scheduler_plugin.state.part import Part, Shared
+from scheduler_plugin.state.problems import Problems
 from tessera.allocation import PodAllocation
-from tessera.cluster_decision import Decider
-from tessera.cluster_state import ClusterState
 from tessera.errors import StateError
 from tessera.gang.book import Reservation, ReservationBook, Standing
 from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, LabelOf, plan_gang
@@ -18,26 +16,14 @@ from tessera.node_placement import NoFit
 from tessera.request import PodRequest
 
 
-class Reservations:
-    """The reservation book (one part of the state: the state's lock, see
-    state/cache.py)."""
+class Reservations(Part):
+    """The reservation book (one part of the state: state/cache.py says the lock rule)."""
 
-    __slots__ = ("_book", "_cluster", "_decider", "_lock", "_monotonic", "_usability")
+    __slots__ = ("_book", "_problems")
 
-    def __init__(
-        self,
-        lock: threading.RLock,
-        cluster: ClusterState,
-        decider: Decider,
-        usability: Usability,
-        *,
-        monotonic: Callable[[], float],
-    ) -> None:
-        self._lock = lock
-        self._cluster = cluster
-        self._decider = decider
-        self._usability = usability
-        self._monotonic = monotonic
+    def __init__(self, shared: Shared, problems: Problems) -> None:
+        super().__init__(shared)
+        self._problems = problems
         self._book = ReservationBook()
 
     def reserve(
@@ -54,7 +40,7 @@ class Reservations:
         with self._lock:
             if self._book.get(ask.key) is not None:
                 return GangShortfall(ask.key, f"gang {ask.key} is already reserved")
-            problems = self._usability.problems()
+            problems = self._problems.by_node()
             usable = {
                 n: s
                 for n, s in self._cluster.nodes.items()

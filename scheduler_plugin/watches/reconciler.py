@@ -146,7 +146,7 @@ class Reconciler(Handler):
         key = f"{namespace}/{name}"
         try:
             self._verdicts.pop(uid, None)
-            self.cache.records.distrust(key, uid, node, INTERNAL_ERROR)
+            self.cache.problems.distrust(key, uid, node, INTERNAL_ERROR)
         except Exception:
             log.exception("bug: fencing node %s for pod %s failed", node, key)
 

@@ -118,7 +118,7 @@ def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiSer
         assert "is not UID" in served.http.post("/bind", wrong)[1]["Error"]
         # the node agent of "quiet" goes away with its heartbeat Lease
         fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
-        wait_for(lambda: "quiet" in served.cache.usability.problems())
+        wait_for(lambda: "quiet" in served.cache.problems.by_node())
         assert "heartbeat Lease" in served.bind(created, "quiet")
         assert served.bind(created, "n") == ""
         other = fake.create("pods", pod("q", {rn.GPU: 100}))

@@ -46,7 +46,7 @@ def test_nodes_of_one_make_share_their_nics_and_nvlink_peers() -> None:
     assert a.gpus[0].uuid != b.gpus[0].uuid
 
 
-PARTS = frozenset({"nodes", "leases", "records", "usability", "pods", "reservations"})
+PARTS = frozenset({"nodes", "leases", "problems", "pods", "reservations"})
 """The Cache's named parts: what callers reach, each keeping its own fields."""
 
 
@@ -66,7 +66,7 @@ def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() 
     cache = cache_with("n", 1)
     cache.nodes.upsert("bad", {"gpus": "x"})
     before = cache.snapshot()
-    problems = cache.usability.problems()
+    problems = cache.problems.by_node()
     with pytest.raises(TypeError):
         problems["n"] = "x"  # type: ignore[index]  # a read-only mapping, as the test checks
     with pytest.raises(TypeError):
@@ -75,7 +75,7 @@ def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() 
     outcome = cache.pods.assume(request, "n")
     assert isinstance(outcome, Assumed)
     cache.nodes.remove("bad")
-    assert "bad" in problems and "bad" not in cache.usability.problems()
+    assert "bad" in problems and "bad" not in cache.problems.by_node()
     assert not before.allocations and before.gpus[0].free_core == UNITS_PER_DEVICE
     assert cache.snapshot().gpus[0].free_core == 50
 

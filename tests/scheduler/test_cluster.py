@@ -69,7 +69,9 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
     forged_pod(fake, "copied", "n", KEYRING, record_uid="someone-else")
     with serving(fake) as served:
         invalid = wait_for(
-            lambda: len(served.cache.records.invalid()) == 3 and served.service.views.pods()
+            lambda: (
+                len(served.cache.problems.invalid_records()) == 3 and served.service.views.pods()
+            )
         )
         problems = {i["pod"]: i["problem"] for i in invalid["invalidRecords"]}
         assert "no integrity proof" in problems["default/unsigned"]
@@ -85,7 +87,7 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
         assert "untrusted allocation record" in reply["FailedNodes"]["n"]
         for name in ("unsigned", "wrong-key", "copied"):
             fake.delete("pods", name)
-        wait_for(lambda: "n" not in served.cache.usability.problems())
+        wait_for(lambda: "n" not in served.cache.problems.by_node())
         # the whole GPU is free for a real pod
         assert served.schedule(fake.get("pods", "real"), ["n"]) == "n"
         fake.delete("pods", "real")
@@ -96,7 +98,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake: FakeApiServer) ->
     populate(fake, ["n", "m"], gpus=1)
     forged_pod(fake, "moved", "n", None, record_node="m")
     with serving(fake) as served:
-        wait_for(lambda: "default/moved" in served.cache.records.invalid())
+        wait_for(lambda: "default/moved" in served.cache.problems.invalid_records())
         assert served.used_core("n") == 0 and served.used_core("m") == 0
 
 
@@ -121,12 +123,12 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake: FakeApiSe
         broken = fake.get("nodedevices", "n")
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
         fake.update("nodedevices", broken)
-        wait_for(lambda: "n" in served.cache.usability.problems())
+        wait_for(lambda: "n" in served.cache.problems.by_node())
         reply = served.filter(fake.create("pods", pod("b", share(10, 10))), ["n"])
         assert "gpus[1].memoryMiB" in reply["FailedNodes"]["n"]
         assert served.used_core("n") == 100  # what "a" holds stays accounted
         fake.update("nodedevices", nodedevices("n", gpus=2) | {"metadata": {"name": "n"}})
-        wait_for(lambda: "n" not in served.cache.usability.problems())
+        wait_for(lambda: "n" not in served.cache.problems.by_node())
         fake.delete("nodedevices", "n")
         wait_for(lambda: "n" not in served.cache.snapshot().nodes)
         reply = served.filter(fake.get("pods", "b"), ["n"])
@@ -257,12 +259,12 @@ def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_res
         fake.patch(
             "pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: json.dumps(doc)}}}
         )
-        wait_for(lambda: "default/a" in served.cache.records.invalid())
+        wait_for(lambda: "default/a" in served.cache.problems.invalid_records())
         assert served.used_core("n") == 0
         fake.patch("pods", "a", {"status": {"phase": "Running"}}, sub="status")  # an update
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
         wait_for(lambda: served.used_core("n") == 40)
-        assert "default/a" not in served.cache.records.invalid()
+        assert "default/a" not in served.cache.problems.invalid_records()
 
 
 def test_the_pod_watch_sees_bound_pods_only(

@@ -134,18 +134,18 @@ def test_a_heartbeat_counts_from_when_we_see_it_change() -> None:
     lease = heartbeat("n", duration=10)
     lease["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"  # a skewed node clock
     cache.leases.seen(lease)
-    assert "silent" in cache.usability.problems()["n"]
+    assert "silent" in cache.problems.by_node()["n"]
     lease["spec"]["renewTime"] = "2000-01-01T00:00:05.000000Z"  # renewed: seen now
     cache.leases.seen(lease)
-    assert "n" not in cache.usability.problems()
+    assert "n" not in cache.problems.by_node()
     clock[0] += 14.0  # within duration + grace
-    cache.usability.check()
-    assert "n" not in cache.usability.problems()
+    cache.problems.check()
+    assert "n" not in cache.problems.by_node()
     clock[0] += 2.0
-    cache.usability.check()
-    assert "not renewed" in cache.usability.problems()["n"]
+    cache.problems.check()
+    assert "not renewed" in cache.problems.by_node()["n"]
     cache.leases.gone(lease)
-    assert "missing" in cache.usability.problems()["n"]
+    assert "missing" in cache.problems.by_node()["n"]
 
 
 def test_only_heartbeats_that_ran_out_are_checked_again() -> None:

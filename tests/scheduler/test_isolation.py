@@ -96,11 +96,11 @@ def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record: st
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("poison", "n", record), good])
     assert cache.pods.allocation("uid-good") is not None
-    assert "default/poison" in cache.records.invalid()
-    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.usability.problems()
-    assert "untrusted allocation record" in cache.usability.problems()["n"]
+    assert "default/poison" in cache.problems.invalid_records()
+    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.problems.by_node()
+    assert "untrusted allocation record" in cache.problems.by_node()["n"]
     reconciler.event("DELETED", running_pod("poison", "n", record))
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.usability.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems.by_node()
 
 
 def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence() -> None:
@@ -121,7 +121,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge = nodedevices("big", gpus=1)
     huge["spec"]["gpus"][0]["memoryMiB"] = 2**64
     InventoryHandler(cache).replace([huge, nodedevices("ok", gpus=1)])
-    assert "big" in cache.usability.problems() and "ok" not in cache.usability.problems()
+    assert "big" in cache.problems.by_node() and "ok" not in cache.problems.by_node()
     assert "ok" in cache.snapshot().nodes and "big" not in cache.snapshot().nodes
     reply = Extender(cache).filter(
         {"Pod": pod("x", share(10, 10), uid="x"), "NodeNames": ["big", "ok"]}
@@ -132,7 +132,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge["metadata"]["name"] = "ok"
     huge["spec"]["nodeName"] = "ok"
     InventoryHandler(cache).event("MODIFIED", huge)
-    assert "ok" in cache.usability.problems()
+    assert "ok" in cache.problems.by_node()
 
 
 HOSTILE_OBJECTS: list[Any] = [
@@ -171,17 +171,17 @@ def test_copied_and_conflicting_records_fence_and_unfence_when_fixed() -> None:
     # a valid record of another pod copied onto b: b's real use is unknown
     reconciler.event("ADDED", running_pod("b", "n", signed("a", "n", core=60)))
     assert (
-        "copied" not in cache.usability.problems()["n"]
-        and "default/b" in cache.usability.problems()["n"]
+        "copied" not in cache.problems.by_node()["n"]
+        and "default/b" in cache.problems.by_node()["n"]
     )
     # b gets a record of its own that overcommits the GPU with a: a conflict, still fenced
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=60)))
-    (fence,) = cache.records.fences()
+    (fence,) = cache.problems.fences()
     assert (fence.node, fence.uid) == ("n", "uid-b") and "conflicts" in fence.problem
     # fixed: b's record fits
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=40)))
     assert isinstance(judge(running_pod("b", "n", signed("b", "n", core=40)), KEYRING), Holds)
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.usability.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems.by_node()
 
 
 def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation() -> None:
@@ -196,16 +196,16 @@ def test_a_running_pod_whose_record_was_removed_fences_its_node() -> None:
     reconciler.replace([running_pod("a", "n", signed("a", "n"))])
     assert cache.pods.allocation("uid-a") is not None
     reconciler.event("MODIFIED", running_pod("a", "n", None))
-    assert "default/a" in cache.usability.problems()["n"]
+    assert "default/a" in cache.problems.by_node()["n"]
     reconciler.event("MODIFIED", running_pod("a", "n", signed("a", "n")))
-    assert not cache.usability.problems() and cache.pods.allocation("uid-a") is not None
+    assert not cache.problems.by_node() and cache.pods.allocation("uid-a") is not None
     # pods that ask for no tessera device, or finished ones, hold nothing and fence nothing
     plain = running_pod("plain", "n", None)
     plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     done = running_pod("done", "n", None)
     done["status"]["phase"] = "Succeeded"
     reconciler.replace([running_pod("a", "n", signed("a", "n")), plain, done])
-    assert not cache.usability.problems()
+    assert not cache.problems.by_node()
 
 
 def test_a_bug_while_handling_one_object_is_contained(
@@ -238,4 +238,4 @@ def test_a_bug_while_handling_one_object_is_contained(
 
     monkeypatch.setattr(NodeInventory, "from_dict", from_dict_with_a_bug)
     InventoryHandler(cache).replace([nodedevices("n"), nodedevices("m")])
-    assert {"n", "m"} <= set(cache.usability.problems())
+    assert {"n", "m"} <= set(cache.problems.by_node())

@@ -307,12 +307,12 @@ class Cluster(RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         """Heartbeats go stale; binds the watch never confirmed are read back."""
         self.now += seconds
-        self.cache.usability.check()
+        self.cache.problems.check()
         # only the heartbeats that just ran out were looked at: a look at every node
         # finds nothing more
-        seen = dict(self.cache.usability.problems())
-        self.cache.usability.check(every_node=True)
-        assert dict(self.cache.usability.problems()) == seen
+        seen = dict(self.cache.problems.by_node())
+        self.cache.problems.check(every_node=True)
+        assert dict(self.cache.problems.by_node()) == seen
         self.reconciler.expire_assumed(self.api)  # type: ignore[arg-type]
         self.gangs.tick()  # reservations past their timeout are released
 
@@ -490,13 +490,13 @@ class Cluster(RuleBasedStateMachine):
             # every pod here asks for devices: bound and running, it needs its own record
             if text is None or text != self.original.get(obj["metadata"]["uid"]):
                 expected.add(node)
-        assert self.cache.usability.fenced() == expected
+        assert self.cache.problems.fenced() == expected
         silent = {
             n
             for n in self.inventories
             if n not in self.renewed or self.now - self.renewed[n] > LEASE + GRACE
         }
-        assert set(self.cache.usability.problems()) == expected | silent
+        assert set(self.cache.problems.by_node()) == expected | silent
 
 
 def _gang_of(obj: dict[str, Any]) -> str | None:

@@ -44,7 +44,7 @@ def test_the_overview_has_a_row_per_node_and_the_figures_per_model(
     _cluster(fake)
     with serving(fake) as served:
         assert served.schedule(pod("half", share(30, 60)), ["a"]) == "a"
-        wait_for(lambda: "b" in served.cache.usability.problems())
+        wait_for(lambda: "b" in served.cache.problems.by_node())
         status, doc = _get(served, "/debug/overview")
         assert status == 200
         rows = {r["n"]: r for r in doc["nodes"]}

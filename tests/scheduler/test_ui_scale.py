@@ -98,7 +98,7 @@ def test_every_cell_has_its_gpus_colour_and_closed_nodes_are_ringed(
 ) -> None:
     cluster, browser = big
     cache = cluster.service.cache
-    problems = cache.usability.problems()
+    problems = cache.problems.by_node()
     checked = 0
     for name in cluster.names[:: NODES // 40]:
         if name in problems:
@@ -111,7 +111,7 @@ def test_every_cell_has_its_gpus_colour_and_closed_nodes_are_ringed(
             assert _near(_pixel(browser, name, g["index"]), want), (name, g["index"])
             checked += 1
     assert checked >= 300
-    fenced = cluster.service.cache.usability.fenced()
+    fenced = cluster.service.cache.problems.fenced()
     for name in problems:
         ring = FENCE_RING if name in fenced else NOT_READY_RING
         assert _near(_pixel(browser, name, 0, ring=True), ring), name
@@ -154,7 +154,7 @@ def test_a_search_finds_a_pod(big: tuple[PageCluster, Browser]) -> None:
 def test_a_bind_recolours_its_cells(big: tuple[PageCluster, Browser]) -> None:
     cluster, browser = big
     cache = cluster.service.cache
-    problems = cache.usability.problems()
+    problems = cache.problems.by_node()
     target, gpu = next(
         (name, g["index"])
         for name in cluster.names

@@ -307,4 +307,4 @@ def test_any_annotation_gives_a_view_and_leaves_the_other_nodes_alone(value: Any
     json.dumps(node)
     fine = cache.node_view("fine")
     assert fine is not None and fine["usage"]["known"]
-    assert not cache.usability.problems()  # a reading never makes a node unusable
+    assert not cache.problems.by_node()  # a reading never makes a node unusable
