@@ -50,8 +50,9 @@ def _version(obj: Mapping[str, Any]) -> tuple[object, object] | None:
 class Feed(Handler):
     """One kind of object fed to three callables: a full list (`replaced`), an object added
     or changed (`seen`), an object deleted (`gone`). An exception that escapes `seen` or
-    `gone` is logged as a bug with the object's name (`what` names its kind) and the
-    watch goes on; a list's callable handles each of its objects on its own."""
+    `gone` is `failed` (by default logged as a bug with the object's name, `what` naming
+    its kind) and the watch goes on; a list's callable handles each of its objects on its
+    own."""
 
     def __init__(
         self,
@@ -75,7 +76,12 @@ class Feed(Handler):
             else:
                 self._seen(obj)
         except Exception:
-            _bug(self.what, obj)
+            self.failed(obj)
+
+    def failed(self, obj: Mapping[str, Any]) -> None:
+        """An exception escaped the handling of `obj` (a bug: handlers turn bad input into
+        recorded problems): logged with the object's name; the watch goes on."""
+        _bug(self.what, obj)
 
 
 class InventoryHandler(Handler):

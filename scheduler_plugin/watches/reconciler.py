@@ -15,10 +15,10 @@ from typing import Any
 
 from kube_edge.client import KubeClient, pod_path
 from kube_edge.errors import ApiError
-from kube_edge.informer import Handler
 from scheduler_plugin.state.cache import Cache
 from scheduler_plugin.state.nodes import INTERNAL_ERROR
 from scheduler_plugin.state.values import Holds, PodSeen, Verdict
+from scheduler_plugin.watches.handlers import Feed
 from scheduler_plugin.watches.recovery import apply_order, judge, record_text
 from tessera.allocation import PodAllocation
 from tessera.pod_fields import is_finished, pod_identity, pod_node, section
@@ -65,7 +65,7 @@ def _waiting(
 
 
 def _as_pod(seen: PodSeen) -> dict[str, Any]:
-    """A pod dict with what `seen` knows (identity, node, finished), for `_crashed`."""
+    """A pod dict with what `seen` knows (identity, node, finished), for `failed`."""
     return {
         "metadata": {"uid": seen.uid, "namespace": seen.namespace, "name": seen.name},
         "spec": {"nodeName": seen.node},
@@ -73,9 +73,9 @@ def _as_pod(seen: PodSeen) -> dict[str, Any]:
     }
 
 
-class Reconciler(Handler):
-    """Pods -> the cache (the rebuild rule, judged here one pod at a time, outside the
-    cache's lock: judging verifies signatures)."""
+class Reconciler(Feed):
+    """Pods -> the state (the rebuild rule, judged here one pod at a time, outside the
+    state's lock: judging verifies signatures)."""
 
     def __init__(
         self,
@@ -84,6 +84,7 @@ class Reconciler(Handler):
         *,
         assume_ttl: float = 30.0,
     ) -> None:
+        super().__init__("pod", self._relisted, self.apply, self.deleted)
         self.cache = cache
         self.keyring = keyring
         self.assume_ttl = assume_ttl
@@ -91,7 +92,7 @@ class Reconciler(Handler):
         """UID -> (hash of what judging read, the verdict): a Holds verdict is kept as its
         bare allocation (one object less per pod)."""
 
-    def replace(self, items: Iterable[dict[str, Any]]) -> None:
+    def _relisted(self, items: Iterable[dict[str, Any]]) -> None:
         seen: set[str] = set()
         # Pods with a record are judged as their page comes (the record's text goes with
         # the page) and accounted oldest first once the list is complete, as a rebuild
@@ -110,7 +111,7 @@ class Reconciler(Handler):
                 elif uid:
                     waiting.append(_waiting(pod, uid, self._judge(uid, pod), stamps))
             except Exception:
-                self._crashed(pod)
+                self.failed(pod)
         del stamps
         waiting.sort(key=_APPLY_ORDER)
         for entry in waiting:
@@ -120,22 +121,13 @@ class Reconciler(Handler):
             try:
                 self.cache.pods.observed(pod_seen, verdict)
             except Exception:
-                self._crashed(_as_pod(pod_seen))
+                self.failed(_as_pod(pod_seen))
         del waiting
         for uid in [u for u in self._verdicts if u not in seen]:
             del self._verdicts[uid]
         self.cache.pods.relisted(seen)
 
-    def event(self, kind: str, obj: dict[str, Any]) -> None:
-        try:
-            if kind == "DELETED":
-                self.deleted(obj)
-            else:
-                self.apply(obj)
-        except Exception:
-            self._crashed(obj)
-
-    def _crashed(self, pod: Mapping[str, Any]) -> None:
+    def failed(self, pod: Mapping[str, Any]) -> None:
         """An exception escaped the handling of one pod (a bug). The pod's record cannot
         be trusted: when bound and not finished, its node is fenced (fail closed)."""
         uid, namespace, name = pod_identity(pod)
