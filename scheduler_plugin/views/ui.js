@@ -61,14 +61,26 @@ function meter(used, total) {
   td.append(m, share.toFixed(1) + "%");
   return td;
 }
-function drawModels() {
-  const table = $("models");
+// a header row: each title a text, or [text, class]
+function headRow(titles) {
   const head = el("tr");
-  for (const [text, cls] of [["GPU model"], ["Nodes", "num"], ["GPUs", "num"],
-    ["Compute allocated", "num"], ["Memory allocated", "num"], ["Whole GPUs free", "num"],
-    ["Whole GPUs placeable now", "num"], ["Largest share that fits now"]]) {
+  for (const t of titles) {
+    const [text, cls] = Array.isArray(t) ? t : [t];
     head.appendChild(el("th", cls, text));
   }
+  return head;
+}
+// a table with its caption and header row
+function captioned(caption, titles) {
+  const table = el("table");
+  table.append(el("caption", "", caption), headRow(titles));
+  return table;
+}
+function drawModels() {
+  const table = $("models");
+  const head = headRow([["GPU model"], ["Nodes", "num"], ["GPUs", "num"],
+    ["Compute allocated", "num"], ["Memory allocated", "num"], ["Whole GPUs free", "num"],
+    ["Whole GPUs placeable now", "num"], ["Largest share that fits now"]]);
   const body = [head];
   for (const m of models) {
     const tr = el("tr");
@@ -405,13 +417,9 @@ async function drawPending() {
   box.replaceChildren(...parts);
 }
 function gangTable(gangs, total) {
-  const table = el("table");
+  const table = captioned("Gangs: each placed whole or not at all", ["Gang", "Namespace",
+    "Members", "Waiting because", "Reservation", "Pending members"]);
   table.id = "gangs";
-  table.appendChild(el("caption", "", "Gangs: each placed whole or not at all"));
-  const head = el("tr");
-  for (const t of ["Gang", "Namespace", "Members", "Waiting because", "Reservation",
-    "Pending members"]) head.appendChild(el("th", "", t));
-  table.appendChild(head);
   for (const g of gangs) {
     const tr = el("tr");
     tr.dataset.gang = g.gang;
@@ -437,12 +445,8 @@ function gangTable(gangs, total) {
   return table;
 }
 function podTable(pods) {
-  const table = el("table");
-  table.appendChild(el("caption", "", "Pods tessera refused"));
-  const head = el("tr");
-  for (const t of ["Pod", "Asks", "Pending", "tessera says", "kube-scheduler recorded",
-    "Nearest fit (estimate)"]) head.appendChild(el("th", "", t));
-  table.appendChild(head);
+  const table = captioned("Pods tessera refused", ["Pod", "Asks", "Pending", "tessera says",
+    "kube-scheduler recorded", "Nearest fit (estimate)"]);
   for (const p of pods) {
     const tr = el("tr");
     tr.dataset.pod = p.pod;
