@@ -120,12 +120,11 @@ class Cache:
         lock = self._lock = threading.RLock()
         cluster = self._cluster = ClusterState()
         self._decider = Decider(cluster, policies, policy)
-        shared = Shared(lock, cluster, self._decider, clock, monotonic)
-        self.nodes = Nodes(shared, self._recheck)
-        beats = HeartbeatTracker(heartbeat_namespace, heartbeat_grace)
-        self.leases = Leases(shared, beats, self._recheck)
+        shared = Shared(lock, cluster, self._decider, clock, monotonic, self._recheck, self._notify)
+        self.nodes = Nodes(shared)
+        self.leases = Leases(shared, HeartbeatTracker(heartbeat_namespace, heartbeat_grace))
         self.problems = Problems(
-            shared, self.nodes, self.leases, self._notify, require_heartbeat=require_heartbeat
+            shared, self.nodes, self.leases, require_heartbeat=require_heartbeat
         )
         self.reservations = Reservations(shared, self.problems)
         self.pods = Pods(shared, self.problems, self.reservations)

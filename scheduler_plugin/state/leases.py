@@ -18,19 +18,12 @@ NodeListener = Callable[[str], None]
 
 class Leases(Part):
     """Heartbeats and usage texts (one part of the state: state/cache.py says the lock
-    rule). `touched(node, now)` is told of every node whose heartbeat was seen or went, so
-    that its usability is judged again as of `now`."""
+    rule). A node whose heartbeat was seen or went has its usability judged again."""
 
-    __slots__ = ("_beats", "_listeners", "_texts", "_touched")
+    __slots__ = ("_beats", "_listeners", "_texts")
 
-    def __init__(
-        self,
-        shared: Shared,
-        beats: HeartbeatTracker,
-        touched: Callable[[str, float | None], None],
-    ) -> None:
+    def __init__(self, shared: Shared, beats: HeartbeatTracker) -> None:
         super().__init__(shared)
-        self._touched = touched
         self._beats = beats
         self._texts = UsageTexts()
         """Each node's usage annotation as its Lease carries it, decoded only by a view
@@ -52,14 +45,14 @@ class Leases(Part):
             now = self._clock()
             node = self._beats.observe(lease, now)
             if node is not None:
-                self._touched(node, now)
+                self._recheck(node, now)
                 self._usage_seen(node, lease)
 
     def gone(self, lease: Mapping[str, Any]) -> None:
         with self._lock:
             node = self._beats.forget(lease)
             if node is not None:
-                self._touched(node, None)
+                self._recheck(node, None)
                 self._usage_gone(node)
 
     def replace(self, leases: Iterable[Mapping[str, Any]]) -> None:
@@ -75,11 +68,11 @@ class Leases(Part):
                     continue
                 if node is not None:
                     seen.add(node)
-                    self._touched(node, now)
+                    self._recheck(node, now)
                     self._usage_seen(node, lease)
             for node in [n for n in self._beats.nodes() if n not in seen]:
                 self._beats.forget_node(node)
-                self._touched(node, now)
+                self._recheck(node, now)
             for node in [n for n in self._texts.nodes() if n not in seen]:
                 self._usage_gone(node)
 

@@ -10,7 +10,7 @@ not watched) every inventory counts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from sys import intern
 from typing import Any
 
@@ -52,14 +52,12 @@ def parse_inventory(name: str, spec: Any) -> NodeInventory | str:
 
 class Nodes(Part):
     """Inventories and Node objects (one part of the state: state/cache.py says the lock
-    rule). `touched(node)` is told of every node whose inventory or Node changed, so that
-    its usability is judged again."""
+    rule). A node whose inventory or Node changed has its usability judged again."""
 
-    __slots__ = ("_errors", "_inventories", "_objects", "_touched")
+    __slots__ = ("_errors", "_inventories", "_objects")
 
-    def __init__(self, shared: Shared, touched: Callable[[str], None]) -> None:
+    def __init__(self, shared: Shared) -> None:
         super().__init__(shared)
-        self._touched = touched
         self._inventories: dict[str, NodeInventory] = {}
         self._errors: dict[str, str] = {}
         """Node -> why its NodeDevices cannot be used."""
@@ -127,7 +125,7 @@ class Nodes(Part):
             self._restore(name, previous)
             self._failed(name, f"cannot be indexed: {type(exc).__name__}: {exc}")
             return
-        self._touched(name)
+        self._recheck(name, None)
 
     def _present(self, name: str) -> bool:
         return self._objects is None or name in self._objects
@@ -148,7 +146,7 @@ class Nodes(Part):
                 return
         elif name in self._cluster.nodes:
             self._cluster.remove_node(name)
-        self._touched(name)
+        self._recheck(name, None)
 
     def _drop(self, name: str) -> None:
         try:
@@ -172,7 +170,7 @@ class Nodes(Part):
     def _failed(self, name: str, problem: str) -> None:
         log.warning("node inventory nodedevices/%s does not parse: %s", name, problem)
         self._errors[name] = f"device inventory nodedevices/{name} is invalid: {problem}"
-        self._touched(name)
+        self._recheck(name, None)
 
     # --- Node objects -------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """What the parts of the state stand on: the one lock, the cluster state and its decider,
-and the clocks (state/cache.py says the lock rule)."""
+the clocks, and the two calls that tie the parts together (state/cache.py says the lock
+rule)."""
 
 from __future__ import annotations
 
@@ -22,13 +23,18 @@ class Shared:
     """Wall clock: heartbeat Leases carry wall-clock times."""
     monotonic: Callable[[], float]
     """For ages: assumed allocations, gang reservations."""
+    recheck: Callable[[str, float | None], None]
+    """Judge a node's usability again (as of a wall-clock time, or now): what a part calls
+    when something it keeps of the node changed (its inventory, its heartbeat)."""
+    notify: Callable[[str], None]
+    """Tell the state's listeners that a node changed (its devices, pods or usability)."""
 
 
 class Part:
     """The base of every part of the state: the shared things as its own fields (a part's
     hot paths read them directly), beside those of its concern."""
 
-    __slots__ = ("_clock", "_cluster", "_decider", "_lock", "_monotonic")
+    __slots__ = ("_clock", "_cluster", "_decider", "_lock", "_monotonic", "_notify", "_recheck")
 
     def __init__(self, shared: Shared) -> None:
         self._lock = shared.lock
@@ -36,3 +42,5 @@ class Part:
         self._decider = shared.decider
         self._clock = shared.clock
         self._monotonic = shared.monotonic
+        self._recheck = shared.recheck
+        self._notify = shared.notify

@@ -43,8 +43,8 @@ FenceListener = Callable[[str, str, str, str | None], None]
 class Problems(Part):
     """Each unusable node's reason, and the records that do not count with the fences they
     make (one part of the state: state/cache.py says the lock rule). It reads the
-    inventories' and the heartbeats' reasons; `notify(node)` is told of every node whose
-    reason changed."""
+    inventories' and the heartbeats' reasons, and notifies the state's listeners of every
+    node whose reason changed."""
 
     __slots__ = (
         "_conflicting",
@@ -54,7 +54,6 @@ class Problems(Part):
         "_leases",
         "_listeners",
         "_nodes",
-        "_notify",
         "_problems",
         "_require_heartbeat",
         "_view",
@@ -65,14 +64,12 @@ class Problems(Part):
         shared: Shared,
         nodes: Nodes,
         leases: Leases,
-        notify: Callable[[str], None],
         *,
         require_heartbeat: bool,
     ) -> None:
         super().__init__(shared)
         self._nodes = nodes
         self._leases = leases
-        self._notify = notify
         self._require_heartbeat = require_heartbeat
         self._problems: dict[str, str] = {}
         """Nodes that take no new tessera pods, with the reason (resolvable)."""
