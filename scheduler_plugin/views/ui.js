@@ -1,4 +1,4 @@
-// tessera's allocation page (scheduler_plugin/ui.py says what it shows). It only draws:
+// tessera's allocation page (scheduler_plugin/views/ui.py says what it shows). It only draws:
 // every figure comes computed from the scheduler's debug API.
 "use strict";
 const token = new URLSearchParams(location.hash.slice(1)).get("token");
@@ -7,7 +7,7 @@ const $ = id => document.getElementById(id);
 const SMALL = 16; // up to this many nodes, every node's details are shown
 const FREE = "#dcebdd", PART = "#8cbfe0", MOST = "#3a7fc0", FULL = "#0b3d75";
 const CLOSED = "#c9ccd1", SICK = "#cf222e", FENCE = "#cf222e", NOTREADY = "#bc4c00";
-const rows = new Map();     // node -> its row (scheduler_plugin/overview.py)
+const rows = new Map();     // node -> its row (scheduler_plugin/views/overview.py)
 let models = [], order = [], layout = null, query = null, selected = null;
 const details = new Map();  // node -> its /debug/nodes/<node> view, for the shown nodes
 window.tessera = { firstPaint: null, updates: 0, cellAt };
