@@ -113,7 +113,7 @@ class Adjustment:
     rdma: tuple[str, ...] = ()
     """RDMA devices given, as "ibdev" or "ibdev/vf-ibdev" (for logs)."""
     shares: int = 0
-    """GPUs given only in part (compute share below 100): what an isolation layer limits."""
+    """GPUs given only in part (`GpuGrant.is_share`): what an isolation layer limits."""
     without_layer: str = ""
     """Why a container given only whole GPUs runs without the isolation layer (the layer
     is not on the node, or cannot serve it); empty when the layer applies. Whole GPUs need
@@ -268,7 +268,7 @@ def _plan(
     devices: dict[str, DeviceNode] = {}
     env: list[tuple[str, str]] = []
     mounts: list[Mount] = []
-    shares = sum(1 for g in entry.gpus if g.core < 100)
+    shares = entry.shares
     without_layer = ""
 
     def need(path: str, what: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera.model import RdmaVf
+from tessera.resources import UNITS_PER_DEVICE
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,14 @@ class GpuGrant:
     core: int
     """Compute share in percent (100 for a whole GPU; 0 for a memory-only share)."""
     memory_mib: int
+
+    @property
+    def is_share(self) -> bool:
+        """Part of a GPU (compute below 100, memory-only shares included): what only an
+        isolation layer limits. The one definition of a share that the NRI hook (which
+        refuses a share at creation where the layer is missing) and placement (which puts no
+        new share on a node whose layer is down) both use; whole GPUs need no layer."""
+        return self.core < UNITS_PER_DEVICE
 
 
 VfGrant = RdmaVf
@@ -49,6 +58,11 @@ class ContainerAllocation:
     @property
     def counted(self) -> bool:
         return not self.reuses
+
+    @property
+    def shares(self) -> int:
+        """The GPUs given only in part (`GpuGrant.is_share`)."""
+        return sum(1 for g in self.gpus if g.is_share)
 
 
 @dataclass(frozen=True, slots=True)
