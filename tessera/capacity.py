@@ -5,7 +5,8 @@ Figures come from the columnar index the decisions use (`ClusterIndex`), a few a
 operations per model, so the overview of 5,000 nodes costs about a millisecond. "Fits
 now" follows placement's own rules: only healthy GPUs of nodes that take new tessera pods
 count (the caller names the others), a whole GPU needs all of its compute and memory free,
-and a share needs its compute and its memory free on one GPU.
+and a share needs its compute and its memory free on one GPU of a node whose isolation
+layer is not down.
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ class ModelCapacity:
     most_whole_on_one_node: int
     """The most whole GPUs one pod could get on one node now."""
     shares: tuple[tuple[int, int], ...]
-    """The largest shares that fit now on one GPU, as (compute %, memory MiB), compute
-    descending: every share that fits is at most one of these in both (a share of c% and m
-    MiB fits iff some point has core >= c and memory >= m). Empty when none fits."""
+    """The largest shares that fit now on one GPU (of a node that takes shares), as (compute %,
+    memory MiB), compute descending: every share that fits is at most one of these in both
+    (a share of c% and m MiB fits iff some point has core >= c and memory >= m). Empty when
+    none fits."""
 
     @property
     def largest_share(self) -> tuple[int, int] | None:
@@ -69,11 +71,12 @@ def by_model(index: ClusterIndex, unusable: Collection[str] = ()) -> tuple[Model
                 usable_row[where[row]] = False
     whole = (free_core == UNITS_PER_DEVICE) & (free_mem == total_mem) & (total_mem > 0)
     open_gpu = healthy & usable_row[:, None]
+    share_gpu = open_gpu & index.takes_shares[rows][:, None]
     out = []
     for mid in np.unique(model[model >= 0]).tolist():
         mine: BoolArray = model == mid
         placeable = mine & whole & open_gpu
-        fits = mine & open_gpu
+        fits = mine & share_gpu
         out.append(
             ModelCapacity(
                 model=index.models[mid],

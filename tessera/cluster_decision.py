@@ -12,6 +12,11 @@ is only fitted and scored again after it changed; `judge` answers in array form
 (request shape, policy, node version) instead.
 Binding always re-runs the exact placement on the chosen node, so the vector path only
 has to agree on fit and score (tests check that it does).
+
+A node whose isolation layer is down takes no new GPU share on either path: `place_pod`
+says so, and the vector path masks the index's `takes_shares` column into a share's fit
+(only while some row refuses), giving the same reason. A layer change restamps the node's
+row, so no verdict made before it is kept.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy.typing as npt
 
 from tessera.cluster_index import BoolArray, ClusterIndex, IntArray
 from tessera.cluster_state import ClusterState
+from tessera.isolation import share_refusal
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
@@ -195,7 +201,7 @@ class Decider:
         idx = self.index
         rows = idx.all_rows()
         if rows.size and _vectorizable(request):
-            ok, _, _, _, scores = self._vector_scores(request, policy, rows)
+            ok, _, _, _, scores, _ = self._vector_scores(request, policy, rows)
             return Ranking(rows[ok], scores[ok], policy.name)
         names_of = idx.names
         exact = self._exact(request, policy, [names_of[r] or "" for r in rows.tolist()])
@@ -254,12 +260,14 @@ class Decider:
         if _vectorizable(request):
 
             def vector(stale: IntArray) -> tuple[BoolArray, FloatArray, list[NoFit]]:
-                ok, case, eligible, host_ok, node_scores = self._vector_scores(
+                ok, case, eligible, host_ok, node_scores, refused = self._vector_scores(
                     request, policy, stale
                 )
                 bad = np.flatnonzero(~ok)
                 reasons = (
-                    self._explain(request, stale, bad, eligible, host_ok, case) if bad.size else []
+                    self._explain(request, stale, bad, eligible, host_ok, case, refused)
+                    if bad.size
+                    else []
                 )
                 return ok, node_scores, reasons
 
@@ -321,9 +329,11 @@ class Decider:
 
     def _vector_scores(
         self, request: PodRequest, policy: Policy, rows: IntArray
-    ) -> tuple[BoolArray, VectorCase, BoolArray, BoolArray, FloatArray]:
-        """(fits, case, eligible slots, host fits, scores) for every row; the scores of
-        the rows that fit are the policy's, from its vector form or else exact."""
+    ) -> tuple[BoolArray, VectorCase, BoolArray, BoolArray, FloatArray, BoolArray | None]:
+        """(fits, case, eligible slots, host fits, scores, refused) for every row; the
+        scores of the rows that fit are the policy's, from its vector form or else exact;
+        `refused`, where a share would fit but the node's isolation layer is down (None
+        when no row is)."""
         idx = self.index
         # rows 0..n-1 in order (the usual case: every node, none removed) read as views;
         # names given in another order keep their order (the last row alone says nothing)
@@ -338,6 +348,7 @@ class Decider:
             idx.mem_free[sel] >= request.memory_mib
         )
         case: VectorCase
+        refused: BoolArray | None = None
         if not request.containers:
             eligible = np.zeros((rows.size, idx.slots), dtype=np.bool_)
             ok = host_ok.copy()
@@ -364,6 +375,14 @@ class Decider:
                 need = _share_need(idx, sel, c)
                 fits = eligible & (idx.free_core[sel] >= c.core) & (idx.free_mem[sel] >= need)
                 ok = row_any(fits) & host_ok
+                if idx.refusing_shares:  # some node's layer is down: none of its GPUs fit
+                    takes = idx.takes_shares[sel]
+                    refused = ok & ~takes
+                    if refused.any():
+                        ok &= takes
+                        fits &= takes[:, None]
+                    else:
+                        refused = None
                 case = ShareCase(
                     c.core, need, fits, request.cpu_milli, request.memory_mib, request.shape(), ok
                 )
@@ -385,7 +404,7 @@ class Decider:
                     ok[pos] = False
                 else:
                     scores[pos] = value
-        return ok, case, eligible, host_ok, scores
+        return ok, case, eligible, host_ok, scores, refused
 
     def _model_mask(self, request: PodRequest, rows: IntArray | slice) -> BoolArray:
         idx = self.index
@@ -414,9 +433,12 @@ class Decider:
         eligible: BoolArray,
         host_ok: BoolArray,
         case: VectorCase,
+        refused: BoolArray | None = None,
     ) -> list[NoFit]:
         """Why each failing row (`rows[bad]`) fails, classifying all of them with array
-        operations and sharing one NoFit per distinct reason."""
+        operations and sharing one NoFit per distinct reason. A row in `refused` would take
+        the share but for its isolation layer: its reason is the layer's (as `place_pod`
+        judges the layer once the devices fit)."""
         idx = self.index
         rows_b = rows[bad]
         if isinstance(case, HostCase):
@@ -448,9 +470,14 @@ class Decider:
         kind[no_model] = 1
         kind[no_gpu] = 0
         capacity = kind == 4  # only a capacity shortfall quotes the node's figures
+        quoted_a = np.where(capacity, detail_a, 0)
+        if refused is not None:
+            layer_down = refused[bad]
+            kind[layer_down] = 5
+            quoted_a[layer_down] = rows_b[layer_down]  # the reason is the row's own
         keys = zip(
             kind.tolist(),
-            np.where(capacity, detail_a, 0).tolist(),
+            quoted_a.tolist(),
             np.where(capacity, detail_b, 0).tolist(),
             np.where(capacity, total_slots, 0).tolist(),
             strict=True,
@@ -461,9 +488,18 @@ class Decider:
         for key in keys:  # failing nodes share one NoFit per distinct reason
             nofit = reasons.get(key)
             if nofit is None:
-                nofit = reasons[key] = _reason(c, *key, wanted)
+                nofit = reasons[key] = (
+                    self._layer_reason(key[1]) if key[0] == 5 else _reason(c, *key, wanted)
+                )
             row_reasons.append(nofit)
         return row_reasons
+
+    def _layer_reason(self, row: int) -> NoFit:
+        """`place_pod`'s reason on the row's node, whose isolation layer is down."""
+        node = self.state.nodes[self.index.names[row] or ""]
+        refusal = share_refusal(node.inventory.isolation)
+        assert refusal is not None, "a row that refuses shares has a layer that is down"
+        return NoFit(refusal, unresolvable=True)
 
     def _explain_host(self, request: PodRequest, rows_b: IntArray) -> list[NoFit]:
         """The exact path's reasons for a pod that wants host CPU and memory only."""

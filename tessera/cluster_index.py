@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tessera.cluster_state import ClusterState
+from tessera.isolation import share_refusal
 from tessera.node_state import NodeState
 from tessera.resources import UNITS_PER_DEVICE
 
@@ -52,6 +53,7 @@ _ONE_D = {
     "used_mem": 0,
     "sum_mem": 0,
     "name_order": 0.0,
+    "takes_shares": True,
 }
 
 
@@ -78,6 +80,10 @@ class ClusterIndex:
     sum_mem: IntArray
     name_order: FloatArray
     """`name_order(name)` of the row's node: a fixed tie-break order (0 for free rows)."""
+    takes_shares: BoolArray
+    """False where the node's isolation layer is reported down: it takes no new GPU share
+    (tessera.isolation.share_refusal); a layer that goes down or comes back restamps the
+    row, as every change to its inventory does."""
 
     def __init__(self, state: ClusterState, rows: int = 64, gpu_slots: int = 8) -> None:
         self.state = state
@@ -93,6 +99,9 @@ class ClusterIndex:
         self._unpacked = 0
         """Names added since `row_of` was last laid out in row order (`_pack`)."""
         self._stamps = 0
+        self.refusing_shares = 0
+        """Rows of known nodes that take no GPU share (the vector path skips the layer's
+        mask while there are none)."""
         self._alloc(max(rows, 1), max(gpu_slots, 1))
         for name in state.nodes:
             self.refresh(name)
@@ -170,6 +179,7 @@ class ClusterIndex:
         return row
 
     def _clear(self, row: int) -> None:
+        self._take_shares(row, True)
         self.free_core[row] = -1
         self.free_mem[row] = -1
         self.total_mem[row] = 0
@@ -200,9 +210,15 @@ class ClusterIndex:
             self.total_mem[row, :n] = node.total_mem
             self.healthy[row, :n] = [g.healthy for g in gpus]
             self.model[row, :n] = [self.model_id(g.model) for g in gpus]
+        self._take_shares(row, share_refusal(node.inventory.isolation) is None)
         self.used_core[row] = UNITS_PER_DEVICE * n - sum(node.free_core)
         self.used_mem[row] = sum(node.total_mem) - sum(node.free_mem)
         self.sum_mem[row] = sum(node.total_mem)
+
+    def _take_shares(self, row: int, takes: bool) -> None:
+        if bool(self.takes_shares[row]) != takes:
+            self.takes_shares[row] = takes
+            self.refusing_shares += -1 if takes else 1
 
     # --- lookups -------------------------------------------------------------------------------
 

@@ -4,6 +4,12 @@ Containers are placed one after another on scratch copies of the node's free vec
 largest first, so a failed pod changes nothing. When a pod does not fit, the result says
 why in a short sentence that becomes the extender's per-node failure message, and whether
 waiting could ever help (`unresolvable`).
+
+A node whose isolation layer is reported down (tessera.isolation) takes no placement that
+gives a GPU share (`GpuGrant.is_share`, as the NRI hook judges it); whole GPUs are placed
+there as anywhere. The layer is judged on the placement itself, after the devices fit, so
+a node short of room says so first, and an init container that runs on an app
+container's whole GPU is no share.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from itertools import combinations
 from math import comb
 
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant, VfGrant
+from tessera.isolation import share_refusal
 from tessera.model import model_matches
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import ContainerRequest, PodHints, PodRequest
@@ -123,6 +130,10 @@ def place_pod(
         allocations = _place_containers(attempt)
     except _NoFitError as exc:
         return exc.nofit
+    refusal = share_refusal(node.inventory.isolation)
+    if refusal is not None and any(c.shares for c in allocations):
+        # waiting for pods does not bring the layer back, nor does preempting them
+        return NoFit(refusal, unresolvable=True)
     score = (
         policy.placement_score(node, request, node.gpu_free, attempt.gpu()) if scored else math.nan
     )

@@ -1,8 +1,10 @@
 """The per-model overview (tessera.capacity): its figures equal a plain walk over the
-per-node states, and "fits now" agrees with placement itself."""
+per-node states, and "fits now" agrees with placement itself (no share fits on a node
+whose isolation layer is down; whole GPUs do)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from itertools import pairwise
 
 import numpy as np
@@ -13,6 +15,7 @@ from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.capacity import ModelCapacity, by_model, frontier
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
+from tessera.isolation import NodeIsolation
 from tessera.node_placement import Placement, place_pod
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import BinpackPolicy
@@ -26,18 +29,22 @@ _NODE = st.tuples(
     st.sets(st.integers(0, 7), max_size=2),
     st.lists(_GPU_USE, min_size=8, max_size=8),
     st.booleans(),  # usable
+    st.booleans(),  # the isolation layer is down (no share fits)
 )
+LAYER_DOWN = NodeIsolation("mps", False, reason="the MPS control daemon is not running")
 
 
 def _cluster(
-    nodes: list[tuple[int, int, set[int], list[tuple[int, int]], bool]],
+    nodes: list[tuple[int, int, set[int], list[tuple[int, int]], bool, bool]],
 ) -> tuple[ClusterState, ClusterIndex, set[str]]:
     state = ClusterState()
     index = ClusterIndex(state, rows=2, gpu_slots=2)  # grows as nodes come
     unusable = set()
-    for n, (model, count, unhealthy, uses, usable) in enumerate(nodes):
+    for n, (model, count, unhealthy, uses, usable, down) in enumerate(nodes):
         name = f"n{n}"
         inv = inventory(name, count, model, tuple(s for s in unhealthy if s < count))
+        if down:
+            inv = replace(inv, isolation=LAYER_DOWN)
         state.set_node(inv)
         if not usable:
             unusable.add(name)
@@ -84,7 +91,8 @@ def _naive(state: ClusterState, unusable: set[str]) -> dict[str, dict[str, objec
             whole = free_core == UNITS_PER_DEVICE and free_mem == g.memory_mib
             m["free"] += whole  # type: ignore[operator]
             if g.healthy and name not in unusable:
-                m["open"].append((free_core, free_mem))  # type: ignore[attr-defined]
+                if node.inventory.isolation is None:  # its layer is not down: shares fit
+                    m["open"].append((free_core, free_mem))  # type: ignore[attr-defined]
                 if whole:
                     m["placeable"] += 1  # type: ignore[operator]
                     placeable_here[g.model] = placeable_here.get(g.model, 0) + 1
@@ -132,13 +140,14 @@ def test_the_largest_share_is_one_placement_takes() -> None:
     a share bigger than every point fits nowhere."""
     state, index, unusable = _cluster(
         [
-            (0, 2, set(), [(30, 25), (100, 100)] + [(0, 0)] * 6, True),
-            (0, 2, set(), [(0, 0), (0, 0)] + [(0, 0)] * 6, False),  # unusable: never counts
-            (0, 1, {0}, [(0, 0)] * 8, True),  # unhealthy: never counts
+            (0, 2, set(), [(30, 25), (100, 100)] + [(0, 0)] * 6, True, False),
+            (0, 2, set(), [(0, 0), (0, 0)] + [(0, 0)] * 6, False, False),  # unusable: never
+            (0, 1, {0}, [(0, 0)] * 8, True, False),  # unhealthy: never counts
+            (0, 1, set(), [(0, 0)] * 8, True, True),  # layer down: a whole GPU, no share
         ]
     )
     (a10,) = by_model(index, unusable)
-    assert a10.model == MODELS[0][0] and a10.whole_free == 3 and a10.whole_placeable == 0
+    assert a10.model == MODELS[0][0] and a10.whole_free == 4 and a10.whole_placeable == 1
     assert a10.shares == ((70, MODELS[0][1] * 3 // 4),)
     unit = state.nodes["n0"].inventory.memory_unit_mib
     usable_nodes = [n for n in state.nodes if n not in unusable]

@@ -1,6 +1,8 @@
-"""The Decider's vector path must agree with exact placement on fit, score and failure kind."""
+"""The Decider's vector path must agree with exact placement on fit, score and failure kind,
+nodes whose isolation layer is down (no new GPU share) among the others."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from tessera import resources as rn
 from tessera.cluster_decision import UNKNOWN_NODE, Decider
 from tessera.cluster_state import ClusterState
+from tessera.isolation import NodeIsolation, share_refusal
 from tessera.node_placement import Placement, place_pod
 from tessera.policy_registry import POLICIES
 from tessera.request import PodRequest, parse_pod
@@ -20,6 +23,23 @@ ANNOTATIONS = [{}, {rn.GPU_MODEL_ANNOTATION: "A100"}, {rn.GPU_MODEL_ANNOTATION: 
 
 FILLS = st.lists(st.tuples(st.integers(0, len(SAMPLE_LIMITS) - 1), st.integers(0, 8)), max_size=60)
 """Pods of the sample sizes placed on the nine nodes (`fill`) before the checks."""
+LAYERS = (
+    None,
+    NodeIsolation("hami-core", True, "8f3a89c+tessera.2", "8f3a89c"),
+    NodeIsolation("mps", False, reason="the MPS control daemon is not running"),
+    NodeIsolation("hami-core", False, reason="the HAMi-core library is missing"),
+)
+"""Each node's layer: unknown, up, or down (two reasons, so that the reasons differ)."""
+NODE_LAYERS = st.lists(st.sampled_from(LAYERS), min_size=9, max_size=9)
+
+
+def set_layers(decider: Decider, layers: list[NodeIsolation | None]) -> None:
+    """Each node's layer as its agent reports it; what its pods hold stays accounted."""
+    state = decider.state
+    held = len(state.pods)
+    for name, layer in zip(sorted(state.nodes), layers, strict=False):
+        state.set_node(replace(state.nodes[name].inventory, isolation=layer))
+    assert len(state.pods) == held  # pods already there are not touched
 
 
 def make_decider(nodes: int = 9) -> Decider:
@@ -53,12 +73,13 @@ def sample_requests(policy_name: str) -> list[PodRequest]:
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(FILLS, st.sampled_from(sorted(POLICIES)))
+@given(FILLS, st.sampled_from(sorted(POLICIES)), NODE_LAYERS)
 def test_vector_path_agrees_with_exact_placement(
-    ops: list[tuple[int, int]], policy_name: str
+    ops: list[tuple[int, int]], policy_name: str, layers: list[NodeIsolation | None]
 ) -> None:
     decider = make_decider()
     fill(decider, ops)
+    set_layers(decider, layers)
     policy = decider.policies[policy_name]
     for request in sample_requests(policy_name):
         evaluation = decider.evaluate(request)
@@ -67,20 +88,27 @@ def test_vector_path_agrees_with_exact_placement(
             exact = place_pod(node_state, request, policy)
             if isinstance(exact, Placement):
                 assert evaluation.scores[name] == pytest.approx(exact.score, abs=1e-9)
+                refusal = share_refusal(node_state.inventory.isolation)
+                assert refusal is None or not any(
+                    g.is_share for g in exact.allocation.counted_gpu_grants()
+                )
             else:
                 got = evaluation.failures[name]
                 assert got.unresolvable == exact.unresolvable, (name, got, exact)
+                if exact.reason == share_refusal(node_state.inventory.isolation):
+                    assert got == exact  # the same words on both paths
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(FILLS, st.sampled_from(sorted(POLICIES)))
+@given(FILLS, st.sampled_from(sorted(POLICIES)), NODE_LAYERS)
 def test_unscored_placement_takes_the_same_devices(
-    ops: list[tuple[int, int]], policy_name: str
+    ops: list[tuple[int, int]], policy_name: str, layers: list[NodeIsolation | None]
 ) -> None:
     """A bind places without the node score (the node is chosen): the devices, or the
     reason it does not fit, must be those of the scored placement."""
     decider = make_decider()
     fill(decider, ops)
+    set_layers(decider, layers)
     for request in sample_requests(policy_name):
         for name in decider.state.nodes:
             scored = decider.place(request, name)
@@ -177,3 +205,30 @@ def test_nodes_named_out_of_row_order_keep_their_own_results() -> None:
     assert shuffled.scores == in_order.scores
     assert shuffled.failures.keys() == in_order.failures.keys()
     assert len(set(in_order.scores.values())) > 1
+
+
+def test_a_layer_going_down_and_up_changes_the_answers_of_a_shape_seen_before() -> None:
+    """The memo keeps verdicts per row: a layer change must restamp the node's row, on the
+    vector path (a share), the exact path (a share with RDMA) and for whole GPUs (which
+    the layer never changes)."""
+    decider = make_decider(3)
+    share = parse_pod(pod("s", containers={"main": {rn.GPU: "30"}}))
+    exact_share = parse_pod(pod("x", containers={"main": {rn.GPU: "50", rn.RDMA: "25"}}))
+    whole = parse_pod(pod("w", containers={"main": {rn.GPU: "100"}}))
+    before = {r.uid: decider.evaluate(r) for r in (share, exact_share, whole)}
+    assert "n0" in before["uid-s"].scores and "n0" in before["uid-x"].scores
+    down = LAYERS[2]
+    set_layers(decider, [down])
+    for request in (share, exact_share):
+        after = decider.evaluate(request)
+        assert after.failures["n0"].reason == share_refusal(down)
+        assert after.failures["n0"].unresolvable
+        assert {n: s for n, s in after.scores.items() if n != "n0"} == {
+            n: s for n, s in before[request.uid].scores.items() if n != "n0"
+        }
+    assert decider.evaluate(whole) == before["uid-w"]
+    assert decider.index.refusing_shares == 1
+    set_layers(decider, [LAYERS[1]])  # up again
+    assert decider.index.refusing_shares == 0
+    for request in (share, exact_share, whole):
+        assert decider.evaluate(request) == before[request.uid]

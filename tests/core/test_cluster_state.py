@@ -1,5 +1,7 @@
 """ClusterState invariants, checked on random operation sequences with hypothesis."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,16 +12,20 @@ from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.cluster_index import UNTRACKED, ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.errors import StateError
+from tessera.isolation import NodeIsolation, share_refusal
 from tessera.node_placement import Placement, place_pod
 from tessera.node_state import HostCapacity
 from tessera.request import parse_pod
 from tessera.scoring_policy import BinpackPolicy, SpreadPolicy
+from tessera_edge.topology_file import load_topology
 
 from .builders import SAMPLE_LIMITS, gpu, mixed_cluster, node, pod
 
 LIMITS = st.sampled_from(SAMPLE_LIMITS)
 OPS = st.lists(
-    st.tuples(st.sampled_from(["add", "remove"]), LIMITS, st.integers(0, 5), st.booleans()),
+    st.tuples(
+        st.sampled_from(["add", "remove", "layer"]), LIMITS, st.integers(0, 5), st.booleans()
+    ),
     min_size=1,
     max_size=60,
 )
@@ -51,6 +57,9 @@ def check_index(state: ClusterState, index: ClusterIndex) -> None:
         assert (index.free_core[row, g:] == -1).all()
         assert index.version[row] == n.version
         assert index.used_core[row] == rn.UNITS_PER_DEVICE * g - sum(n.free_core)
+        assert index.takes_shares[row] == (share_refusal(n.inventory.isolation) is None)
+    rows = list(index.row_of.values())
+    assert index.refusing_shares == int((~index.takes_shares[rows]).sum())
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,6 +86,10 @@ def test_random_operations_keep_every_invariant(
                     state.remove(request.uid)
                     assert state.snapshot() == before
                     state.add(result.allocation)
+        elif op == "layer":  # the node's layer reported down (spread) or up; its pods stay
+            inventory = state.nodes[names[which]].inventory
+            layer = NodeIsolation("mps", not spread, reason="" if not spread else "no daemon")
+            state.set_node(replace(inventory, isolation=layer))
         elif live:
             uid = live.pop(which % len(live))
             state.remove(uid)
@@ -234,3 +247,21 @@ def test_names_are_laid_out_again_a_logarithmic_number_of_times() -> None:
         rows, _ = index.rows_for([f"node-{k:04d}"])  # a filter after every new node
         assert index.names[int(rows[0])] == f"node-{k:04d}"
     assert 10 < packs <= 60  # once per growth by an eighth: about log(1000) / log(8/7)
+
+
+def test_the_index_counts_the_nodes_that_refuse_shares_as_they_come_and_go() -> None:
+    state = mixed_cluster(3, "node-")
+    index = ClusterIndex(state, rows=1)
+    down = NodeIsolation("hami-core", False, reason="the HAMi-core library is missing")
+    for name in ("node-0", "node-2"):
+        state.set_node(replace(state.nodes[name].inventory, isolation=down))
+    assert index.refusing_shares == 2
+    check_index(state, index)
+    state.remove_node("node-0")  # its row is freed, and counts no more
+    assert index.refusing_shares == 1
+    state.set_node(replace(load_topology("t4-4x", "node-9"), isolation=None))  # reuses the row
+    check_index(state, index)
+    assert index.refusing_shares == 1
+    state.set_node(replace(state.nodes["node-2"].inventory, isolation=None))  # unknown: takes
+    assert index.refusing_shares == 0
+    check_index(state, index)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.cluster_decision import Decider
 from tessera.cluster_state import ClusterState
 from tessera.explain import asks, nearest, verdicts
+from tessera.isolation import NodeIsolation
 from tessera.scoring_policy import BinpackPolicy
 from tests.core.test_fragmentation_policy import MODELS, inventory, pod
 
@@ -70,3 +73,23 @@ def test_asks_names_containers_and_hints() -> None:
         "c: GPU share: 30% compute, 4 memory units",
         "GPU model one of T4",
     ]
+
+
+def test_a_node_whose_layer_is_down_is_named_with_its_layer_and_is_never_nearest() -> None:
+    state, decider = _state()
+    down = NodeIsolation("hami-core", False, reason="the HAMi-core library is missing")
+    state.set_node(replace(state.nodes["b"].inventory, isolation=down))
+    names = sorted(state.nodes)
+    share = pod("s", core=50, units=1, models="A10")
+    found = {v.node: v for v in verdicts(decider.evaluate(share, names), names, {})}
+    assert (
+        found["b"].reason == "isolation layer hami-core is down: the HAMi-core library is missing"
+    )
+    assert found["b"].hopeless and not found["b"].fits
+    assert "b" not in [v.node for v, _ in nearest(found.values(), decider.index, share)]
+    # whole GPUs need no layer: a node whose layer is down takes them
+    state.set_node(replace(state.nodes["t4"].inventory, isolation=down))
+    whole = pod("w", gpu=100)
+    found = {v.node: v for v in verdicts(decider.evaluate(whole, names), names, {})}
+    assert found["t4"].fits and found["t4"].text == "fits now"
+    assert found["b"].reason == "needs 1 whole GPUs, 0 free"

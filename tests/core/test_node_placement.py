@@ -1,9 +1,11 @@
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from tessera import resources as rn
-from tessera.allocation import PodAllocation
+from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.isolation import NodeIsolation, share_refusal
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import HostCapacity, NodeState
 from tessera.request import parse_pod
@@ -230,3 +232,75 @@ def test_node_scores_are_in_unit_range(policy: Policy) -> None:
     for limits in ({rn.GPU: "10"}, {rn.GPU: "800"}, {rn.GPU_MEMORY: "79"}):
         result = placed(place(s, limits, policy=policy))
         assert 0.0 <= result.score <= 1.0
+
+
+# --- the node's isolation layer ----------------------------------------------------------
+
+MPS_DOWN = NodeIsolation("mps", False, reason="the MPS control daemon is not running")
+HAMI_UP = NodeIsolation("hami-core", True, "8f3a89c+tessera.2", "8f3a89c")
+
+
+def layered(isolation: NodeIsolation | None, gpus: int = 2) -> NodeState:
+    return NodeState(replace(node("n", [gpu(i) for i in range(gpus)]), isolation=isolation))
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {rn.GPU: "30"},
+        {rn.GPU_CORE: "20", rn.GPU_MEMORY: "6"},
+        {rn.GPU_MEMORY: "16"},  # memory only: a share all the same (core 0)
+        {rn.GPU_MEMORY_RATIO: "70"},
+    ],
+)
+def test_a_node_whose_layer_is_down_takes_no_share_and_says_which_layer_and_why(
+    limits: dict[str, str],
+) -> None:
+    nofit = refused(place(layered(MPS_DOWN), limits))
+    assert nofit == NoFit(
+        "isolation layer mps is down: the MPS control daemon is not running", unresolvable=True
+    )
+    assert nofit.reason == share_refusal(MPS_DOWN)
+    for isolation in (None, HAMI_UP, NodeIsolation("none", True)):  # unknown, or up
+        alloc = placed(place(layered(isolation), limits)).allocation
+        assert all(g.is_share for g in alloc.counted_gpu_grants())
+
+
+def test_whole_gpus_and_pods_without_gpus_are_placed_where_the_layer_is_down() -> None:
+    s = layered(MPS_DOWN)
+    for limits in ({rn.GPU: "100"}, {rn.GPU: "200"}, {rn.NVIDIA_GPU: "1"}, {}):
+        result = place_pod(s, parse_pod(pod(containers={"main": limits})), BINPACK)
+        alloc = placed(result).allocation
+        assert not any(g.is_share for c in alloc.containers for g in c.gpus)
+
+
+def test_the_layer_is_judged_on_the_placement_as_the_hook_judges_the_record() -> None:
+    s = layered(MPS_DOWN)
+    # a share init container that runs on its app container's whole GPU is given no share
+    whole_app = pod(containers={"app": {rn.GPU: "100"}}, init={"warmup": {rn.GPU: "30"}})
+    alloc = placed(place_pod(s, parse_pod(whole_app), BINPACK)).allocation
+    warmup = alloc.container("warmup")
+    assert warmup is not None and warmup.reuses == "app" and warmup.shares == 0
+    # one share among whole GPUs, in any container, refuses the pod (the exact path)
+    for containers, init in (
+        ({"a": {rn.GPU: "100"}, "b": {rn.GPU: "50"}}, None),
+        ({"app": {rn.GPU: "20"}}, {"big": {rn.GPU: "100"}}),
+        ({"a": {rn.GPU: "100"}, "b": {rn.GPU_MEMORY: "2"}}, None),
+    ):
+        result = place_pod(s, parse_pod(pod(containers=containers, init=init)), BINPACK)
+        assert refused(result).reason == share_refusal(MPS_DOWN), containers
+
+
+def test_a_node_short_of_room_says_so_before_its_layer() -> None:
+    s = layered(MPS_DOWN, gpus=1)
+    commit(s, place(layered(None, gpus=1), {rn.GPU: "100"}))  # the GPU is taken
+    nofit = refused(place(s, {rn.GPU: "30"}))
+    assert nofit.reason.startswith("no GPU has 30% compute") and not nofit.unresolvable
+
+
+def test_the_hook_and_placement_share_one_definition_of_a_share() -> None:
+    for core, share in ((100, False), (99, True), (30, True), (0, True)):
+        grant = GpuGrant("GPU-0", 0, 0, core, 1024)
+        assert grant.is_share is share
+    both = ContainerAllocation("c", (GpuGrant("a", 0, 0, 100, 1), GpuGrant("b", 1, 1, 0, 1)))
+    assert both.shares == 1

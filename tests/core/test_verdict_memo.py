@@ -1,7 +1,7 @@
 """The Decider's per-shape verdict memo never changes an answer: after any sequence of
-binds, releases, nodes coming and going, GPUs changing health and catch-ups between the
-questions, a Decider with the memo says exactly (same scores to the bit, same reasons, same
-order) what one without it says."""
+binds, releases, nodes coming and going, GPUs changing health, isolation layers going down
+and up and catch-ups between the questions, a Decider with the memo says exactly (same
+scores to the bit, same reasons, same order) what one without it says."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tessera import resources as rn
 from tessera.cluster_decision import Decider
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
+from tessera.isolation import NodeIsolation
 from tessera.node_placement import Placement, place_pod
 from tessera.node_state import HostCapacity
 from tessera.policy_registry import make_policies
@@ -51,6 +52,13 @@ KINDS: tuple[tuple[int, int, tuple[int, ...]], ...] = (
     (8, 2, (0, 3)),
 )
 """(GPUs, model, unhealthy slots) of the node kinds; the odd kinds also have two RDMA NICs."""
+LAYERS = (
+    None,
+    NodeIsolation("mps", True),
+    NodeIsolation("mps", False, reason="the MPS control daemon is not running"),
+    NodeIsolation("hami-core", False, reason="the HAMi-core library is missing"),
+)
+"""A node's isolation layer: unknown, up, down (the down ones refuse shares)."""
 
 ops = st.lists(
     st.one_of(
@@ -63,6 +71,7 @@ ops = st.lists(
         st.tuples(st.just("release"), st.integers(0, 50), st.just("")),
         st.tuples(st.just("node"), st.integers(0, 5), st.sampled_from(NODES)),
         st.tuples(st.just("gone"), st.just(0), st.sampled_from(NODES)),
+        st.tuples(st.just("layer"), st.integers(0, len(LAYERS) - 1), st.sampled_from(NODES)),
         st.tuples(st.just("catch"), st.integers(0, len(SHAPES) - 1), st.sampled_from([1, 64])),
     ),
     min_size=4,
@@ -86,6 +95,8 @@ def _node(state: ClusterState, name: str, kind: int) -> None:
 @example("fragmentation", [("ask", 2, []), ("gone", 0, "n1"), ("ask", 2, ["n0", "n1", "n0"])])
 @example("spread", [("ask", 5, []), ("node", 2, "n0"), ("ask", 5, ["ghost", "n0"])])
 @example("fragmentation", [("ask", 2, []), ("place", 2, "n1"), ("catch", 2, 64), ("ask", 2, [])])
+@example("binpack", [("ask", 2, []), ("layer", 2, "n0"), ("ask", 2, []), ("layer", 1, "n0")])
+@example("spread", [("ask", 8, []), ("layer", 3, "n1"), ("catch", 8, 1), ("ask", 8, [])])
 def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, int, Any]]) -> None:
     state = ClusterState()
     for i, name in enumerate(NODES[:5]):
@@ -123,6 +134,9 @@ def test_memo_answers_as_a_fresh_judgement(policy: str, steps: list[tuple[str, i
             _node(state, b, a)
         elif op == "gone" and _empty(state, b):
             state.remove_node(b)
+        elif op == "layer" and b in state.nodes:  # its pods stay
+            node = state.nodes[b]
+            state.set_node(replace(node.inventory, isolation=LAYERS[a]), node.host)
         elif op == "catch":  # what the extender does once an answer is sent
             memo.catch_up(_request(f"catch-{n}", a), most=b)
 
@@ -221,3 +235,22 @@ def test_the_memo_follows_the_policy_generation() -> None:
     decider = Decider(state, {policy.name: policy}, policy.name)
     assert decider.evaluate(pod("p1", 100), ["a"]).scores == {"a": 0.5}
     assert decider.evaluate(pod("p2", 100), ["a"]).scores == {"a": 0.25}
+
+
+@pytest.mark.parametrize("shape", [2, 8])  # a share on the vector path, and on the exact path
+def test_a_layer_change_restamps_its_row_only(shape: int) -> None:
+    state = ClusterState()
+    for i, name in enumerate(NODES[:5]):
+        _node(state, name, i % 6)
+    decider = Decider(state, make_policies(), "binpack")
+    first = decider.judge(_request("a", shape), NODES).evaluation()
+    fits = sorted(first.scores)
+    assert fits
+    node = state.nodes[fits[0]]
+    state.set_node(replace(node.inventory, isolation=LAYERS[2]), node.host)
+    assert decider.catch_up(_request("b", shape)) == 1  # that node's row alone
+    down = decider.judge(_request("c", shape), NODES).evaluation()
+    assert down.failures[fits[0]].reason.startswith("isolation layer mps is down: ")
+    assert down.scores == {n: s for n, s in first.scores.items() if n != fits[0]}
+    state.set_node(replace(node.inventory, isolation=LAYERS[1]), node.host)
+    assert decider.judge(_request("d", shape), NODES).evaluation() == first
