@@ -64,6 +64,8 @@ kube-scheduler to weigh with prioritize and its own score plugins."""
 
 _CATEGORIES: tuple[tuple[str, str], ...] = (
     ("tessera: gang ", "gang"),
+    # before the needles below: the layer's reason quotes the node agent's own words
+    ("tessera: isolation layer ", "isolation_down"),
     ("node is fenced", "fenced"),
     ("no tessera device inventory", "no_inventory"),
     ("device inventory", "inventory_invalid"),

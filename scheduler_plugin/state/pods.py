@@ -171,6 +171,11 @@ class Pods(Part):
 
     def _assume_reserved(self, request: PodRequest, node: str, gang: GangKey | None) -> Assumption:
         uid = request.uid
+        refusal = self._reservations.layer_refusal(uid)
+        if refusal is not None:
+            # kept, not taken: the reservation's timeout frees it and the gang is planned
+            # again, off that node (the hook would refuse the container at creation)
+            return Refused(f"{refusal} (the share reserved there for {request.key})")
         reserved = self._reservations.take(uid, node)
         if reserved is None:
             held = self._cluster.allocation(uid)

@@ -12,6 +12,7 @@ from tessera.errors import StateError
 from tessera.gang.book import Reservation, ReservationBook, Standing
 from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, LabelOf, plan_gang
 from tessera.gang.spec import GangKey
+from tessera.isolation import share_refusal
 from tessera.node_placement import NoFit
 from tessera.request import PodRequest
 
@@ -92,6 +93,17 @@ class Reservations(Part):
         them in the state: Cache.release_gang)."""
         with self._lock:
             return self._book.release(key, self._monotonic() if now is None else now)
+
+    def layer_refusal(self, uid: str) -> str | None:
+        """Why the member's reserved devices may not be bound now: they give a GPU share on
+        a node whose isolation layer went down since the gang was planned (None: they may;
+        the plan itself puts no share on such a node)."""
+        with self._lock:
+            alloc = self._book.allocation(uid)
+            node = None if alloc is None else self._cluster.nodes.get(alloc.node)
+            if alloc is None or node is None or not any(c.shares for c in alloc.containers):
+                return None
+            return share_refusal(node.inventory.isolation)
 
     def reserved_node(self, uid: str) -> str | None:
         """The node a gang member's reservation keeps for it, or None."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from scheduler_plugin.state.values import GpuUsage, NicUsage
 from tessera.cluster_state import ClusterState
+from tessera.isolation import share_refusal
 from tessera.node_state import NodeState
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.stranded import stranded
@@ -51,7 +52,9 @@ def node_summary(
 ) -> dict[str, Any] | None:
     """Each device's total/free/used and who holds what (debug API and CR status); None
     when the state knows nothing of the node. `problem`: why it takes no new pods;
-    `fenced`: the pods fencing it; `invalid`: its NodeDevices does not parse or index."""
+    `fenced`: the pods fencing it; `invalid`: its NodeDevices does not parse or index.
+    `isolation` is the layer its agent reports (null: unknown) and `shareProblem` why it
+    takes no new GPU share (null when it takes them)."""
     node = cluster.nodes.get(name)
     if node is None:
         if not invalid:
@@ -61,6 +64,8 @@ def node_summary(
             "usable": False,
             "problem": problem,
             "fenced": fenced,
+            "isolation": None,
+            "shareProblem": None,
             "gpus": [],
             "rdma": [],
         }
@@ -125,11 +130,14 @@ def node_summary(
                 "pods": holders_nic.get(n.pci_bus_id, []),
             }
         )
+    isolation = node.inventory.isolation
     return {
         "node": name,
         "usable": problem is None,
         "problem": problem,
         "fenced": fenced,
+        "isolation": None if isolation is None else isolation.to_dict(),
+        "shareProblem": share_refusal(isolation),
         "gpus": gpus,
         "rdma": nics,
         "stranded": [

@@ -239,3 +239,47 @@ def test_a_bug_while_handling_one_object_is_contained(
     monkeypatch.setattr(NodeInventory, "from_dict", from_dict_with_a_bug)
     InventoryHandler(cache).replace([nodedevices("n"), nodedevices("m")])
     assert {"n", "m"} <= set(cache.problems.by_node())
+
+
+BAD_LAYERS: list[Any] = [
+    {"layer": "vgpu", "up": True},
+    {"layer": "mps"},
+    {"layer": "mps", "up": "false"},
+    {"layer": "mps", "up": False, "reason": "\x1b[2J" + "r" * 10_000},
+    {"layer": ["hami-core"], "up": True},
+    "down",
+    [],
+    {"layer": "mps", "up": True, "reason": "up yet with a reason"},
+]
+
+
+@pytest.mark.parametrize("layer", BAD_LAYERS)
+def test_a_bad_isolation_layer_fences_its_own_node_only_and_never_stops_a_relist(
+    layer: Any,
+) -> None:
+    cache, reconciler = cache_with([])
+    bad = nodedevices("bad", gpus=1)
+    bad["spec"]["isolation"] = layer
+    down = nodedevices("down", gpus=1)
+    down["spec"]["isolation"] = {"layer": "mps", "up": False, "reason": "no daemon"}
+    InventoryHandler(cache).replace([bad, nodedevices("ok", gpus=1), down])
+    problems = cache.problems.by_node()
+    assert set(problems) == {"bad"}
+    assert "nodedevices/bad" in problems["bad"] and "isolation" in problems["bad"]
+    assert len(problems["bad"]) < 600  # a hostile value is never echoed whole
+    assert {"ok", "down"} <= cache.snapshot().nodes
+    reply = Extender(cache).filter(
+        {"Pod": pod("x", share(10, 10), uid="x"), "NodeNames": ["bad", "ok", "down"]}
+    )
+    assert reply["NodeNames"] == ["ok"]
+    assert "nodedevices/bad" in reply["FailedNodes"]["bad"]
+    assert "isolation layer mps is down: no daemon" in reply["FailedAndUnresolvableNodes"]["down"]
+    # a good node whose update carries a bad layer is fenced and keeps what its pods hold
+    reconciler.replace([running_pod("held", "ok", signed("held", "ok"))])
+    spoilt = nodedevices("ok", gpus=1)
+    spoilt["spec"]["isolation"] = layer
+    InventoryHandler(cache).event("MODIFIED", spoilt)
+    assert "ok" in cache.problems.by_node() and "down" not in cache.problems.by_node()
+    assert cache.pods.allocation("uid-held") is not None
+    InventoryHandler(cache).event("MODIFIED", nodedevices("ok", gpus=1))  # fixed
+    assert "ok" not in cache.problems.by_node()

@@ -2,7 +2,8 @@
 API as the service drives it (Cache, Reconciler, the Node / NodeDevices / Lease handlers
 and the real Binder over an in-memory API): binds (assume, bind), deferred watch events,
 failed binds (forget), watch events while a bind is in flight, poison / copied / restored
-records, finished and deleted pods, bad, overflowing, deleted and re-created NodeDevices,
+records, finished and deleted pods, bad, overflowing, deleted and re-created NodeDevices
+(a bad isolation layer among them), isolation layers going down and up,
 deleted and re-created Nodes, heartbeat renewals, deletions and expiry (a fake clock),
 assumed binds read back, relists and restarts (a rebuild from the lists), and gangs: their
 reservations made by a member's filter, members binding to their reserved node (or refused
@@ -15,6 +16,7 @@ were started with, whatever its record says later). After every step:
 - nothing leaks: on every device the state accounts, free + what the counted
   allocations on it use == its capacity; once all pods are gone and every event is
   delivered, nothing is left allocated;
+- no new GPU share is bound on a node whose isolation layer is down (whole GPUs are);
 - the fenced nodes are exactly the nodes with a live bound pod whose record is not its
   original one (or is gone), plus the nodes whose NodeDevices is bad; the unusable
   nodes are those plus the nodes whose heartbeat is missing or stale.
@@ -74,9 +76,17 @@ def lease(node: str, renewed: float) -> dict[str, Any]:
     }
 
 
-def bad_inventory(node: str, overflow: bool) -> dict[str, Any]:
+BREAKS = ("overflow", "lots", "isolation")
+"""How a NodeDevices goes bad: a GPU's memory past int64, not a number, or an isolation
+layer that is not one."""
+
+
+def bad_inventory(node: str, how: str) -> dict[str, Any]:
     obj = nodedevices(node, gpus=GPUS, mem=MEM)
-    obj["spec"]["gpus"][1]["memoryMiB"] = 2**64 if overflow else "lots"
+    if how == "isolation":
+        obj["spec"]["isolation"] = {"layer": "vgpu", "up": True}
+    else:
+        obj["spec"]["gpus"][1]["memoryMiB"] = 2**64 if how == "overflow" else "lots"
     return obj
 
 
@@ -86,6 +96,8 @@ class Cluster(RuleBasedStateMachine):
         self.api = MemoryApi()
         self.inventories = {n: nodedevices(n, gpus=GPUS, mem=MEM) for n in NODES}
         self.bad: set[str] = set()
+        self.down: set[str] = set()
+        """Nodes whose (valid) NodeDevices reports the isolation layer down."""
         self.truth: dict[str, tuple[str, list[tuple[str, int, int]]]] = {}
         """uid -> (node, [(gpu uuid, core, memory MiB)]) of pods whose devices run."""
         self.original: dict[str, str] = {}
@@ -170,6 +182,7 @@ class Cluster(RuleBasedStateMachine):
             return
         text = obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         alloc = decode(text, KEYRING)
+        assert node not in self.down or not any(g.is_share for g in alloc.counted_gpu_grants())
         grants = [(g.uuid, g.core, g.memory_mib) for c in alloc.containers for g in c.gpus]
         self.truth[uid] = (node, grants)
         self.original[uid] = text
@@ -266,22 +279,35 @@ class Cluster(RuleBasedStateMachine):
             self.reconciler.event("DELETED", obj)
             self._gang_event("DELETED", name, obj)
 
-    @rule(node=st.sampled_from(NODES), overflow=st.booleans())
-    def nodedevices_breaks(self, node: str, overflow: bool) -> None:
-        self.inventories[node] = bad_inventory(node, overflow)
+    @rule(node=st.sampled_from(NODES), how=st.sampled_from(BREAKS))
+    def nodedevices_breaks(self, node: str, how: str) -> None:
+        self.inventories[node] = bad_inventory(node, how)
         self.bad.add(node)
+        self.down.discard(node)
         InventoryHandler(self.cache).event("MODIFIED", copy.deepcopy(self.inventories[node]))
 
     @rule(node=st.sampled_from(NODES))
     def nodedevices_fixed(self, node: str) -> None:
         self.inventories[node] = nodedevices(node, gpus=GPUS, mem=MEM)
         self.bad.discard(node)
+        self.down.discard(node)
+        InventoryHandler(self.cache).event("MODIFIED", copy.deepcopy(self.inventories[node]))
+
+    @rule(node=st.sampled_from(NODES), up=st.booleans())
+    def isolation_layer(self, node: str, up: bool) -> None:
+        """The node agent reports its layer down or up again; its pods stay."""
+        if node in self.bad or node not in self.inventories:
+            return
+        reason = "" if up else "the MPS control daemon is not running"
+        self.inventories[node]["spec"]["isolation"] = {"layer": "mps", "up": up, "reason": reason}
+        (self.down.discard if up else self.down.add)(node)
         InventoryHandler(self.cache).event("MODIFIED", copy.deepcopy(self.inventories[node]))
 
     @rule(node=st.sampled_from(NODES))
     def nodedevices_deleted(self, node: str) -> None:
         self.inventories.pop(node, None)
         self.bad.discard(node)
+        self.down.discard(node)
         InventoryHandler(self.cache).event("DELETED", {"metadata": {"name": node}})
 
     @rule(node=st.sampled_from(NODES), exists=st.booleans())
