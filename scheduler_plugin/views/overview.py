@@ -8,7 +8,8 @@ so 5,000 nodes go in one answer of about half a megabyte):
      % per GPU], "g": [memory granted, % per GPU, rounded up], "h": bit i set when GPU i
      is unhealthy, "k": pods holding devices, "p": why the node takes no new tessera pods
      (null when it does), "f": 1 when that is a fence (an untrusted record, an invalid
-     inventory)}
+     inventory), "s": why it takes no new GPU share, its isolation layer being down
+     (only on such a node)}
 
 The figures per model are tessera.capacity's; nothing here computes what fits.
 """
@@ -20,6 +21,7 @@ from typing import Any
 
 from scheduler_plugin.state.values import StateReading
 from tessera.capacity import ModelCapacity, by_model
+from tessera.isolation import share_refusal
 from tessera.resources import UNITS_PER_DEVICE
 
 MAX_QUERY = 256
@@ -47,7 +49,7 @@ def node_row(reading: StateReading, name: str) -> dict[str, Any] | None:
         -((free - total) * 100 // total) if total > 0 else 0  # granted %, rounded up
         for free, total in zip(node.free_mem, node.total_mem, strict=True)
     ]
-    return {
+    row: dict[str, Any] = {
         "n": name,
         "m": models[0] if len(set(models)) == 1 else models,
         "c": core,
@@ -57,6 +59,10 @@ def node_row(reading: StateReading, name: str) -> dict[str, Any] | None:
         "p": problem,
         "f": 1 if problem is not None and name in reading.fenced else 0,
     }
+    refusal = share_refusal(node.inventory.isolation)
+    if refusal is not None:  # rare: the rows of 5,000 nodes go in one answer
+        row["s"] = refusal
+    return row
 
 
 def node_names(reading: StateReading) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from scheduler_plugin.state.values import StateReading
 from tessera.explain import asks, nearest, verdicts
+from tessera.isolation import share_refusal
 from tessera.pod_fields import section
 from tessera.request import PodRequest
 
@@ -155,8 +156,10 @@ def refusal_json(r: Refusal, now: float) -> dict[str, Any]:
 
 def explanation(reading: StateReading, request: PodRequest) -> dict[str, Any]:
     """`kubectl tessera explain` from the scheduler's own state: how many nodes fit now,
-    are closed, or cannot take the pod however long it waits, and the nearest others."""
-    names = sorted(reading.state.nodes)
+    are closed, or cannot take the pod however long it waits (of those, how many for their
+    isolation layer alone: `noShares`), and the nearest others."""
+    nodes = reading.state.nodes
+    names = sorted(nodes)
     found = verdicts(reading.decider.evaluate(request, names), names, reading.problems)
     near = nearest(found, reading.decider.index, request)
     return {
@@ -164,6 +167,11 @@ def explanation(reading: StateReading, request: PodRequest) -> dict[str, Any]:
         "fitsNowCount": sum(1 for v in found if v.fits),
         "closed": sum(1 for v in found if v.closed),
         "hopeless": sum(1 for v in found if v.hopeless),
+        "noShares": sum(
+            1
+            for v in found
+            if v.hopeless and v.reason == share_refusal(nodes[v.node].inventory.isolation)
+        ),
         "nearest": [
             {"node": v.node, "closeness": round(score, 3), "reason": v.text} for v, score in near
         ],

@@ -131,6 +131,7 @@ function drawLegend() {
 function visible(r) {
   const f = $("filter").value;
   if (f === "problem") return !!r.p;
+  if (f === "noshares") return !!r.s;
   if (f === "free") return !r.p && r.c.some((c, i) => taken(r, i) === 0 && !(r.h & (1 << i)));
   if (f === "full") return r.c.length > 0 && r.c.every((c, i) => taken(r, i) >= 100);
   if (f.startsWith("model:")) return r.c.some((c, i) => modelOf(r, i) === f.slice(6));
@@ -257,6 +258,7 @@ function tip(event) {
       (r.h & (1 << at.gpu) ? " (unhealthy)" : "");
   }
   if (r.p) text += "\n" + (r.f ? "fenced: " : "takes no new pods: ") + r.p.slice(0, 160);
+  if (r.s) text += "\ntakes no GPU shares: " + r.s.slice(0, 160);
   box.textContent = text;
   const host = $("map").getBoundingClientRect();
   box.style.left = Math.min(event.clientX - host.left + 14, host.width - 360) + "px";
@@ -296,12 +298,24 @@ function usageLine(n) {
   return el("div", "label", "use read " + u.observed +
     (u.elsewhere ? " (" + u.elsewhere + " rows on GPUs not in the inventory)" : ""));
 }
+// the node's isolation layer as its agent reports it: "hami-core 8f3a89c+tessera.2", "mps
+// down", "-" when it reports none
+function layerText(iso) {
+  if (!iso) return "-";
+  return iso.layer + (iso.up ? (iso.version ? " " + iso.version : "") : " down");
+}
 function drawNode(n) {
   const box = el("div", "node" + (n.usable ? "" : " unusable"));
   box.dataset.node = n.node;
   box.appendChild(el("h3", "", n.node));
   if (n.problem) box.appendChild(el("div", "problem", n.problem));
   for (const f of n.fenced || []) box.appendChild(el("div", "problem", "fenced: " + f.problem));
+  const layer = el("div", "label layer", "isolation layer: " + layerText(n.isolation) +
+    (n.isolation ? "" : " (not reported)"));
+  box.appendChild(layer);
+  if (n.shareProblem) {
+    box.appendChild(el("div", "problem", "takes no new GPU shares: " + n.shareProblem));
+  }
   box.appendChild(usageLine(n));
   for (const g of n.gpus) {
     const row = el("div", "gpu" + (g.healthy ? "" : " unhealthy"));
@@ -384,17 +398,22 @@ function onSearch() {
     drawAll();
   }, 150);
 }
-function drawProblems() {
-  const bad = [...rows.values()].filter(r => r.p).sort((a, b) => (a.n < b.n ? -1 : 1));
+// the nodes a row field names, each with that reason (at most 50), or `none`
+function listNodes(list, field, none) {
+  const bad = [...rows.values()].filter(r => r[field]).sort((a, b) => (a.n < b.n ? -1 : 1));
   const items = bad.slice(0, 50).map(r => {
     const li = el("li");
-    li.append(el("b", r.f ? "bad" : "warn", r.n), " " + r.p);
+    li.append(el("b", field === "p" && r.f ? "bad" : "warn", r.n), " " + r[field]);
     li.onclick = () => select(r.n);
     return li;
   });
   if (bad.length > 50) items.push(el("li", "sub", "and " + num(bad.length - 50) + " more"));
-  if (!bad.length) items.push(el("li", "empty", "none: every node takes new pods"));
-  $("problems").replaceChildren(...items);
+  if (!bad.length) items.push(el("li", "empty", none));
+  list.replaceChildren(...items);
+}
+function drawProblems() {
+  listNodes($("problems"), "p", "none: every node takes new pods");
+  listNodes($("noshares"), "s", "none: no node's isolation layer is down");
 }
 function ago(s) {
   return s < 120 ? s + " s" : s < 7200 ? Math.round(s / 60) + " min" : Math.round(s / 3600) + " h";
@@ -461,7 +480,9 @@ function podTable(pods) {
     else if (e.fitsNowCount) near.textContent = "fits now on " + num(e.fitsNowCount) +
       " nodes (" + e.fitsNow.join(", ") + ")";
     else if (!e.nearest.length) near.textContent = "no node can take it by waiting (" +
-      num(e.hopeless) + " never, " + num(e.closed) + " take no pods)";
+      num(e.hopeless) + " never" + (e.noShares ? ", " + num(e.noShares) +
+        " of them take no GPU shares while their isolation layer is down" : "") + ", " +
+      num(e.closed) + " take no pods)";
     else for (const n of e.nearest) {
       const d = el("div", "", n.node + ": " + n.reason + " (" +
         Math.round(n.closeness * 100) + "% of the ask free)");
@@ -478,7 +499,8 @@ function podTable(pods) {
 function drawFilter() {
   const f = $("filter"), keep = f.value;
   const opts = [["all", "all nodes"], ["problem", "nodes that take no pods"],
-    ["free", "nodes with a free GPU"], ["full", "full nodes"]];
+    ["noshares", "nodes that take no GPU shares"], ["free", "nodes with a free GPU"],
+    ["full", "full nodes"]];
   for (const m of models) opts.push(["model:" + m.model, m.model]);
   f.replaceChildren(...opts.map(([v, t]) => { const o = el("option", "", t); o.value = v;
     return o; }));
@@ -505,7 +527,13 @@ function take(line) {
     return;
   }
   if (line.type !== "ROWS") return;
-  for (const r of line.rows) rows.set(r.n, r);
+  // a node's reason that comes, changes or goes redraws the lists of such nodes
+  const listed = r => r && (r.p || r.s);
+  let relist = line.gone.length > 0;
+  for (const r of line.rows) {
+    if (listed(r) || listed(rows.get(r.n))) relist = true;
+    rows.set(r.n, r);
+  }
   for (const n of line.gone) rows.delete(n);
   if (line.models) {
     models = line.models;
@@ -523,7 +551,7 @@ function take(line) {
   } else if (redraw === null) {
     redraw = setTimeout(() => { redraw = null; drawAll(); }, 500);
   }
-  if (line.rows.some(r => r.p) || line.gone.length) drawProblems();
+  if (relist) drawProblems();
   const showing = shown().filter(n => line.touched.includes(n));
   if (showing.length) refreshDetails(showing);
 }

@@ -1,12 +1,14 @@
 """The live allocation page (`GET /debug/ui`): the whole cluster on one screen.
 
-It opens on the figures per GPU model (allocated, free, what still fits) and one canvas
-cell per GPU, grouped by node and coloured by allocation, with the nodes that take no new
-pods marked; a search (node, pod, namespace, GPU UUID, model), a click on a node for its
-GPUs and NICs and who holds what (with what each container uses beside its grant), sorting
-and filtering of the nodes, the gangs that wait (members against minMember, the reason,
-the reservation), and the pods tessera refused with the reason and the nearest fit (a gang
-member instead names its gang). On a cluster of a few nodes every node's details are shown at once.
+It opens on the figures per GPU model (allocated, free, what still fits) and one canvas cell
+per GPU, grouped by node and coloured by allocation, with the nodes that take no new pods
+marked; a search (node, pod, namespace, GPU UUID, model), a click on a node for its GPUs and
+NICs, its isolation layer and who holds what (with what each container uses beside its
+grant), sorting and filtering of the nodes, the nodes that take no new pods and those that
+take no GPU shares (their isolation layer down), with why, the gangs that wait (members
+against minMember, the reason, the reservation), and the pods tessera refused with the
+reason and the nearest fit (a gang member instead names its gang). On a cluster of a few
+nodes every node's details are shown at once.
 
 The page is a fixed shell and a script (`ui.js`, beside this module, served at
 `/debug/ui.js`), neither with any cluster data in it and neither loading anything from
@@ -48,6 +50,7 @@ PAGE = b"""<!doctype html>
            background: var(--card); border-bottom: 1px solid var(--line); }
   h1 { font-size: 16px; margin: 0; }
   h2 { font-size: 14px; margin: 0 0 6px; }
+  h2.next { margin-top: 12px; }
   #status { color: var(--muted); }
   #status.error { color: var(--bad); }
   main { padding: 12px 16px; }
@@ -125,7 +128,8 @@ PAGE = b"""<!doctype html>
 <section><h2>Why pending</h2><div id="pending" class="empty">-</div></section>
 <div id="below">
   <section><h2 id="detail-title">Node</h2><ul id="matches"></ul><div id="nodes"></div></section>
-  <section><h2>Nodes that take no new pods</h2><ul id="problems"></ul></section>
+  <section><h2>Nodes that take no new pods</h2><ul id="problems"></ul>
+    <h2 class="next">Nodes that take no GPU shares</h2><ul id="noshares"></ul></section>
 </div>
 </main>
 <script src="/debug/ui.js"></script>

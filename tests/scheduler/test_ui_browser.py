@@ -169,3 +169,59 @@ def test_why_pending_shows_a_waiting_gang_and_its_member(browser: Browser) -> No
     assert "gang ml/llama: 2 of 3 members pending" in member
     assert "member of gang ml/llama: placed with the whole gang or not at all" in member
     assert "% of the ask free" not in member  # no nearest fit of its own
+
+
+def test_the_page_shows_each_nodes_layer_and_the_nodes_that_take_no_shares(
+    browser: Browser,
+) -> None:
+    down = {"layer": "hami-core", "up": False, "reason": "the HAMi-core library is missing"}
+    up = {
+        "layer": "hami-core",
+        "up": True,
+        "version": "8f3a89c+tessera.2",
+        "commit": "8f3a89c",
+        "reason": "",  # a merge patch: the reason the layer was down is overwritten
+    }
+    noshares = '(document.getElementById("noshares") || {}).innerText'
+    with FakeApiServer() as fake:
+        populate(fake, ["node-a"], gpus=1)
+        populate(fake, ["node-b"], gpus=0)  # no GPU: it never takes the share either
+        fake.patch("nodedevices", "node-a", {"spec": {"isolation": down}})
+        fake.patch("nodedevices", "node-b", {"spec": {"isolation": up}})
+        with serving(fake) as served:
+            wait_for(lambda: (served.node_summary("node-a") or {}).get("shareProblem"))
+            waiting = fake.create("pods", pod("tune-1", share(30, 30)))
+            assert not served.filter(waiting, ["node-a"])["NodeNames"]
+            port = served.service.server.port
+            browser.call("Page.navigate", url=f"http://127.0.0.1:{port}/debug/ui")
+            text = wait_for(
+                lambda: (
+                    "tune-1" in (browser.evaluate(PENDING) or "")
+                    and "isolation layer: hami-core 8f3a89c" in (page := browser.text())
+                    and page
+                ),
+                timeout=20,
+            )
+            listed = browser.evaluate(noshares)
+            pending = browser.evaluate(PENDING)
+            # the layer comes back: the list empties from the stream
+            fake.patch("nodedevices", "node-a", {"spec": {"isolation": up}})
+            after = wait_for(
+                lambda: (
+                    "none: no node's isolation layer is down"
+                    in (t := browser.evaluate(noshares) or "")
+                    and t
+                ),
+                timeout=20,
+            )
+    why = "isolation layer hami-core is down: the HAMi-core library is missing"
+    assert "isolation layer: hami-core down" in text  # node-a's card
+    assert f"takes no new GPU shares: {why}" in text
+    assert "isolation layer: hami-core 8f3a89c+tessera.2" in text  # node-b's card
+    assert listed.strip() == f"node-a {why}"
+    assert f"1 nodes: {why}" in pending
+    assert (
+        "no node can take it by waiting (2 never, 1 of them take no GPU shares while their "
+        "isolation layer is down, 0 take no pods)" in pending
+    )
+    assert "node-a" not in after
