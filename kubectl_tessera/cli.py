@@ -1,6 +1,6 @@
 """`kubectl-tessera`: the kubectl plugin's command line.
 
-    kubectl tessera nodes [-o json]
+    kubectl tessera nodes [NODE] [-o json]
     kubectl tessera pods [-n NS | -A] [-o json]
     kubectl tessera gangs [-n NS | -A] [-o json]
     kubectl tessera explain POD [-n NS] [--policy P] [-o json]
@@ -39,6 +39,7 @@ from tessera.resources import (
     POD_GROUP_VERSION,
 )
 from tessera_cli import CliParser, config_from, exit_code
+from tessera_cli.exit_codes import EXIT_FAILURE
 from tessera_cli.values import nri_plugin_name, seconds
 
 PROG = "kubectl tessera"
@@ -77,7 +78,13 @@ def parser() -> CliParser:
         description="Inspect tessera's GPU and RDMA sharing.",
     )
     sub = top.add_subparsers(dest="command", required=True, parser_class=CliParser)
-    sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")
+    n = sub.add_parser("nodes", parents=[common], help="devices, allocation and state per node")
+    n.add_argument(
+        "node",
+        nargs="?",
+        metavar="NODE",
+        help="only this node, with its isolation layer in full and why it takes no GPU shares",
+    )
     p = sub.add_parser("pods", parents=[common], help="pods holding tessera devices")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     g = sub.add_parser(
@@ -184,6 +191,17 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
             config.heartbeat_namespace,
             _nodes(kube),
         )
+        if config.node is not None:
+            node_rows = [r for r in node_rows if r.node == config.node]
+            if not node_rows:
+                sys.stderr.write(
+                    f"error: no node {config.node} (no NodeDevices, and no Node labeled for "
+                    "the node agent)\n"
+                )
+                return EXIT_FAILURE
+            one = node_rows[0]
+            _emit(config, nodes_view.as_json(node_rows)[0], lambda: nodes_view.render_node(one))
+            return 0
         _emit(config, nodes_view.as_json(node_rows), lambda: nodes_view.render_rows(node_rows))
         return 0
     if config.command == "pods":

@@ -18,6 +18,8 @@ class KubectlConfig:
     output: str = "table"
     request_timeout: float = 30.0
     heartbeat_namespace: str = DEFAULT_HEARTBEAT_NAMESPACE
+    node: str | None = None
+    """nodes: only this node (None: every node)."""
     all_namespaces: bool = False
     """pods, gangs: every namespace."""
     pod: str = ""

@@ -1,10 +1,12 @@
 """`kubectl tessera nodes`: per node, its GPUs, what is allocated, whether it takes pods.
 
-Devices come from the NodeDevices `spec` (the node agent's inventory); allocation, fencing
-and the reason a node takes no pods from `status.allocation`, which tessera-scheduler
-writes; the heartbeat from the node agent's Lease, and from the usage reading on it what
-no tessera container owns on each GPU (host processes, pods of no tessera record, the MPS
-server): `kubectl tessera pods` sets the rest beside each container's grant.
+Devices and the GPU isolation layer come from the NodeDevices `spec` (the node agent's
+inventory); allocation, fencing and the reason a node takes no pods from
+`status.allocation`, which tessera-scheduler writes; a node whose layer is down takes no new
+GPU share, for the reason the scheduler gives (`tessera.isolation.share_refusal`); the
+heartbeat from the node agent's Lease, and from the usage reading on it what no tessera
+container owns on each GPU (host processes, pods of no tessera record, the MPS server):
+`kubectl tessera pods` sets the rest beside each container's grant.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from kubectl_tessera.objects import (
     text,
     usage_of,
 )
-from kubectl_tessera.table import render
+from kubectl_tessera.table import clean, render
 from tessera.errors import TesseraError
+from tessera.isolation import share_refusal
 from tessera.model import NodeInventory
 from tessera.pod_fields import section
 from tessera.resources import DEFAULT_HEARTBEAT_NAMESPACE, HEARTBEAT_LEASE_PREFIX
@@ -46,6 +49,12 @@ class NodeRow:
     gpu_count: int = 0
     healthy_gpus: int = 0
     rdma: int = 0
+    layer: str = "-"
+    """The isolation layer in a few words (`NodeIsolation.brief`); `-` when not reported."""
+    isolation: dict[str, Any] | None = None
+    """The layer as the agent reports it (NodeDevices spec.isolation); None: unknown."""
+    share_problem: str = ""
+    """Why the node takes no new GPU share ("" when it takes them)."""
     core_used: int | None = None
     core_free: int | None = None
     memory_used_mib: int | None = None
@@ -92,6 +101,7 @@ class NodeRow:
             pair(self.core_used, self.core_free, "%"),
             pair(self.memory_used_mib, self.memory_free_mib, "MiB"),
             str(self.rdma),
+            self.layer,
             self.heartbeat,
             self.unattributed_cell(),
             self.reason or "-",
@@ -106,6 +116,7 @@ HEADERS = [
     "CORE USED/FREE",
     "MEMORY USED/FREE",
     "RDMA",
+    "LAYER",
     "HEARTBEAT",
     "NOT TESSERA (INDEX:OWNER MEMORY)",
     "REASON",
@@ -239,6 +250,10 @@ def node_row(
     row.gpu_count = len(inventory.gpus)
     row.healthy_gpus = sum(1 for g in inventory.gpus if g.healthy)
     row.rdma = len(inventory.nics)
+    if inventory.isolation is not None:
+        row.layer = inventory.isolation.brief()
+        row.isolation = inventory.isolation.to_dict()
+        row.share_problem = share_refusal(inventory.isolation) or ""
     silent = _heartbeat(row, lease, now, where)
     _unattributed(row, inventory, lease, now is not None)
 
@@ -267,6 +282,9 @@ def node_row(
         row.state = "unusable"
         row.reason = silent
     row.reason = row.reason or silent
+    if row.share_problem:
+        note = f"takes no GPU shares: {row.share_problem}"
+        row.reason = f"{row.reason}; {note}" if row.reason else note
     return row
 
 
@@ -307,6 +325,24 @@ def rows(
 
 def render_rows(items: list[NodeRow]) -> str:
     return render(HEADERS, [r.cells() for r in items])
+
+
+def render_node(row: NodeRow) -> str:
+    """One node (`kubectl tessera nodes NODE`): its row, then what does not fit in a cell:
+    the isolation layer in full and why the node takes no GPU shares."""
+    lines = [render_rows([row])]
+    iso = row.isolation
+    if iso is None:
+        lines.append("Isolation layer: not reported (the scheduler places shares as before)")
+    else:
+        known = ", ".join(f"{key} {iso[key]}" for key in ("version", "commit") if iso.get(key))
+        state = "up" if iso.get("up") else f"down: {iso.get('reason') or 'no reason given'}"
+        lines.append(
+            f"Isolation layer: {iso.get('layer')}{f' ({known})' if known else ''}, {state}"
+        )
+    if row.share_problem:
+        lines.append(f"Takes no new GPU shares: {row.share_problem}")
+    return "\n".join(clean(line) if i else line for i, line in enumerate(lines))
 
 
 def as_json(items: list[NodeRow]) -> list[dict[str, Any]]:

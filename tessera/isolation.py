@@ -62,6 +62,13 @@ class NodeIsolation:
         """Whether a new GPU share may be placed on the node (whole GPUs always may)."""
         return self.up
 
+    def brief(self) -> str:
+        """The layer in a few words, for tables: `hami-core 8f3a89c+tessera.2` (up, with
+        its version), `mps` (up), `mps down`."""
+        if not self.up:
+            return f"{self.layer} down"
+        return f"{self.layer} {self.version}" if self.version else self.layer
+
     def refusal(self) -> str | None:
         """Why the node takes no new GPU share, naming the layer and what is missing; None
         while the layer is up. Meant for a filter reason."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -485,3 +486,65 @@ def test_nodes_name_the_pods_on_a_gpu_gone_bad_or_missing(
     }
     assert (t4["gpu_count"], t4["healthy_gpus"]) == (3, 2)
     assert "pods on unhealthy or missing devices: default/a (GPU " in t4["reason"]
+
+
+LAYER_DOWN = {
+    "layer": "mps",
+    "up": False,
+    "version": "",
+    "commit": "",
+    "reason": "the MPS control daemon is not running (no /tmp/nvidia-mps/control.pid)",
+}
+LAYER_UP = {
+    "layer": "hami-core",
+    "up": True,
+    "version": "8f3a89c+tessera.2",
+    "commit": "8f3a89c0",
+    "reason": "",
+}
+
+
+def test_nodes_show_each_layer_and_why_a_node_takes_no_shares(
+    fake: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for node, layer in (("down", LAYER_DOWN), ("up", LAYER_UP), ("old", None)):
+        add_node(fake, node, "t4-4x")
+        if layer is not None:
+            fake.patch("nodedevices", node, {"spec": {"isolation": layer}})
+    refusal = f"isolation layer mps is down: {LAYER_DOWN['reason']}"
+    with scheduling(fake, (pod("w", {rn.GPU: 100}), "down")) as served:  # whole GPUs: placed
+        status_written(fake, "down", lambda s: s and s["gpus"][0]["core"]["used"] == 100)
+        assert served.node_summary("down")["shareProblem"] == refusal
+        rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
+        code, out, _ = run(capsys, "nodes", "--kubeconfig", kubeconfig)
+        one_code, one, _ = run(capsys, "nodes", "down", "--kubeconfig", kubeconfig)
+        (doc,) = [run_json(capsys, "nodes", "down", "--kubeconfig", kubeconfig)]
+        up_code, up, _ = run(capsys, "nodes", "up", "--kubeconfig", kubeconfig)
+        missing, _, err = run(capsys, "nodes", "nowhere", "--kubeconfig", kubeconfig)
+        created = fake.create("pods", pod("s", share(30, 30)))
+        reply = served.filter(created, ["down"])
+        explained = run_json(capsys, "explain", "s", "--kubeconfig", kubeconfig)
+
+    assert rows["down"]["state"] == "ready" and rows["down"]["layer"] == "mps down"
+    assert rows["down"]["share_problem"] == refusal
+    assert rows["down"]["reason"] == f"takes no GPU shares: {refusal}"
+    assert rows["down"]["isolation"] == LAYER_DOWN
+    assert rows["up"]["layer"] == "hami-core 8f3a89c+tessera.2" and rows["up"]["reason"] == ""
+    assert rows["old"]["layer"] == "-" and rows["old"]["isolation"] is None
+    lines = out.splitlines()
+    header = lines[0].split()
+    assert code == 0 and header[header.index("RDMA") + 1] == "LAYER"
+    assert re.search(r"^down\s.*\bmps down\b.*takes no GPU shares: isolation layer mps", out, re.M)
+    assert re.search(r"^old\s.*\s-\s", out, re.M)
+    # one node: its row, then the layer in full and why it takes no share
+    assert one_code == 0 and one.splitlines()[1].split()[0] == "down"
+    assert f"Isolation layer: mps, down: {LAYER_DOWN['reason']}" in one
+    assert f"Takes no new GPU shares: {refusal}" in one
+    assert doc["node"] == "down" and doc["share_problem"] == refusal
+    assert up_code == 0 and "Isolation layer: hami-core (version 8f3a89c+tessera.2, " in up
+    assert "commit 8f3a89c0), up" in up and "Takes no new GPU shares" not in up
+    assert missing == 1 and "no node nowhere" in err
+    # explain gives the scheduler's own words for the node
+    assert reply["FailedAndUnresolvableNodes"] == {"down": f"tessera: {refusal}"}
+    (verdict,) = [v for v in explained["nodes"] if v["node"] == "down"]
+    assert verdict["reason"] == f"{refusal} (waiting will not help)" and not verdict["fits"]
