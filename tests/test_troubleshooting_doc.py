@@ -177,3 +177,21 @@ def test_the_fail_closed_gate_and_its_refusals_are_quoted_as_written(tmp_path: P
         asyncio.run(enforcer.create_container(pod, container))
     reason = refused.value.message.split('"main": ', 1)[1]
     _in_doc(reason.split(";")[0])
+
+
+def test_the_layer_down_reason_is_what_explain_prints() -> None:
+    pod = {
+        "metadata": {"name": "tune", "namespace": "ml", "uid": "uid-tune"},
+        "spec": {
+            "schedulerName": "tessera",
+            "containers": [{"name": "main", "resources": {"limits": {rn.GPU: "30"}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+    node = nodedevices("t4", "t4-4x")
+    node["spec"]["isolation"] = {"layer": "hami-core", "up": False, "reason": "gone"}
+    got = explain(pod, [node], [], [heartbeat_lease("t4")], time.time(), policy=rn.DEFAULT_POLICY)
+    (verdict,) = got.nodes
+    assert verdict.reason == "isolation layer hami-core is down: gone"
+    _in_doc("`isolation layer hami-core is down: ...`")
+    _in_doc("`tessera: isolation layer <layer> is down: ...`")
