@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -523,10 +523,12 @@ class ControlPlane:
         topology: Path,
         lease_duration: int = 8,
         labels: dict[str, str] | None = None,
+        agent_args: Sequence[str] = (),
     ) -> Proc:
         """A Node as a kubelet would register it (its counts from the agent's own
         --print-inventory; `labels` beside its hostname label), then the node agent for it
-        with its node-bound identity."""
+        with its node-bound identity (`agent_args` after its usual flags: a flag given
+        again there wins)."""
         agent_base = [
             sys.executable,
             "-m",
@@ -589,6 +591,7 @@ class ControlPlane:
                 f"--lease-duration={lease_duration}",
                 "--health-query-interval=0",
                 "--no-netlink",
+                *agent_args,
             ],
             PYTHON_ENV,
         )

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from tests.e2e import layer
 from tests.e2e.controlplane import (
     PYTHON_ENV,
     ROOT,
@@ -474,7 +475,7 @@ class Node:
         """The kubelet's pod-resources API under its --root-dir."""
         return self.work / "kubelet" / "pod-resources" / "kubelet.sock"
 
-    def start_agent(self) -> None:
+    def _start_agent(self) -> None:
         kubeconfig = self.cp.kubeconfig(
             f"agent-{self.name}", token=self.cp.token("tessera-device-plugin", self.name)
         )
@@ -494,24 +495,39 @@ class Node:
                 "--lease-duration=8",
                 "--health-query-interval=0",
                 "--no-netlink",
+                # the hook's layer, as the DaemonSet gives both: the agent probes it (up:
+                # the library is in place, see install_layer) and publishes it
+                "--isolation=hami-core",
+                f"--hami-core-library={self.hami_core_library}",
             ],
             PYTHON_ENV,
         )
 
     @property
     def hami_core_library(self) -> Path:
-        """A stand-in for HAMi-core's library: the hook mounts and preloads it as it would
-        the real one (the containers' static busybox ignores the preload)."""
+        """A stand-in for HAMi-core's library (tests/e2e/layer.py): the hook mounts and
+        preloads it as it would the real one (the containers' static busybox ignores the
+        preload), and the node agent probes it."""
         return self.work / "vgpu" / "libvgpu.so"
+
+    def install_layer(self, devices: Path | None = None) -> None:
+        """The stand-in library put in place by tessera's installer, as the hook's init
+        container does: on the host and, where the hook looks, under its device root."""
+        image = layer.stand_in_image(self.work / "hami-core-image")
+        lib = str(self.hami_core_library)
+        for root in (Path("/"), *([devices] if devices is not None else [])):
+            layer.install(image, root, lib)
+
+    def start_agent(self) -> None:
+        self.install_layer()  # before the agent's first probe
+        self._start_agent()
 
     def start_hook(self, devices: Path) -> None:
         # the shipped layer: runc must take the hook's mounts (the library, read-only, and a
         # tmpfs for its region) from the real containerd; the library must be on the host
         # and, where the hook looks, under its device root
         lib = self.hami_core_library
-        for path in (lib, devices / str(lib).lstrip("/")):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"")
+        self.install_layer(devices)
         self._spawn(
             "nri-hook",
             [

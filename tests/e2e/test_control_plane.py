@@ -27,10 +27,17 @@ import yaml
 from kube_edge.client import pod_path
 from kube_edge.errors import ApiError
 from tessera import resources as rn
-from tests.e2e import binaries
+from tests.e2e import binaries, layer
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
-from tests.e2e.conftest import NODES
-from tests.e2e.controlplane import ADMIN_TOKEN, ROOT, ControlPlane, keyring, wait_for
+from tests.e2e.conftest import NODES, TOPOLOGY
+from tests.e2e.controlplane import (
+    ADMIN_TOKEN,
+    ROOT,
+    ControlPlane,
+    keyring,
+    topology_for,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 binaries.skip_module_unless(*binaries.CONTROL_PLANE)
@@ -387,6 +394,95 @@ def _all_records(cp: ControlPlane) -> tuple[list[Any], list[str]]:
         if rn.ALLOCATION_ANNOTATION in (obj["metadata"].get("annotations") or {}):
             allocs.append(P.record(obj, keys))
     return allocs, unbound
+
+
+LAYER_NODE = "e2e-layer"
+LAYER_DOWN = (
+    "isolation layer hami-core is down: the HAMi-core library /usr/local/vgpu/libvgpu.so is missing"
+)
+
+
+def _isolation(cp: ControlPlane, node: str) -> dict[str, Any] | None:
+    with contextlib.suppress(ApiError):  # not published yet
+        got = cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node}")
+        return (got.get("spec") or {}).get("isolation")
+    return None
+
+
+def test_a_node_whose_layer_is_down_takes_whole_gpus_and_no_share_until_it_is_up(
+    control_plane: ControlPlane,
+) -> None:
+    """A node agent that reports the HAMi-core layer down (no library under its host
+    root): a share pinned there waits Pending with the layer's reason, a whole GPU binds
+    there, the Node is labelled with its layer; once tessera's installer puts the library
+    in place the agent reports it up and a share binds there. The node leaves the cluster
+    afterwards (the later cases count the cluster's GPUs)."""
+    cp = control_plane
+    host = cp.work / "layer-host"  # the node's host files, as the DaemonSet's /host
+    host.mkdir()
+    agent = cp.add_node(
+        LAYER_NODE,
+        topology_for(LAYER_NODE, TOPOLOGY, cp.work),
+        agent_args=["--isolation=hami-core", f"--host-root={host}", "--health-query-interval=1"],
+    )
+    names = ["layer-share", "layer-whole", "layer-share-later"]
+    try:
+        down = wait_for(lambda: _isolation(cp, LAYER_NODE), 60, "the layer in the inventory")
+        assert down["layer"] == "hami-core" and down["up"] is False, down
+        assert f"isolation layer hami-core is down: {down['reason']}" == LAYER_DOWN, down
+        label = wait_for(
+            lambda: (
+                cp.admin.get(f"/api/v1/nodes/{LAYER_NODE}")["metadata"]
+                .get("labels", {})
+                .get(rn.ISOLATION_LABEL)
+            ),
+            60,
+            "the node's isolation label",
+        )
+        assert label == "hami-core"
+        cp.admin.create(pod_path(P.NS), _pinned_here(names[0], LAYER_NODE, {rn.GPU: "30"}))
+        cp.admin.create(pod_path(P.NS), _pinned_here(names[1], LAYER_NODE, {rn.GPU: "100"}))
+        whole = _wait_bound(cp, names[1])
+        assert whole["spec"]["nodeName"] == LAYER_NODE
+        (grant,) = P.record(whole, keyring(cp.integrity_dir)).containers[0].gpus
+        assert grant.core == 100
+        message = wait_for(
+            functools.partial(_reason_naming, cp, names[0], LAYER_DOWN),
+            BIND_TIMEOUT,
+            "the share Pending with the layer's reason",
+        )
+        assert f"tessera: {LAYER_DOWN}" in message, message
+        events = cp.admin.list(f"/api/v1/namespaces/{P.NS}/events").get("items") or []
+        assert any(
+            (e.get("involvedObject") or {}).get("name") == names[0]
+            and LAYER_DOWN in (e.get("message") or "")
+            for e in events
+        ), [e.get("message") for e in events][-10:]
+        assert P.bound(cp.admin, names[0]) is None
+
+        # tessera's installer puts the layer in place; the agent finds it at its next probe
+        layer.install(layer.stand_in_image(cp.work / "hami-core-image"), host)
+        up = wait_for(
+            lambda: (got := _isolation(cp, LAYER_NODE)) and got["up"] and got,
+            60,
+            "the layer reported up",
+        )
+        assert up["version"] == layer.STAND_IN_VERSION and up["reason"] == ""
+        cp.admin.create(pod_path(P.NS), _pinned_here(names[2], LAYER_NODE, {rn.GPU: "30"}))
+        later = _wait_bound(cp, names[2])
+        (share,) = P.record(later, keyring(cp.integrity_dir)).containers[0].gpus
+        assert later["spec"]["nodeName"] == LAYER_NODE and share.core == 30
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiError):
+                P.delete_now(cp.admin, name)
+        agent.stop()
+        for path in (
+            f"/apis/tessera.dev/v1alpha1/nodedevices/{LAYER_NODE}",
+            f"/api/v1/nodes/{LAYER_NODE}",
+        ):
+            with contextlib.suppress(ApiError):
+                cp.admin.request("DELETE", path)
 
 
 def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> None:

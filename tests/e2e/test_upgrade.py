@@ -119,9 +119,7 @@ def cluster() -> Iterator[Cluster]:
         previous = U.previous_release(work)
         node = Node.h100(cp, NODE, binaries.containerd_releases()[-1], BUSYBOX)
         devices = device_root(node.work / "host", gpus=8, uverbs=36)
-        for path in (node.hami_core_library, devices / str(node.hami_core_library).lstrip("/")):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"")  # a stand-in for HAMi-core's library, as node.py makes it
+        node.install_layer(devices)  # a stand-in for HAMi-core's library, as node.py has it
         node.start_containerd()
         node.import_image()
         node.start_kubelet()
@@ -293,9 +291,15 @@ def run_agent(c: Cluster, release: U.Release) -> None:
         n.procs["agent"].stop()
     agent = U.container(cp, "DaemonSet", "tessera-device-plugin", "agent")
     kubeconfig = cp.kubeconfig(f"agent-{n.name}", token=cp.token("tessera-device-plugin", n.name))
+    layer: dict[str, str | None] = {}
+    if any(a.split("=", 1)[0] == "--host-root" for a in agent["args"]):
+        # a release that probes the layer: the stand-in library the hook is given, where
+        # it lies on this host (up; a layer found down would take no GPU share)
+        layer = {"--host-root": "/", "--hami-core-library": str(n.hami_core_library)}
     args = U.with_flags(
         agent["args"],
         {
+            **layer,
             "--backend": "fake",
             "--topology": str(n.topology),
             "--proc-root": "/proc",
