@@ -57,16 +57,21 @@ def _bound(name: str, node: str, topology: str, gpus: range) -> dict[str, Any]:
     }
 
 
-def test_the_explain_example_is_what_explain_prints() -> None:
-    (example,) = re.findall(r"```\n(Pod ml/train: .*?)```", DOC, re.S)
-    pod = {
-        "metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"},
+def _pending(name: str, resource: str, amount: str) -> dict[str, Any]:
+    """A pending pod of tessera's scheduler in namespace ml, asking `amount` of `resource`."""
+    return {
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}"},
         "spec": {
             "schedulerName": "tessera",
-            "containers": [{"name": "main", "resources": {"limits": {rn.GPU: "400"}}}],
+            "containers": [{"name": "main", "resources": {"limits": {resource: amount}}}],
         },
         "status": {"phase": "Pending"},
     }
+
+
+def test_the_explain_example_is_what_explain_prints() -> None:
+    (example,) = re.findall(r"```\n(Pod ml/train: .*?)```", DOC, re.S)
+    pod = _pending("train", rn.GPU, "400")
     nodes = [nodedevices("h100", "h100-sxm-8x"), nodedevices("t4", "t4-4x")]
     held = [_bound("a", "h100", "h100-sxm-8x", range(6)), _bound("b", "t4", "t4-4x", range(1))]
     leases = [heartbeat_lease("h100"), heartbeat_lease("t4")]
@@ -180,14 +185,7 @@ def test_the_fail_closed_gate_and_its_refusals_are_quoted_as_written(tmp_path: P
 
 
 def test_the_layer_down_reason_is_what_explain_prints() -> None:
-    pod = {
-        "metadata": {"name": "tune", "namespace": "ml", "uid": "uid-tune"},
-        "spec": {
-            "schedulerName": "tessera",
-            "containers": [{"name": "main", "resources": {"limits": {rn.GPU: "30"}}}],
-        },
-        "status": {"phase": "Pending"},
-    }
+    pod = _pending("tune", rn.GPU, "30")
     node = nodedevices("t4", "t4-4x")
     node["spec"]["isolation"] = {"layer": "hami-core", "up": False, "reason": "gone"}
     got = explain(pod, [node], [], [heartbeat_lease("t4")], time.time(), policy=rn.DEFAULT_POLICY)
