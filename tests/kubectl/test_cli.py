@@ -514,7 +514,10 @@ def test_nodes_show_each_layer_and_why_a_node_takes_no_shares(
     refusal = f"isolation layer mps is down: {LAYER_DOWN['reason']}"
     with scheduling(fake, (pod("w", {rn.GPU: 100}), "down")) as served:  # whole GPUs: placed
         status_written(fake, "down", lambda s: s and s["gpus"][0]["core"]["used"] == 100)
-        assert served.node_summary("down")["shareProblem"] == refusal
+        # the scheduler's own words, in the NodeDevices status it writes
+        status_written(fake, "down", lambda s: s["shareProblem"] == refusal)
+        status_written(fake, "up", lambda s: s and s["isolation"] == LAYER_UP)
+        assert "shareProblem" not in fake.get("nodedevices", "up")["status"]["allocation"]
         rows = {r["node"]: r for r in run_json(capsys, "nodes", "--kubeconfig", kubeconfig)}
         code, out, _ = run(capsys, "nodes", "--kubeconfig", kubeconfig)
         one_code, one, _ = run(capsys, "nodes", "down", "--kubeconfig", kubeconfig)
