@@ -156,9 +156,19 @@ def _serving_tls(folder: Path) -> tuple[ssl.SSLContext, Path]:
     return tls, ca.path
 
 
-def _rss_with_inventory(in_pod: bool) -> float:
+def can_run_in_a_pod() -> bool:
+    return _can_run_in_a_pod()
+
+
+def rss_with_inventory(in_pod: bool, extra: tuple[str, ...] = ()) -> float:
     """The agent's RSS after it published its inventory and sent a few heartbeats: with the
-    service account and HTTPS a pod gets (`in_pod`), else with a kubeconfig."""
+    service account and HTTPS a pod gets (`in_pod`), else with a kubeconfig; `extra`
+    flags as well."""
+    return _rss_with_inventory(in_pod, extra)
+
+
+def _rss_with_inventory(in_pod: bool, extra: tuple[str, ...] = ()) -> float:
+    """See `rss_with_inventory`."""
     with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp:
         folder = Path(tmp)
         tls, ca = _serving_tls(folder / "pki") if in_pod else (None, None)
@@ -170,7 +180,7 @@ def _rss_with_inventory(in_pod: bool) -> float:
             # the verification keys the DaemonSet mounts: the agent then loads what it needs
             # to follow records in GetPreferredAllocation, as it does on a node
             keys = write_public(Keyring.generate("bench"), folder / "record-keys")
-            flags = ["--heartbeat-interval", "1", f"--integrity-key-file={keys}"]
+            flags = ["--heartbeat-interval", "1", f"--integrity-key-file={keys}", *extra]
             if in_pod:
                 assert ca is not None
                 account = folder / "serviceaccount"

@@ -4,7 +4,8 @@ Threads (all daemons, all stopped by `stop()`):
 - `health-events`: blocks in the backend's XID event wait (1 s timeout) and marks GPUs;
 - `health-query`: every `query_interval_s` asks each GPU whether it answers and re-reads
   each NIC's port states; GPUs recover after the quiet period, NICs as soon as every port
-  is ACTIVE again;
+  is ACTIVE again; and probes the node's GPU isolation layer (tessera_edge.layer_probe),
+  which the inventory carries as `isolation`;
 - the plugin manager's watcher and registration threads (server.py);
 - `inventory`: writes the NodeDevices object and labels when the inventory changed (and
   re-checks them every `resync_interval_s`), and renews the heartbeat Lease, which carries
@@ -45,11 +46,13 @@ from deviceplugin.units import (
 )
 from kube_edge.errors import ApiError
 from tessera.errors import InventoryError
+from tessera.isolation import NodeIsolation
 from tessera.model import NodeInventory
 
 if TYPE_CHECKING:
     from deviceplugin.record_pods import RecordChooser
     from deviceplugin.usage_monitor import UsageMonitor
+    from tessera_edge.layer_probe import LayerProbe
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,8 @@ class Agent:
     """GetPreferredAllocation's record-based choice, if any."""
     usage: UsageMonitor | None = None
     """The usage loop, if on (started and stopped with the agent)."""
+    layer: LayerProbe | None = None
+    """Probes the node's GPU isolation layer (--isolation); None: not reported."""
 
     def __post_init__(self) -> None:
         config = self.config
@@ -95,6 +100,7 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self._base = NodeInventory(config.node_name, memory_unit_mib=config.units.memory_unit_mib)
         self._inventory = self._base
+        self._isolation: NodeIsolation | None = None
         self._units: dict[str, ResourceUnits] = {}
         self.manager: PluginManager | None = None
         self.inventory_error = ""
@@ -119,7 +125,9 @@ class Agent:
         )
         self._gpu_health.track(g.uuid for g in gpus)
         self._nic_states = {n.ibdev: n.port_states for n in nics}
+        layer = self._probe_layer()
         with self._lock:
+            self._set_isolation(layer)
             self._refresh()
         check_limits(self._units, self.config.units.memory_unit_mib)
         log.info(
@@ -151,7 +159,9 @@ class Agent:
             if nic.ibdev in self._nic_unreadable:
                 healthy, reason = False, self._nic_unreadable[nic.ibdev]
             nics.append(replace(nic, port_states=states, healthy=healthy, health_reason=reason))
-        inventory = replace(self._base, gpus=tuple(gpus), nics=tuple(nics))
+        inventory = replace(
+            self._base, gpus=tuple(gpus), nics=tuple(nics), isolation=self._isolation
+        )
         if inventory == self._inventory and self._units:
             return
         self._inventory = inventory
@@ -260,8 +270,10 @@ class Agent:
                     states[nic.ibdev] = self.nic_source.port_states(nic.ibdev)
                 except InventoryError as exc:
                     unreadable[nic.ibdev] = f"ports unreadable: {exc}"
+        layer = self._probe_layer()
         now = self.clock()
         with self._lock:
+            self._set_isolation(layer)
             for uuid, problem in answers.items():
                 if problem is None:
                     if self._gpu_health.observe_ok(uuid, now):
@@ -271,6 +283,39 @@ class Agent:
             self._nic_states.update(states)
             self._nic_unreadable = unreadable
             self._refresh()
+
+    # --- the isolation layer ---------------------------------------------------------------
+
+    def _probe_layer(self) -> NodeIsolation | None:
+        """The layer as probed now (files only: no lock held); a probe that fails is the
+        layer down, saying so."""
+        if self.layer is None:
+            return None
+        try:
+            return self.layer.probe()
+        except Exception as exc:
+            log.exception("probing the isolation layer")
+            return NodeIsolation(
+                self.layer.paths.layer, False, reason=f"the probe failed: {type(exc).__name__}"
+            )
+
+    def _set_isolation(self, found: NodeIsolation | None) -> None:
+        """Keep what the probe found, logging a change. Holds _lock."""
+        if found == self._isolation:
+            return
+        self._isolation = found
+        if found is None:
+            return
+        if not found.up:
+            log.warning(
+                "isolation layer %s is down: %s; no new GPU share is placed on this node",
+                found.layer,
+                found.reason,
+            )
+            return
+        commit = f", commit {found.commit[:12]}" if found.commit else ""
+        version = f" (version {found.version}{commit})" if found.version else ""
+        log.info("isolation layer %s is up%s", found.layer, version)
 
     def _query_loop(self) -> None:
         while not self._stop.wait(self.config.query_interval_s):

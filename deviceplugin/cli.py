@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError, open_backend
@@ -31,7 +28,7 @@ from tessera_cli.paths import (
     check_socket_path,
 )
 from tessera_edge.logs import setup_logging
-from tessera_edge.node_cli import node_parser
+from tessera_edge.node_cli import node_parser, stop_on_signals
 from tessera_edge.threads import name_os_threads
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES
 
@@ -41,6 +38,7 @@ if TYPE_CHECKING:
     from deviceplugin.usage_monitor import UsageMonitor
     from kube_edge.client import KubeClient
     from tessera.record import KeySource
+    from tessera_edge.layer_probe import LayerProbe
 
 log = logging.getLogger("deviceplugin")
 
@@ -171,7 +169,7 @@ def _run(config: DevicePluginConfig) -> int:
             poll_interval_s=config.socket_poll_interval,
             resync_interval_s=config.resync_interval,
         )
-        agent = Agent(agent_config, backend, nics)
+        agent = Agent(agent_config, backend, nics, layer=_layer_probe(config))
         try:
             inventory = agent.discover()
             for resource in units.resources(inventory):
@@ -266,6 +264,23 @@ def _usage_monitor(
     )
 
 
+def _layer_probe(config: DevicePluginConfig) -> LayerProbe | None:
+    """The isolation layer's probe, when --isolation names the layer to report."""
+    if config.isolation is None:
+        return None
+    from tessera_edge.layer_probe import LayerPaths, LayerProbe
+
+    return LayerProbe(
+        LayerPaths(
+            config.isolation,
+            config.hami_core_library,
+            config.mps_pipe_dir,
+            root=config.host_root,
+            proc_root=config.proc_root,
+        )
+    )
+
+
 def _record_keys(config: DevicePluginConfig) -> KeySource | None:
     """The record keys (public), read once for everything that verifies records; None, with
     one warning, when they cannot be read."""
@@ -319,14 +334,7 @@ def _check_inventory(
 
 
 def _serve(agent: Agent, metrics_port: int = 0, metrics_address: str = "") -> int:
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(log)
     if metrics_port:  # before the kubelet hears of us: a taken port is a usage error
         try:
             serve_metrics(agent_registry(agent), metrics_port, metrics_address)

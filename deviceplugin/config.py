@@ -25,13 +25,15 @@ from deviceplugin.server import (
     DEFAULT_SOCKET_POLL_S,
 )
 from deviceplugin.usage_monitor import DEFAULT_USAGE_INTERVAL_S
+from tessera.isolation import LAYERS
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
     DEFAULT_MEMORY_UNIT_MIB,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import namespace, node_name, non_empty, whole
+from tessera_cli.values import absolute_path, namespace, node_name, non_empty, whole
+from tessera_edge.host_paths import DEFAULT_HAMI_CORE_LIBRARY, MPS_PIPE_DIR
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
@@ -42,6 +44,13 @@ _KUBELET = FlagGroup("kubelet")
 _HEALTH = FlagGroup("health")
 _INVENTORY = FlagGroup("inventory")
 _USAGE = FlagGroup("usage")
+_ISOLATION = FlagGroup(
+    "isolation layer",
+    "What limits GPU shares on this node, as the NRI hook is told (give both the same "
+    "values): probed at start and on every health query, published in the NodeDevices "
+    "object (spec.isolation) and the tessera.dev/isolation label. The scheduler places no "
+    "new GPU share on a node whose layer is down.",
+)
 _OUTPUT = LOGS_AND_METRICS
 
 
@@ -209,6 +218,36 @@ class DevicePluginConfig:
         "the host's /proc, where NVML's process IDs are found (the DaemonSet runs in the "
         "host's PID namespace, so its own /proc is the host's). Default: %(default)s.",
         default="/proc",
+        metavar="DIR",
+    )
+
+    isolation: str | None = _ISOLATION.flag(
+        "the node's GPU isolation layer, as the NRI hook's --isolation: hami-core (the "
+        "library at --hami-core-library, installed whole), mps (a live MPS control daemon "
+        "in --mps-pipe-dir) or none. Default: not reported (the scheduler then treats the "
+        "node as before).",
+        choices=LAYERS,
+        default=None,
+    )
+    hami_core_library: str = _ISOLATION.flag(
+        "host path of HAMi-core's libvgpu.so (its stamp libvgpu.json beside it names the "
+        "version tessera installed). Default: %(default)s.",
+        type=absolute_path,
+        default=DEFAULT_HAMI_CORE_LIBRARY,
+        metavar="PATH",
+    )
+    mps_pipe_dir: str = _ISOLATION.flag(
+        "host directory of the MPS control daemon's pipes and pid file. Default: %(default)s.",
+        type=absolute_path,
+        default=MPS_PIPE_DIR,
+        metavar="DIR",
+    )
+    host_root: str = _ISOLATION.flag(
+        "where the host's files of the layer are visible: the library's and the pipe "
+        "directory's host paths are read under it (the daemon's process in --proc-root). "
+        "Default: %(default)s; /host in the DaemonSet.",
+        type=absolute_path,
+        default="/",
         metavar="DIR",
     )
 

@@ -6,8 +6,8 @@ heartbeat Lease.
   It is written only when the spec differs from what the API server holds (a GET, compare,
   then create or replace with the resourceVersion read; a conflict re-reads and retries).
   `status` belongs to the scheduler and is never written here.
-- Node labels: GPU model, count and memory (MiB), sanitized to valid label values; patched
-  only when they differ.
+- Node labels: GPU model, count and memory (MiB), sanitized to valid label values, and the
+  GPU isolation layer (when the agent reports one); patched only when they differ.
 - Heartbeat: a `coordination.k8s.io/v1` Lease per node agent, renewed every few seconds, so the
   scheduler can tell a live agent from a dead one. It carries the agent's last usage reading
   (which container uses how much of each GPU) as the `tessera.dev/gpu-usage` annotation.
@@ -37,6 +37,7 @@ from tessera.resources import (
     INVENTORY_KIND,
     INVENTORY_PLURAL,
     INVENTORY_VERSION,
+    ISOLATION_LABEL,
     USAGE_ANNOTATION,
 )
 
@@ -110,16 +111,26 @@ def node_labels(
     (--gfd-labels) GPU Feature Discovery's labels too.
 
     The memory label is the smallest GPU's memory in MiB, so `gt` node affinity is safe on
-    a node whose GPUs differ; the model label says `mixed` then.
+    a node whose GPUs differ; the model label says `mixed` then. The isolation label names
+    the layer whether or not it is up (a pod chooses a layer with it; whether the layer is
+    up now is the NodeDevices object's to say), and is removed when none is reported.
     """
     extra = gfd_labels(inventory, gfd) if gfd is not None else {}
+    layer = {ISOLATION_LABEL: inventory.isolation.layer if inventory.isolation else None}
     if not inventory.gpus:
-        return {GPU_MODEL_LABEL: None, GPU_COUNT_LABEL: None, GPU_MEMORY_LABEL: None} | extra
-    return {
-        GPU_MODEL_LABEL: sanitize_label_value(gpu_model(inventory)),
-        GPU_COUNT_LABEL: str(len(inventory.gpus)),
-        GPU_MEMORY_LABEL: str(min(g.memory_mib for g in inventory.gpus)),
-    } | extra
+        gpus: dict[str, str | None] = dict.fromkeys(
+            (GPU_MODEL_LABEL, GPU_COUNT_LABEL, GPU_MEMORY_LABEL)
+        )
+        return gpus | layer | extra
+    return (
+        {
+            GPU_MODEL_LABEL: sanitize_label_value(gpu_model(inventory)),
+            GPU_COUNT_LABEL: str(len(inventory.gpus)),
+            GPU_MEMORY_LABEL: str(min(g.memory_mib for g in inventory.gpus)),
+        }
+        | layer
+        | extra
+    )
 
 
 GFD_PRESENT = "nvidia.com/gpu.present"

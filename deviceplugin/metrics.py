@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from deviceplugin.agent import Agent
     from deviceplugin.usage_monitor import UsageMonitor
+    from tessera.isolation import NodeIsolation
 
 DEFAULT_METRICS_PORT = 9465
 """The agent's metrics port on the node (the DaemonSet runs in the host network); 9400 is
@@ -86,7 +87,14 @@ class AgentCollector(Collector):
         if agent.publisher is not None:
             api_ok.add_metric([node, "inventory"], 0 if agent.inventory_error else 1)
             api_ok.add_metric([node, "heartbeat"], 0 if agent.heartbeat_error else 1)
-        yield from (gpu_info, healthy, memory, nic_healthy, units, skipped, api_ok)
+        registered = _per_node(
+            "tessera_device_plugin_registered",
+            "1 while every resource is registered with the node's kubelet, else 0",
+        )
+        registered.add_metric([node], 1 if agent.manager and agent.manager.registered else 0)
+        yield from (gpu_info, healthy, memory, nic_healthy, units, skipped, api_ok, registered)
+        if inventory.isolation is not None:
+            yield from _isolation_families(node, inventory.isolation)
         if agent.chooser is not None:
             answers = CounterMetricFamily(
                 "tessera_device_plugin_preferred_allocations",
@@ -99,6 +107,24 @@ class AgentCollector(Collector):
             yield answers
         if agent.usage is not None:
             yield from _usage_families(node, agent.usage)
+
+
+def _isolation_families(node: str, layer: NodeIsolation) -> Iterator[GaugeMetricFamily]:
+    """The node's GPU isolation layer: whether it is up, and which build it is."""
+    up = _per_node(
+        "tessera_node_isolation_layer_up",
+        "1 while the node's GPU isolation layer is in place (no new GPU share is placed on "
+        "a node where it is 0; the reason is in its NodeDevices spec.isolation)",
+        ["layer"],
+    )
+    up.add_metric([node, layer.layer], 1 if layer.up else 0)
+    info = _per_node(
+        "tessera_node_isolation_layer_info",
+        "The node's GPU isolation layer and its build (value 1)",
+        ["layer", "version", "commit"],
+    )
+    info.add_metric([node, layer.layer, layer.version, layer.commit], 1)
+    yield from (up, info)
 
 
 _CONTAINER_GPU = ["namespace", "pod", "container", "gpu", "uuid"]

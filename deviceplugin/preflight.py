@@ -24,10 +24,12 @@ from tessera.errors import TesseraError
 from tessera_cli import CliParser, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.paths import check_directory
+from tessera_edge.hami_core import read_install_error
 from tessera_edge.host_paths import (
     DEFAULT_HAMI_CORE_LIBRARY,
     MPS_PIPE_DIR,
     NRI_SOCKET,
+    mps_error_file,
     mps_pid_file,
 )
 from tessera_edge.topology_file import load_topology
@@ -317,19 +319,24 @@ def check_isolation(node: Node, opts: Options) -> Check:
     mps = node.exists(mps_pid_file(opts.mps_pipe_dir))  # the daemon runs, not just its dir
     found = [what for what, present in (("hami-core", hami), ("mps", mps)) if present]
     if opts.isolation == "hami-core" and not hami:
+        failed = read_install_error(str(node.path(opts.hami_core_library)))
         return Check(
             name,
             FAIL,
-            f"HAMi-core library {opts.hami_core_library} is missing",
-            "install HAMi-core there or pass --hami-core-library",
+            f"HAMi-core library {opts.hami_core_library} is missing"
+            + (f" (the last install failed: {failed})" if failed else ""),
+            "tessera's installer puts it there when the NRI hook's pod starts (chart value "
+            "isolation.hamiCore.install); to bring your own, install it there or pass "
+            "--hami-core-library",
         )
     if opts.isolation == "mps" and not mps:
         return Check(
             name,
             FAIL,
             f"the MPS control daemon is not running: no {mps_pid_file(opts.mps_pipe_dir)}",
-            "start nvidia-cuda-mps-control -d on the node with CUDA_MPS_PIPE_DIRECTORY set "
-            "to the pipe directory, or pass --mps-pipe-dir",
+            "tessera's tessera-mps DaemonSet starts it (nriHook.isolation=mps; its log, and "
+            f"{mps_error_file(opts.mps_pipe_dir)} while it cannot, say why), or pass "
+            "--mps-pipe-dir",
         )
     if opts.isolation in ("hami-core", "mps"):
         return Check(name, OK, f"{opts.isolation} present")
@@ -343,8 +350,9 @@ def check_isolation(node: Node, opts: Options) -> Check:
         "NO GPU ISOLATION: fractional GPUs are advertised but neither HAMi-core "
         f"({opts.hami_core_library}) nor a running MPS control daemon ({opts.mps_pipe_dir}) is "
         "present, so pods sharing a GPU are not limited in memory or compute",
-        "install HAMi-core or run the MPS control daemon and give the NRI hook the same "
-        "--isolation (docs/isolation.md)",
+        "install tessera with an isolation layer (hami-core, the default, installs its "
+        "library; mps runs the daemon) and give the NRI hook the same --isolation "
+        "(docs/isolation.md)",
     )
 
 

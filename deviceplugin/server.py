@@ -529,6 +529,14 @@ class PluginManager:
         for server in self.servers.values():
             server.stop(0)
 
+    @property
+    def registered(self) -> bool:
+        """Whether every resource is registered with the kubelet that runs now: its socket
+        is there, and each server serves and has registered since it (re)appeared."""
+        return self._kubelet_id is not None and all(
+            not s.needs_registration and s.socket_alive() for s in self.servers.values()
+        )
+
     def update(self, units_by_resource: Mapping[str, ResourceUnits]) -> list[str]:
         """Install new snapshots; returns the resources whose snapshot changed."""
         changed = []

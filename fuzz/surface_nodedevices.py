@@ -19,6 +19,7 @@ from tessera.boundedjson import JsonLimitError, loads
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.errors import InventoryError
+from tessera.isolation import NodeIsolation
 from tessera.model import NodeInventory
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology
 
@@ -87,6 +88,11 @@ def run(n: int, seed: int) -> Tally:
     rng = random.Random(seed)
     tally = Tally("nodedevices")
     specs = [load_topology(name, "n1").to_dict() for name in BUILTIN_TOPOLOGIES]
+    # the isolation layer as agents report it, up and down, for the mutations to reach
+    specs[0]["isolation"] = NodeIsolation(
+        "hami-core", True, "8f3a89c+tessera.1", "8f3a" * 10
+    ).to_dict()
+    specs[-1]["isolation"] = NodeIsolation("mps", False, reason="no daemon").to_dict()
     raw_specs = [json.dumps(s).encode() for s in specs]
     for _ in range(n):
         i = rng.randrange(len(specs))

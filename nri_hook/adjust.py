@@ -23,14 +23,15 @@ from typing import Final, Protocol
 from nri_hook.errors import RejectError, status_of
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.errors import IntegrityError, RecordError, RecordMismatchError
+from tessera.isolation import LAYER_HAMI_CORE, LAYER_MPS, LAYER_NONE, LAYERS
 from tessera.record import Keyring, decode
 from tessera_edge.host_paths import MPS_PIPE_DIR, NRI_GATE_DESTINATION, mps_pid_file
 from tessera_ttrpc import Code
 
-ISOLATION_NONE: Final = "none"
-ISOLATION_MPS: Final = "mps"
-ISOLATION_HAMI_CORE: Final = "hami-core"
-ISOLATION_LAYERS: Final = (ISOLATION_NONE, ISOLATION_MPS, ISOLATION_HAMI_CORE)
+ISOLATION_NONE: Final = LAYER_NONE
+ISOLATION_MPS: Final = LAYER_MPS
+ISOLATION_HAMI_CORE: Final = LAYER_HAMI_CORE
+ISOLATION_LAYERS: Final = LAYERS
 
 NVIDIA_CONTROL_DEVICE: Final = "/dev/nvidiactl"
 """Present wherever the NVIDIA driver is loaded."""
@@ -113,6 +114,10 @@ class Adjustment:
     """RDMA devices given, as "ibdev" or "ibdev/vf-ibdev" (for logs)."""
     shares: int = 0
     """GPUs given only in part (compute share below 100): what an isolation layer limits."""
+    without_layer: str = ""
+    """Why a container given only whole GPUs runs without the isolation layer (the layer
+    is not on the node, or cannot serve it); empty when the layer applies. Whole GPUs need
+    no limit, so they are given anyway; a container with a share is refused instead."""
     ungate: bool = False
     """Remove the fail-closed gate mount (`NRI_GATE_DESTINATION`) the node agent put in."""
 
@@ -150,12 +155,26 @@ class Settings:
     hami_core_library: str = ""
     """Host path of HAMi-core's libvgpu.so to mount and preload; empty: the image or the
     node provides it."""
+    mps_client_uid: int | None = 0
+    """The Linux user MPS serves (--mps-client-user); None: every user (the daemon runs in
+    multi-user mode)."""
 
     def __post_init__(self) -> None:
         if self.isolation not in ISOLATION_LAYERS:
             raise ValueError(
                 f"unknown isolation layer {self.isolation!r} (one of {', '.join(ISOLATION_LAYERS)})"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerUser:
+    """Who a container's processes run as, as the runtime tells the hook (NRI's
+    Container.user, API 0.11 and later; older runtimes do not say)."""
+
+    uid: int
+    own_user_namespace: bool = False
+    """The pod has a user namespace of its own (hostUsers: false): outside it, where MPS
+    looks, the container's uid is another one."""
 
 
 class HostView(Protocol):
@@ -221,22 +240,36 @@ def _clip(text: str) -> str:
 
 
 def plan_container(
-    alloc: PodAllocation, container: str, settings: Settings, host: HostView
+    alloc: PodAllocation,
+    container: str,
+    settings: Settings,
+    host: HostView,
+    user: ContainerUser | None = None,
 ) -> Adjustment | None:
-    """The adjustment for `container`; None when the record does not name it.
+    """The adjustment for `container`; None when the record does not name it. `user` is
+    who its processes run as, when the runtime said.
 
-    Raises RejectError when the record names a device this host does not have.
+    Raises RejectError when the record names a device this host does not have, or gives
+    the container part of a GPU that the isolation layer cannot limit for it.
     """
     for i, entry in enumerate(alloc.containers):
         if entry.name == container:
-            return _plan(entry, f"record.containers[{i}]", settings, host)
+            return _plan(entry, f"record.containers[{i}]", settings, host, user)
     return None
 
 
-def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: HostView) -> Adjustment:
+def _plan(
+    entry: ContainerAllocation,
+    where: str,
+    settings: Settings,
+    host: HostView,
+    user: ContainerUser | None,
+) -> Adjustment:
     devices: dict[str, DeviceNode] = {}
     env: list[tuple[str, str]] = []
     mounts: list[Mount] = []
+    shares = sum(1 for g in entry.gpus if g.core < 100)
+    without_layer = ""
 
     def need(path: str, what: str) -> None:
         node = host.device(path)
@@ -268,18 +301,21 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
                     )
             need(gpu_device_path(gpu.minor), what)
         env.append((VISIBLE_DEVICES_ENV, ",".join(g.uuid for g in entry.gpus)))
-        iso_env, iso_mounts = isolation_env(entry.gpus, settings)
-        for path, what in _layer_evidence(settings):
-            # Checked here so that a node without the layer refuses the container saying
-            # so, rather than with the runtime's bare "no such file or directory", or (an
-            # MPS client that finds no daemon runs without MPS) with its share unlimited.
-            if not host.exists(path):
-                raise RejectError(
-                    CODE_FAILED_PRECONDITION,
-                    f"{where}.gpus: isolation layer {settings.isolation}: {what}",
-                )
-        env.extend(iso_env)
-        mounts.extend(iso_mounts)
+        problem = _layer_problem(settings, host, user)
+        if problem is None:
+            iso_env, iso_mounts = isolation_env(entry.gpus, settings)
+            env.extend(iso_env)
+            mounts.extend(iso_mounts)
+        elif shares:
+            # Refused here, saying why, rather than with the runtime's bare "no such file
+            # or directory", or with the share unlimited (an MPS client that finds no
+            # daemon runs without MPS), or waiting for another user's MPS clients to end.
+            raise RejectError(
+                CODE_FAILED_PRECONDITION,
+                f"{where}.gpus: isolation layer {settings.isolation}: {problem}",
+            )
+        else:
+            without_layer = problem  # whole GPUs need no limit: given without the layer
 
     rdma_given: list[str] = []
     if entry.rdma:
@@ -305,8 +341,46 @@ def _plan(entry: ContainerAllocation, where: str, settings: Settings, host: Host
         mounts=tuple(mounts),
         gpus=tuple(g.uuid for g in entry.gpus),
         rdma=tuple(rdma_given),
-        shares=sum(1 for g in entry.gpus if g.core < 100),
+        shares=shares,
+        without_layer=without_layer,
     )
+
+
+def _layer_problem(settings: Settings, host: HostView, user: ContainerUser | None) -> str | None:
+    """Why the layer cannot limit this container's GPUs: its files are not on the node,
+    or (MPS) the container runs as a user the daemon does not serve. None when it can."""
+    for path, what in _layer_evidence(settings):
+        if not host.exists(path):
+            return what
+    if settings.isolation == ISOLATION_MPS:
+        return mps_user_problem(settings.mps_client_uid, user)
+    return None
+
+
+def mps_user_problem(served: int | None, user: ContainerUser | None) -> str | None:
+    """Why MPS cannot serve a container of `user` when it serves uid `served` (None:
+    every user). NVIDIA's control daemon runs one server per Linux user at a time: a
+    client of another user waits, without a word, until every client of the running
+    server has exited. A container whose user the runtime did not tell is let through."""
+    if served is None or user is None:
+        return None
+    fix = (
+        f"run it as uid {served} (securityContext.runAsUser), or let MPS serve every user "
+        "(--mps-client-user=any with the daemon in multi-user mode)"
+    )
+    if user.own_user_namespace:
+        return (
+            "the container has a user namespace of its own (hostUsers: false), so MPS would "
+            f"see it as another user than uid {served}, the one it serves "
+            f"(--mps-client-user); {fix}"
+        )
+    if user.uid != served:
+        return (
+            f"the container runs as uid {user.uid}, but MPS on this node serves uid "
+            f"{served} (--mps-client-user), one user at a time: a client of another user "
+            f"waits until the running clients end; {fix}"
+        )
+    return None
 
 
 def _layer_evidence(settings: Settings) -> list[tuple[str, str]]:

@@ -101,6 +101,7 @@ def check_config(config: NriHookConfig, name: str, index: str) -> Settings:
             isolation=isolation,
             mps_pipe_dir=config.mps_pipe_dir,
             hami_core_library=config.hami_core_library,
+            mps_client_uid=config.mps_client_user,
         )
     except ValueError as exc:
         raise ConfigError("--isolation", str(exc)) from None

@@ -19,7 +19,7 @@ from nri_hook.plugin import (
 )
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE, DEFAULT_NRI_PLUGIN_NAME
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import absolute_path, node_name
+from tessera_cli.values import absolute_path, node_name, whole
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
 DEFAULT_PLUGIN_INDEX = "50"
@@ -32,6 +32,23 @@ _RECORDS = FlagGroup("allocation records")
 _DEVICES = FlagGroup("devices")
 _VF_NETDEVS = FlagGroup("RDMA VF network devices")
 _OUTPUT = LOGS_AND_METRICS
+
+
+MAX_UID: Final = 2**32 - 2
+"""Linux uids are 32 bits; (uid_t)-1 means "no user"."""
+
+
+def _client_user(text: str) -> int | None:
+    """A uid, or 'any' (None): the user MPS serves."""
+    if text.strip().lower() == "any":
+        return None
+    try:
+        return whole(0, MAX_UID)(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}; want a uid or 'any'") from None
+
+
+_client_user.__name__ = "uid"
 
 
 def _vf_prefix(text: str) -> str:
@@ -127,6 +144,18 @@ class NriHookConfig:
         type=absolute_path,
         default=DEFAULT_MPS_PIPE_DIR,
         metavar="DIR",
+    )
+    mps_client_user: int | None = _DEVICES.flag(
+        "with --isolation=mps: the Linux user whose containers MPS serves, a uid or 'any' "
+        "(the daemon in multi-user mode, tessera-isolation mps --multi-user). MPS serves one "
+        "user at a time and a client of another user waits, silently, for the running "
+        "clients to end: a container given part of a GPU that runs as another uid (or in "
+        "a user namespace of its own) is refused saying so; one given whole GPUs runs "
+        "without MPS. Needs the runtime to tell the container's user (NRI API 0.11 and "
+        "later); otherwise it is not checked. Default: %(default)s.",
+        type=_client_user,
+        default=0,
+        metavar="UID|any",
     )
     hami_core_library: str = _DEVICES.flag(
         "host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD (with "

@@ -41,6 +41,7 @@ from nri_hook.adjust import (
     REMOVAL_PREFIX,
     UNGATE_ONLY,
     Adjustment,
+    ContainerUser,
     HostView,
     Settings,
     decode_record,
@@ -245,7 +246,14 @@ class Enforcer(Handler):
         try:
             alloc = self._decode(pod, text)
             plan = open_gate(
-                plan_container(alloc, container.name, self.config.settings, self.host), is_gated
+                plan_container(
+                    alloc,
+                    container.name,
+                    self.config.settings,
+                    self.host,
+                    container_user(container),
+                ),
+                is_gated,
             )
         except RejectError as exc:
             self._invalid(exc.with_context(context), "create")
@@ -272,6 +280,15 @@ class Enforcer(Handler):
         )
         self.injected[container.id] = (pod.id, summary)
         self._count("create", "injected")
+        if plan.without_layer:
+            log.warning(
+                "pod=%s container=%s: whole GPU(s) given without the isolation layer %s: %s",
+                _pod_key(pod),
+                container.name,
+                self.config.settings.isolation,
+                plan.without_layer,
+                extra={"pod": _pod_key(pod), "container": container.name},
+            )
         if plan.shares and self.config.settings.isolation == ISOLATION_NONE:
             # The operator accepted this (--allow-unisolated-sharing); say it every time,
             # since a neighbour on the same GPU can take all its memory.
@@ -628,6 +645,14 @@ class Enforcer(Handler):
                 len(left),
                 ", ".join(sorted(left)[:20]) + (" ..." if len(left) > 20 else ""),
             )
+
+
+def container_user(container: api.Container) -> ContainerUser | None:
+    """Who the container runs as, when the runtime said (NRI API 0.11 and later)."""
+    if not container.HasField("user"):
+        return None
+    own = any(ns.type == "user" for ns in container.linux.namespaces)
+    return ContainerUser(container.user.uid, own_user_namespace=own)
 
 
 def _same_file(path: str, fd: int) -> bool:

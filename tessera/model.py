@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, TypedDict
 
 from tessera.errors import InventoryError
+from tessera.isolation import NodeIsolation, parse_isolation
 from tessera.resources import DEFAULT_MEMORY_UNIT_MIB
 from tessera.sharing import Share, as_is
 
@@ -130,6 +131,9 @@ class NodeInventory:
     nics: tuple[RdmaNic, ...] = ()
     memory_unit_mib: int = DEFAULT_MEMORY_UNIT_MIB
     """Size of one `tessera.dev/gpu-memory` unit on this node."""
+    isolation: NodeIsolation | None = None
+    """The node's GPU isolation layer as its agent last probed it; None when the agent
+    does not report one (unknown: see tessera.isolation)."""
     _gpu_by_uuid: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -166,12 +170,15 @@ class NodeInventory:
 
     def to_dict(self) -> dict[str, Any]:
         uuids = {g.index: g.uuid for g in self.gpus}
-        return {
+        doc: dict[str, Any] = {
             "nodeName": self.node_name,
             "memoryUnitMiB": self.memory_unit_mib,
             "gpus": [_gpu_to_dict(g, uuids) for g in self.gpus],
             "rdma": [_nic_to_dict(n) for n in self.nics],
         }
+        if self.isolation is not None:  # absent, not null: older readers never see the key
+            doc["isolation"] = self.isolation.to_dict()
+        return doc
 
     @classmethod
     def from_dict(
@@ -394,7 +401,8 @@ def _parse_inventory(
     _check_unique(r, "rdma", [n.pci_bus_id for n in nics], "pciBusId")
     vf_minors = [vf.uverbs_minor for n in nics for vf in n.vfs]
     _check_unique(r, "rdma", [n.uverbs_minor for n in nics] + vf_minors, "uverbsMinor")
-    return NodeInventory(name, tuple(gpus), tuple(nics), unit)
+    isolation = parse_isolation(doc.get("isolation"), source, share=share)
+    return NodeInventory(name, tuple(gpus), tuple(nics), unit, isolation)
 
 
 def _parse_nvlinks(

@@ -89,6 +89,9 @@ scheduleTimeoutSeconds."""
 GPU_MODEL_LABEL: Final = f"{DOMAIN}/gpu-model"
 GPU_COUNT_LABEL: Final = f"{DOMAIN}/gpu-count"
 GPU_MEMORY_LABEL: Final = f"{DOMAIN}/gpu-memory-mib"
+ISOLATION_LABEL: Final = f"{DOMAIN}/isolation"
+"""The node's GPU isolation layer (hami-core, mps or none; tessera.isolation), so a pod can
+choose one with a nodeSelector. Whether the layer is up is in the NodeDevices object."""
 
 # --- The node inventory custom resource ----------------------------------------------------
 INVENTORY_GROUP: Final = DOMAIN

@@ -9,6 +9,10 @@ own output flags (`--log-file`, `--print-inventory`, ...) join.
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
+import threading
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from tessera_cli import CliParser
@@ -42,3 +46,17 @@ def node_parser(
     add_log_flags(output)
     add_metrics_flags(output, shipped_metrics_port)
     return parser
+
+
+def stop_on_signals(log: logging.Logger, doing: str = "stopping") -> threading.Event:
+    """An event a node program's main loop waits on: set, and logged (`signal 15:
+    stopping`), on SIGTERM (the kubelet stopping the pod) or SIGINT."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: %s", signum, doing)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return stop

@@ -56,3 +56,26 @@ def test_a_row_written_by_hand_makes_the_check_fail(
     assert gpu_table.main(["--check"]) == 1
     assert gpu_table.main([]) == 0 and gpu_table.main(["--check"]) == 0
     assert "| by hand |" not in page.read_text()
+
+
+def test_a_hami_core_row_names_the_stamped_build(tmp_path: Path) -> None:
+    """A run with the library `make hami-core` built names its version, patch level
+    included, as the GPU check reads it from the stamp."""
+    report = {
+        "environment": {"date": "2030-01-02", "models": ["GPU X"], "driver": "1.2", "cuda": "9"},
+        "hami-core": {"version": "HAMi-core 8f3a89c+tessera.2 (x86_64)"},
+        "sharing": [
+            {
+                "layer": "hami-core",
+                "check": "CUDA graph launches, alone",
+                "share": "30% / 10 GiB",
+                "limit": "<= 30%",
+                "measured": "0.31",
+                "held": True,
+            }
+        ],
+    }
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    (row,) = gpu_table.table([path]).splitlines()[2:]
+    assert "| HAMi-core 8f3a89c+tessera.2 | CUDA graph launches, alone |" in row

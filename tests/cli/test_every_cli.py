@@ -18,6 +18,7 @@ from kubectl_tessera.cli import parser as kubectl_parser
 from nri_hook.cli import build_parser as nri_hook_parser
 from scheduler_plugin.cli import build_parser as scheduler_parser
 from tessera_cli import CliParser, env_name
+from tessera_edge.isolation_cli import build_parser as isolation_parser
 from tessera_edge.keys_cli import _parser as keys_parser
 
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
@@ -27,6 +28,7 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "tessera-node-check": node_check_parser,
     "kubectl-tessera": kubectl_parser,
     "tessera-keys": keys_parser,
+    "tessera-isolation": isolation_parser,
 }
 BIN = Path(sys.executable).parent
 
@@ -77,12 +79,16 @@ def _run(program: str, env: dict[str, str], *argv: str) -> subprocess.CompletedP
         ("tessera-nri-hook", "TESSERA_METRICS_PORT", "70000", "must be 0..65535"),
         ("tessera-nri-hook", "TESSERA_MPS_PIPE_DIR", "relative", "absolute"),
         ("tessera-node-check", "TESSERA_BACKEND", "cuda", "invalid choice"),
+        ("tessera-isolation", "TESSERA_HAMI_CORE_LIBRARY", "libvgpu.so", "absolute"),
+        ("tessera-isolation", "TESSERA_CHECK_INTERVAL", "0", "above 0"),
     ],
 )
 def test_the_console_script_refuses_a_bad_twin_in_one_line(
     program: str, var: str, value: str, says: str
 ) -> None:
-    args = ("nodes",) if program == "kubectl-tessera" else ()
+    args: tuple[str, ...] = ("nodes",) if program == "kubectl-tessera" else ()
+    if program == "tessera-isolation":
+        args = ("mps",) if var == "TESSERA_CHECK_INTERVAL" else ("install",)
     proc = _run(program, {var: value}, *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

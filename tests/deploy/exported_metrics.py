@@ -19,15 +19,22 @@ def _registries() -> dict[str, CollectorRegistry]:
     from deviceplugin.usage_monitor import UsageMonitor
     from nri_hook.enforce import Metrics as HookMetrics
     from scheduler_plugin.metrics import Metrics as SchedulerMetrics
+    from tessera_edge.isolation_cli import mps_registry
+    from tessera_edge.layer_probe import LayerPaths, LayerProbe
+    from tessera_edge.mps_supervisor import MpsSettings, MpsSupervisor
 
     backend = FakeBackend.from_topology("h100-sxm-8x")
     agent = Agent(AgentConfig("node-a"), backend, backend)
+    # as the shipped agent runs: with its isolation layer (here a library it cannot find)
+    agent.layer = LayerProbe(LayerPaths("hami-core", "/nonexistent/libvgpu.so", "/nonexistent"))
     agent.discover()  # reads the fake devices only; nothing is served
     agent.usage = UsageMonitor(backend, agent.gpu_indexes)  # as the shipped agent runs
+    supervisor = MpsSupervisor(MpsSettings(pipe_dir="/nonexistent", log_dir="/nonexistent"))
     return {
         "scheduler": SchedulerMetrics().registry,
         "nri-hook": HookMetrics("node-a").registry,
         "node agent": agent_registry(agent),
+        "MPS supervisor": mps_registry(supervisor, "node-a"),
     }
 
 

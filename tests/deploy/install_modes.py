@@ -115,20 +115,10 @@ def essentials(objs: list[dict[str, Any]]) -> dict[str, Any]:
             source = {k: val for k, val in v.items() if k != "name"}
             volumes[v["name"]] = source
         containers = {}
+        for c in spec.get("initContainers") or []:
+            containers[f"init/{c['name']}"] = _container_essentials(c, volumes)
         for c in spec["containers"]:
-            containers[c["name"]] = {
-                "image": c["image"],
-                "command": c.get("command"),
-                "args": c.get("args"),
-                "ports": sorted((p.get("name"), p["containerPort"]) for p in c.get("ports") or []),
-                "readiness": _probe(c.get("readinessProbe")),
-                "liveness": _probe(c.get("livenessProbe")),
-                "mounts": sorted(
-                    (m["mountPath"], yaml.safe_dump(volumes[m["name"]]))
-                    for m in c.get("volumeMounts") or []
-                ),
-                "securityContext": c.get("securityContext"),
-            }
+            containers[c["name"]] = _container_essentials(c, volumes)
         workload = next(
             o for o in objs if o["metadata"]["name"] == name and "template" in o.get("spec", {})
         )
@@ -159,6 +149,22 @@ def essentials(objs: list[dict[str, Any]]) -> dict[str, Any]:
         elif o["kind"] in ("ServiceAccount", "Namespace", "CustomResourceDefinition"):
             out[key] = True
     return out
+
+
+def _container_essentials(c: dict[str, Any], volumes: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "image": c["image"],
+        "command": c.get("command"),
+        "args": c.get("args"),
+        "ports": sorted((p.get("name"), p["containerPort"]) for p in c.get("ports") or []),
+        "readiness": _probe(c.get("readinessProbe")),
+        "liveness": _probe(c.get("livenessProbe")),
+        "mounts": sorted(
+            (m["mountPath"], bool(m.get("readOnly")), yaml.safe_dump(volumes[m["name"]]))
+            for m in c.get("volumeMounts") or []
+        ),
+        "securityContext": c.get("securityContext"),
+    }
 
 
 def _squeeze(value: Any) -> Any:

@@ -18,13 +18,16 @@ from celpy.adapter import json_to_cel
 from celpy.celtypes import MapType, StringType
 from celpy.evaluation import CELEvalError
 
-from deviceplugin.inventory import GFD_LABELS
+from deviceplugin.inventory import GFD_LABELS, node_labels
+from tessera.isolation import NodeIsolation
+from tessera.model import NodeInventory
 from tessera.resources import (
     ALLOCATION_ANNOTATION,
     DOMAIN,
     HEARTBEAT_LEASE_PREFIX,
     INVENTORY_GROUP,
     INVENTORY_PLURAL,
+    ISOLATION_LABEL,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +144,12 @@ def test_own_node_writes_are_admitted() -> None:
     removed = copy.deepcopy(new)
     del removed["metadata"]["labels"][f"{DOMAIN}/gpu-model"]
     assert admit("nodes", removed, new) is None
+    # the isolation label, as the agent writes every label it owns: node_labels' keys
+    layer = NodeInventory("node-a", isolation=NodeIsolation("mps", False, reason="x"))
+    labelled = copy.deepcopy(removed)
+    labelled["metadata"]["labels"] |= {k: v for k, v in node_labels(layer).items() if v}
+    assert labelled["metadata"]["labels"][ISOLATION_LABEL] == "mps"
+    assert admit("nodes", labelled, removed) is None
 
 
 def test_other_nodes_objects_are_refused() -> None:

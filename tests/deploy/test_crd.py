@@ -15,6 +15,7 @@ from scheduler_plugin.recovery import Holds
 from scheduler_plugin.status_writer import StatusWriter
 from scheduler_plugin.views import PodSeen
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
+from tessera.isolation import LAYERS, MAX_LAYER_REASON_CHARS, MAX_VERSION_CHARS, NodeIsolation
 from tessera.model import NodeInventory
 from tessera_testbed.inventory import inventory_spec
 
@@ -46,6 +47,7 @@ def _version() -> dict[str, Any]:
 def _written_object() -> dict[str, Any]:
     """A NodeDevices as the agent and the scheduler write it, one pod holding a share."""
     spec = inventory_spec("gpu-1", gpus=2, nics=1)
+    spec["isolation"] = NodeIsolation("hami-core", True, "8f3a89c+tessera.1", "8f3a" * 10).to_dict()
     inventory = NodeInventory.from_dict(spec, source="test")
     cache = Cache("binpack")
     cache.upsert_inventory("gpu-1", spec)
@@ -113,3 +115,18 @@ def test_the_status_summary_schema_names_exactly_what_the_writer_writes() -> Non
     assert set(declared) == set(written)
     for key, value in written.items():
         assert isinstance(value, _TYPES[declared[key]["type"]]), key
+
+
+def test_the_isolation_schema_has_the_cores_bounds() -> None:
+    """The API server refuses what the core would refuse for length and kind, so a broken
+    agent's write fails at the server rather than fencing its node later."""
+    schema = _version()["schema"]["openAPIV3Schema"]
+    declared = _schema_at(schema, ".spec.isolation")
+    assert declared["required"] == ["layer", "up"]
+    fields = declared["properties"]
+    assert tuple(sorted(fields["layer"]["enum"])) == tuple(sorted(LAYERS))
+    assert fields["up"]["type"] == "boolean"
+    assert fields["version"]["maxLength"] == fields["commit"]["maxLength"] == MAX_VERSION_CHARS
+    assert fields["reason"]["maxLength"] == MAX_LAYER_REASON_CHARS
+    written = _written_object()["spec"]["isolation"]
+    assert set(written) == set(fields)

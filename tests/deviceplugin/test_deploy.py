@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from deviceplugin.inventory import InventoryConfig, InventoryPublisher, cr_spec
 from deviceplugin.record_pods import RecordChooser
 from kube_edge.client import KubeClient
+from tessera.isolation import NodeIsolation
 from tessera.record import Keyring
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
@@ -62,6 +64,9 @@ def _check(value: Any, schema: dict[str, Any], path: str) -> None:
             assert value >= schema["minimum"], path
     elif kind is not None:
         assert isinstance(value, _TYPES[kind]), f"{path}: want {kind}, got {value!r}"
+    if kind == "string":
+        assert len(value) <= schema.get("maxLength", len(value)), path
+        assert value in schema.get("enum", [value]), path
     if kind == "object":
         for key in schema.get("required", []):
             assert key in value, f"{path}.{key} is required"
@@ -80,6 +85,9 @@ def _check(value: Any, schema: dict[str, Any], path: str) -> None:
 def test_what_the_agent_writes_fits_the_schema(topology: str) -> None:
     inventory = load_topology(topology, "n")
     inventory = inventory.with_gpu_health(inventory.gpus[0].uuid, False, "XID 79")
+    # with --isolation, the layer as the probe reports it, each field used
+    layer = NodeIsolation("hami-core", False, "8f3a89c+tessera.1", "8f3a" * 10, "x" * 256)
+    inventory = replace(inventory, isolation=layer)
     schema = _crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = cr_spec(inventory)
     _check({"spec": spec}, schema, "$")

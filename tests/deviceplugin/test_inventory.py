@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,6 +28,7 @@ from tessera.resources import (
 from tessera_edge.topology_file import load_topology
 from tessera_testbed.apiserver import FakeApiServer
 from tests.deviceplugin.helpers import make_agent, running
+from tests.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -253,29 +253,19 @@ def test_micro_time_format() -> None:
     assert micro_time(1_700_000_000.25) == "2023-11-14T22:13:20.250000Z"
 
 
-def _wait(predicate: Callable[[], T], timeout_s: float = 10.0) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError("condition not met")
-
-
 def test_the_agent_publishes_and_follows_health(apiserver: FakeApiServer, tmp_path: Path) -> None:
     agent, backend = make_agent(tmp_path, "t4-4x", quiet_period_s=600)
     agent.publisher = _publisher(apiserver, Clock())
     with running(agent):
-        _wait(lambda: _cr(apiserver))
-        _wait(lambda: _lease(apiserver))
+        wait_until(lambda: _cr(apiserver))
+        wait_until(lambda: _lease(apiserver))
         backend.inject_xid(backend.gpu(1).uuid, 79)
 
         def three_healthy() -> dict[str, Any] | None:
             o = _cr(apiserver)
             return o if o and o["spec"]["summary"]["healthyGpuCount"] == 3 else None
 
-        obj = _wait(three_healthy)
+        obj = wait_until(three_healthy)
         assert obj is not None
         assert obj["spec"]["gpus"][1]["healthy"] is False
         labels = _labels(apiserver)
@@ -289,7 +279,7 @@ def test_the_agent_retries_after_api_failures(apiserver: FakeApiServer, tmp_path
     apiserver.fail(CR, method="GET", status=500, times=2)
     apiserver.fail(LEASE, method="GET", status=503)
     with running(agent):
-        _wait(lambda: _cr(apiserver))
-        _wait(lambda: _lease(apiserver))
-        _wait(lambda: agent.inventory_error == "" and agent.heartbeat_error == "")
+        wait_until(lambda: _cr(apiserver))
+        wait_until(lambda: _lease(apiserver))
+        wait_until(lambda: agent.inventory_error == "" and agent.heartbeat_error == "")
     assert [m for m, p in apiserver.requests if p == CR].count("GET") >= 3

@@ -216,12 +216,21 @@ def test_missing_isolation_warns_loudly_and_explicit_layers_must_exist(
     assert checks["isolation"]["status"] == "ok"
     code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
     assert code == 1 and "MPS control daemon is not running" in checks["isolation"]["reason"]
+    assert "tessera-mps DaemonSet starts it" in checks["isolation"]["fix"]
     (good_node / "tmp/nvidia-mps").mkdir(parents=True)  # a directory the daemon left behind
     code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
     assert code == 1 and checks["isolation"]["status"] == "fail"
     touch(good_node, "/tmp/nvidia-mps/nvidia-cuda-mps-control.pid", "4242\n")
     code, checks = check(capsys, "--root", str(good_node), "--isolation", "mps", nvml=FakeNvml())
     assert code == 0 and checks["isolation"]["status"] == "ok"
+    # tessera's installer left why it could not install the library: the check says so
+    touch(good_node, "/usr/local/vgpu/libvgpu.install-error", "built for aarch64\n")
+    code, checks = check(
+        capsys, "--root", str(good_node), "--isolation", "hami-core", nvml=FakeNvml()
+    )
+    assert code == 1 and checks["isolation"]["reason"].endswith(
+        "is missing (the last install failed: built for aarch64)"
+    )
 
 
 def test_toolkit_and_cdi_are_information(

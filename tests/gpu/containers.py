@@ -55,15 +55,18 @@ def torch_python() -> str:
     pytest.skip("no interpreter with PyTorch ($TESSERA_CUDA_PYTHON)")
 
 
-def plan(shares: Sequence[Share], settings: Settings, container: str = "main") -> Adjustment:
-    """The NRI plugin's adjustment for a container given `shares`, on this host."""
+def plan(
+    shares: Sequence[Share], settings: Settings, container: str = "main", host: Any = None
+) -> Adjustment:
+    """The NRI plugin's adjustment for a container given `shares`, on this host (or on
+    `host`, a stand-in for its device nodes: tests/gpu/dry_run.py)."""
     grants = tuple(
         GpuGrant(s.gpu.uuid, s.gpu.index, s.gpu.minor, s.core, s.memory_mib) for s in shares
     )
     pod = PodAllocation(
         "uid-1", "team-a", "train", "gpu-check", (ContainerAllocation(container, grants),)
     )
-    adjustment = plan_container(pod, container, settings, HostDevices("/"))
+    adjustment = plan_container(pod, container, settings, host or HostDevices("/"))
     assert adjustment is not None
     return adjustment
 

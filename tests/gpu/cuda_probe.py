@@ -12,7 +12,14 @@ Prints one JSON object (the last line of its output):
   TFLOP/s per one-second window, after --warmup seconds or, with --start-at, from that
   wall-clock time (so that several probes measure the same seconds), holding --hold-mib
   MiB meanwhile (with --fill, the largest buffer found); with --linger, it then keeps its
-  context that many seconds more.
+  context that many seconds more;
+- with --paths graph,cooperative,nosync, the same kind of rate for each other way work
+  reaches the GPU, one after the other (--compute windows each, after --warmup seconds):
+  the loop's four products captured in a CUDA graph and replayed (cudaGraphLaunch), a
+  compute-bound kernel launched cooperatively (CuPy: cuLaunchCooperativeKernel), and the
+  products launched back to back with one synchronisation per window;
+- with --costs SECONDS, what a layer costs a program: tiny kernel launches per second and
+  1 MiB allocate-and-free pairs per second (cudaMalloc/cudaFree), over that many seconds.
 
 The container: --dev-nodes replaces /dev with a fresh read-only tmpfs holding only the
 listed device nodes (as a runtime builds a container's /dev: run as root, the CUDA library
@@ -151,6 +158,123 @@ def compute(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _windows(
+    args: argparse.Namespace, step: Any, flops_per_step: float, sync: Any
+) -> dict[str, Any]:
+    """TFLOP/s per one-second window of `step` (synchronised by `sync` at each window's
+    end, and by `step` itself where it synchronises), after args.warmup seconds of it; and
+    the wall-clock time the windows started (the check samples the clock over them)."""
+    until = time.time() + args.warmup
+    while time.time() < until:
+        step()
+    sync()
+    start = time.time()
+    windows: list[float] = []
+    for _ in range(int(args.compute)):
+        t0 = time.perf_counter()
+        n = 0
+        while time.perf_counter() - t0 < 1.0:
+            step()
+            n += 1
+        sync()
+        windows.append(n * flops_per_step / (time.perf_counter() - t0) / 1e12)
+    return {"tflops": windows, "start": start}
+
+
+COOPERATIVE_KERNEL = r"""
+#include <cooperative_groups.h>
+extern "C" __global__ void spin(float *out, int rounds) {
+    float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.9999f;
+    for (int r = 0; r < rounds; r++) {
+        #pragma unroll 16
+        for (int i = 0; i < 256; i++) { a = a * b + c; c = c * b + a * 1e-7f; }
+    }
+    cooperative_groups::this_grid().sync();  /* only a cooperative launch may do this */
+    if (a + c == 12345.0f) out[blockIdx.x] = a;
+}
+"""
+COOPERATIVE_ROUNDS = 2000
+"""About 2 ms per launch on an H100 or H200 (one 1,024-thread block per SM)."""
+
+
+def paths(torch: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The rate of each other launch path (module docstring), TFLOP/s per window."""
+    a = torch.randn(MATRIX, MATRIX, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(MATRIX, MATRIX, device="cuda", dtype=torch.bfloat16)
+    flops = 2 * MATRIX**3
+    out: dict[str, Any] = {}
+    for path in args.paths.split(","):
+        try:
+            if path == "graph":
+                graph = torch.cuda.CUDAGraph()
+                torch.mm(a, b)
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph):
+                    for _ in range(4):
+                        torch.mm(a, b)
+
+                def replay(graph: Any = graph) -> None:
+                    graph.replay()
+                    torch.cuda.synchronize()
+
+                out[path] = _windows(args, replay, 4 * flops, torch.cuda.synchronize)
+            elif path == "nosync":
+                out[path] = _windows(args, lambda: torch.mm(a, b), flops, torch.cuda.synchronize)
+            elif path == "cooperative":
+                out[path] = _cooperative(args)
+            else:
+                out[path] = {"error": f"unknown path {path}"}
+        except Exception as exc:
+            out[path] = {"error": _error(exc)}
+    return out
+
+
+def _cooperative(args: argparse.Namespace) -> dict[str, Any]:
+    import cupy  # type: ignore[import-not-found]
+
+    kernel = cupy.RawKernel(COOPERATIVE_KERNEL, "spin", enable_cooperative_groups=True)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    out = cupy.zeros(sms, dtype=cupy.float32)
+    threads = 1024
+    flops = sms * threads * COOPERATIVE_ROUNDS * 256 * 4.0  # two FMAs of two flops each
+
+    def launch() -> None:
+        kernel((sms,), (threads,), (out, cupy.int32(COOPERATIVE_ROUNDS)))
+        cupy.cuda.Device().synchronize()
+
+    return _windows(args, launch, flops, cupy.cuda.Device().synchronize)
+
+
+def costs(seconds: float) -> dict[str, Any]:
+    """Tiny kernel launches per second and 1 MiB cudaMalloc/cudaFree pairs per second,
+    through CuPy (its RawKernel launches with cuLaunchKernel; its runtime.malloc is a plain
+    cudaMalloc, where PyTorch's caching allocator would hand back a cached block)."""
+    import cupy
+
+    kernel = cupy.RawKernel('extern "C" __global__ void nop(int *p) {}', "nop")
+    buf = cupy.zeros(1, dtype=cupy.int32)
+
+    def launch() -> None:
+        kernel((1,), (1,), (buf,))
+
+    def alloc() -> None:
+        cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(MIB))
+
+    out: dict[str, Any] = {}
+    for name, step in (("launches_per_s", launch), ("allocations_per_s", alloc)):
+        for _ in range(200):  # warm: the module's load, the first allocation
+            step()
+        cupy.cuda.Device().synchronize()
+        t0, n = time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            for _ in range(100):
+                step()
+            n += 100
+        cupy.cuda.Device().synchronize()
+        out[name] = n / (time.perf_counter() - t0)
+    return out
+
+
 def container(args: argparse.Namespace) -> None:
     """Become the container: namespace set-up, then this probe again with its environment."""
     if args.dev_nodes is not None:
@@ -182,6 +306,8 @@ def main() -> int:
         "--fill", action="store_true", help="with --largest: hold the largest buffer found"
     )
     parser.add_argument("--linger", type=float, default=0.0)
+    parser.add_argument("--paths", default="", help="graph,cooperative,nosync")
+    parser.add_argument("--costs", type=float, default=0.0, metavar="SECONDS")
     args, _ = parser.parse_known_args()
     contained = args.dev_nodes is not None or args.mounts or args.private_tmp or args.env
     if contained and not args.inside:
@@ -217,7 +343,14 @@ def main() -> int:
             out["largest"] = [largest(torch, args.largest, i) for i in range(count)]
             if args.fill:
                 args.hold_mib = out["largest"][0]["largest_mib"]
-        if args.compute:
+        if args.costs:
+            try:
+                out["costs"] = costs(args.costs)
+            except Exception as exc:
+                out["costs"] = {"error": _error(exc)}
+        if args.paths:
+            out["paths"] = paths(torch, args)
+        elif args.compute:
             out["compute"] = compute(torch, args)
         elif args.hold_mib:
             held = torch.empty(args.hold_mib * MIB, dtype=torch.uint8, device="cuda")

@@ -6,17 +6,19 @@ import json
 from collections.abc import Mapping
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nri_hook.adjust import (
     CODE_FAILED_PRECONDITION,
     CODE_INVALID_ARGUMENT,
     CODE_PERMISSION_DENIED,
+    ContainerUser,
     DeviceNode,
     Mount,
     Settings,
     decode_record,
+    mps_user_problem,
     plan_container,
 )
 from nri_hook.errors import RejectError
@@ -306,9 +308,9 @@ def test_hami_core_compute_limits_are_per_gpu() -> None:
 
 def test_hami_core_memory_only_share_and_library() -> None:
     memory_only = GpuGrant(GPU_A.uuid, 0, 0, 0, 4096)
-    settings = Settings(isolation="hami-core", hami_core_library="/usr/local/vgpu/libvgpu.so")
+    hami = Settings(isolation="hami-core", hami_core_library="/usr/local/vgpu/libvgpu.so")
     plan = plan_container(
-        _alloc(ContainerAllocation("m", gpus=(memory_only,))), "m", settings, FULL_HOST
+        _alloc(ContainerAllocation("m", gpus=(memory_only,))), "m", hami, FULL_HOST
     )
     assert plan is not None
     env = _env(plan.env)
@@ -347,6 +349,71 @@ def test_a_node_without_the_isolation_layer_refuses_the_container_saying_so() ->
     # without a library to mount (the image brings it) there is nothing to check
     plan = plan_container(alloc, "main", Settings(isolation="hami-core"), bare)
     assert plan is not None and plan.shares == 1
+
+
+def test_whole_gpus_are_given_without_a_layer_the_node_lacks() -> None:
+    """A down layer must not cost whole-GPU pods their GPUs: they need no limit. They get
+    their devices and none of the layer's environment or mounts (a missing library mounted
+    would fail the container); the plan says why, for the hook's log."""
+    whole = _alloc(ContainerAllocation("main", gpus=(GPU_B,)))
+    bare = FakeHost({"/dev/nvidia3": (195, 3)}, files=frozenset())
+    lib = Settings(isolation="hami-core", hami_core_library="/usr/local/vgpu/libvgpu.so")
+    for layer, why in (
+        (lib, "the HAMi-core library /usr/local/vgpu/libvgpu.so (--hami-core-library) is missing"),
+        (Settings(isolation="mps"), "the MPS control daemon is not running on this node"),
+    ):
+        plan = plan_container(whole, "main", layer, bare)
+        assert plan is not None and plan.shares == 0
+        assert [d.path for d in plan.devices] == ["/dev/nvidia3"]
+        assert _env(plan.env) == {"NVIDIA_VISIBLE_DEVICES": GPU_B.uuid}
+        assert plan.mounts == ()
+        assert plan.without_layer.startswith(why), plan.without_layer
+    # with the layer there, whole GPUs get it as before
+    plan = plan_container(whole, "main", lib, FULL_HOST)
+    assert plan is not None and plan.without_layer == ""
+    assert _env(plan.env)["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
+
+
+def test_mps_refuses_a_share_for_a_user_it_does_not_serve() -> None:
+    share = _alloc(ContainerAllocation("main", gpus=(GPU_A,)))
+    mps = Settings(isolation="mps")  # serves uid 0
+    assert plan_container(share, "main", mps, FULL_HOST, ContainerUser(0)) is not None
+    with pytest.raises(RejectError) as other:
+        plan_container(share, "main", mps, FULL_HOST, ContainerUser(1000))
+    assert other.value.code == CODE_FAILED_PRECONDITION
+    assert other.value.message.startswith(
+        "record.containers[0].gpus: isolation layer mps: the container runs as uid 1000, but "
+        "MPS on this node serves uid 0 (--mps-client-user)"
+    )
+    assert "securityContext.runAsUser" in other.value.message
+    with pytest.raises(RejectError, match="user namespace of its own"):
+        plan_container(share, "main", mps, FULL_HOST, ContainerUser(0, own_user_namespace=True))
+    # a runtime that does not tell the user: not checked
+    assert plan_container(share, "main", mps, FULL_HOST, None) is not None
+    # a daemon serving every user takes everyone
+    anyone = Settings(isolation="mps", mps_client_uid=None)
+    assert plan_container(share, "main", anyone, FULL_HOST, ContainerUser(1000)) is not None
+    served = Settings(isolation="mps", mps_client_uid=1000)
+    assert plan_container(share, "main", served, FULL_HOST, ContainerUser(1000)) is not None
+    # whole GPUs of another user run without MPS instead of waiting for it
+    whole = _alloc(ContainerAllocation("main", gpus=(GPU_B,)))
+    plan = plan_container(whole, "main", mps, FULL_HOST, ContainerUser(1000))
+    assert plan is not None and "CUDA_MPS_PIPE_DIRECTORY" not in _env(plan.env)
+    assert "runs as uid 1000" in plan.without_layer
+    # HAMi-core has no such rule
+    hami = Settings(isolation="hami-core")
+    assert plan_container(share, "main", hami, FULL_HOST, ContainerUser(1000)) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.none() | st.integers(0, 2**32 - 2),
+    st.integers(0, 2**32 - 2),
+    st.booleans(),
+)
+def test_the_mps_user_rule(served: int | None, uid: int, own: bool) -> None:
+    problem = mps_user_problem(served, ContainerUser(uid, own))
+    assert (problem is None) == (served is None or (uid == served and not own))
 
 
 def test_shares_counts_the_gpus_given_in_part() -> None:

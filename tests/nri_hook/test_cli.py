@@ -101,6 +101,17 @@ def test_without_an_isolation_layer_the_hook_refuses_to_start(
     assert check_isolation(config) == "hami-core"
 
 
+def test_the_mps_client_user_is_a_uid_or_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TESSERA_MPS_CLIENT_USER", raising=False)
+    parse = build_parser().parse_args
+    assert parse([]).mps_client_user == 0  # the default: root's containers
+    assert parse(["--mps-client-user", "1000"]).mps_client_user == 1000
+    assert parse(["--mps-client-user", "any"]).mps_client_user is None
+    assert parse(["--mps-client-user", "ANY"]).mps_client_user is None
+    monkeypatch.setenv("TESSERA_MPS_CLIENT_USER", "any")
+    assert parse([]).mps_client_user is None
+
+
 def test_launched_identity_reads_the_runtime_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NRI_PLUGIN_NAME", raising=False)
     monkeypatch.delenv("NRI_PLUGIN_IDX", raising=False)
@@ -209,6 +220,9 @@ def _bad_flag_cases(tmp: Path) -> list[tuple[list[str], dict[str, str], str]]:
         (["--isolation", "vgpu", *ok], {}, "--isolation"),
         (["--mps-pipe-dir", "relative/dir", *ok], {}, "--mps-pipe-dir"),
         (["--hami-core-library", "libvgpu.so", *ok], {}, "--hami-core-library"),
+        (["--mps-client-user", "root", *ok], {}, "--mps-client-user"),
+        (["--mps-client-user", "-1", *ok], {}, "--mps-client-user"),
+        (["--mps-client-user", str(2**32), *ok], {}, "--mps-client-user"),
         (["--vf-rename-prefix", "p" * 20, *ok], {}, "--vf-rename-prefix"),
         (["--vf-rename-prefix", "a/b", *ok], {}, "--vf-rename-prefix"),
         (["--node-name", "Not A Node", *ok], {}, "--node-name"),

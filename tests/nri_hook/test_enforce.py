@@ -214,6 +214,40 @@ def test_isolation_layer_settings_reach_the_container(hook: Hook, device_root: P
     _run(body)
 
 
+def test_mps_users_and_a_missing_layer_reach_the_runtime(hook: Hook, device_root: Path) -> None:
+    """Through containerd's own protocol: a share for a container of another user than MPS
+    serves fails its creation saying why; a whole GPU without the layer runs without it."""
+    (device_root / "run" / "mps").mkdir(parents=True)
+    pid_file = device_root / "run" / "mps" / "nvidia-cuda-mps-control.pid"
+    pid_file.write_text("4242\n")
+
+    async def body() -> None:
+        h = await hook(settings=Settings(isolation="mps", mps_pipe_dir="/run/mps"))
+        pod = _train_pod(
+            record(
+                ContainerAllocation("main", gpus=(GPU0,)), ContainerAllocation("w", gpus=(GPU1,))
+            )
+        )
+        main = make_container(pod, "main")
+        main.user.uid = 1000
+        with pytest.raises(RpcError) as refused:
+            await h.conn.create_container(pod, main)
+        assert refused.value.code == Code.FAILED_PRECONDITION
+        assert "the container runs as uid 1000, but MPS on this node serves uid 0" in str(
+            refused.value
+        )
+        main.user.uid = 0
+        served = await h.conn.create_container(pod, main)
+        assert _env(served)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        pid_file.unlink()  # the daemon went away: the whole GPU still runs, without MPS
+        whole = await h.conn.create_container(pod, make_container(pod, "w"))
+        assert _env(whole) == {"NVIDIA_VISIBLE_DEVICES": GPU1.uuid}
+        assert [d.path for d in whole.adjust.linux.devices][-1] == "/dev/nvidia1"
+        await h.close()
+
+    _run(body)
+
+
 @pytest.mark.parametrize(
     ("annotation", "code", "words"),
     [

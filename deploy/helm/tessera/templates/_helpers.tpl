@@ -44,6 +44,7 @@ chosen twice, as the hook itself demands. */}}
 {{- else if eq $hook.isolation "mps" -}}
 - --isolation=mps
 - --mps-pipe-dir={{ $hook.mpsPipeDir }}
+- --mps-client-user={{ .Values.isolation.mps.clientUser }}
 {{- else if eq $hook.isolation "none" -}}
 {{- if not $hook.allowUnisolatedSharing -}}
 {{- fail "nriHook.isolation=none leaves GPU shares unlimited in memory and compute: choose hami-core or mps, or also set nriHook.allowUnisolatedSharing=true" -}}
@@ -52,6 +53,25 @@ chosen twice, as the hook itself demands. */}}
 - --allow-unisolated-sharing
 {{- else -}}
 {{- fail (printf "nriHook.isolation must be hami-core, mps or none, not %q" $hook.isolation) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The node agent's isolation flags: the same layer and paths as the hook's. */}}
+{{- define "tessera.agentIsolationArgs" -}}
+{{- $hook := .Values.nriHook -}}
+- --isolation={{ $hook.isolation }}
+{{- if eq $hook.isolation "hami-core" }}
+- --hami-core-library={{ $hook.hamiCoreLibrary }}
+{{- else if eq $hook.isolation "mps" }}
+- --mps-pipe-dir={{ $hook.mpsPipeDir }}
+{{- end }}
+- --host-root=/host
+{{- end -}}
+
+{{/* Whether the NRI hook's pod installs HAMi-core's library from the image first. */}}
+{{- define "tessera.installsHamiCore" -}}
+{{- if and (eq .Values.nriHook.isolation "hami-core") .Values.nriHook.hamiCoreLibrary .Values.isolation.hamiCore.install -}}
+true
 {{- end -}}
 {{- end -}}
 
