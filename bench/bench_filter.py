@@ -42,7 +42,7 @@ GIB = 1024
 def cluster(nodes: int = NODES) -> Any:
     """A Cache with `nodes` half-full 8x H100 nodes under the default policy."""
     from bench.bench_scheduler import half_full_cache
-    from scheduler_plugin.cache import Cache
+    from scheduler_plugin.state.cache import Cache
     from tessera.resources import DEFAULT_POLICY
 
     return half_full_cache(nodes, cache=Cache(DEFAULT_POLICY, require_heartbeat=True))
@@ -96,9 +96,9 @@ def measure(
 ) -> tuple[list[float], list[float], list[str]]:
     """(thread CPU ms, wall ms, answered node) of each counted filter call with `names`
     node names; `around` (a profiler's `runcall`) makes each timed call when given."""
-    from scheduler_plugin.extender import Extender
-    from scheduler_plugin.metrics import Metrics
-    from scheduler_plugin.views import Assumed
+    from scheduler_plugin.decisions.extender import Extender
+    from scheduler_plugin.state.values import Assumed
+    from scheduler_plugin.views.metrics import Metrics
 
     metrics = Metrics()
     metrics.attach(cache)
@@ -129,13 +129,13 @@ def measure(
         meta = body["Pod"]["metadata"]
         request = extender.remembered(meta["uid"])
         if chosen and request is not None:
-            outcome = cache.assume(request, chosen[0])
+            outcome = cache.pods.assume(request, chosen[0])
             if isinstance(outcome, Assumed):
-                cache.bind(meta["uid"])
+                cache.pods.bind(meta["uid"])
                 placed.append((meta["uid"], f"default/{meta['name']}"))
         extender.forget(meta["uid"])
         if placed and rng.random() < 0.9:
-            cache.pod_deleted(*placed.pop(rng.randrange(len(placed))))
+            cache.pods.deleted(*placed.pop(rng.randrange(len(placed))))
     return cpu, wall, answers
 
 
@@ -145,9 +145,9 @@ def scale_pattern(cache: Any, pods: int) -> dict[str, list[float]]:
     moves on by about 500 names from pod to pod (kube-scheduler starts where the last
     search stopped), each answer bound, nothing deleted (as in a round)."""
     from bench.scale_common import SHAPES
-    from scheduler_plugin.extender import Extender
-    from scheduler_plugin.metrics import Metrics
-    from scheduler_plugin.views import Assumed
+    from scheduler_plugin.decisions.extender import Extender
+    from scheduler_plugin.state.values import Assumed
+    from scheduler_plugin.views.metrics import Metrics
 
     metrics = Metrics()
     metrics.attach(cache)
@@ -172,8 +172,12 @@ def scale_pattern(cache: Any, pods: int) -> dict[str, list[float]]:
         meta = body["Pod"]["metadata"]
         request = extender.remembered(meta["uid"])
         chosen = reply["NodeNames"]
-        if chosen and request is not None and isinstance(cache.assume(request, chosen[0]), Assumed):
-            cache.bind(meta["uid"])
+        if (
+            chosen
+            and request is not None
+            and isinstance(cache.pods.assume(request, chosen[0]), Assumed)
+        ):
+            cache.pods.bind(meta["uid"])
         extender.forget(meta["uid"])
     return out
 

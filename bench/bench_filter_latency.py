@@ -131,15 +131,15 @@ def requests(every: list[str], names: int, calls: int, seed: int) -> list[str]:
 def bind_answers(service: Any) -> None:
     """Make `service` bind each filter's answered node right after the answer is written
     (the serving loop's next turn), as kube-scheduler's bind call would soon after."""
-    from scheduler_plugin.views import Assumed
+    from scheduler_plugin.state.values import Assumed
 
     extender, cache = service.extender, service.cache
     filter_call = extender.filter
 
     def bind(uid: str, node: str) -> None:
         request = extender.remembered(uid)
-        if request is not None and isinstance(cache.assume(request, node), Assumed):
-            cache.bind(uid)
+        if request is not None and isinstance(cache.pods.assume(request, node), Assumed):
+            cache.pods.bind(uid)
         extender.forget(uid)
 
     def filter_then_bind(args: Any) -> Any:

@@ -20,16 +20,16 @@ import time
 from typing import Any
 
 from bench.common import BenchContext, Result, percentile
-from scheduler_plugin.binder import BindArgs, Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import (
+from scheduler_plugin.decisions.binder import BindArgs, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     NodeHandler,
 )
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.inventory import nodedevices
@@ -91,7 +91,7 @@ class _Cluster:
         args = BindArgs(name, "bench", obj["metadata"]["uid"], node).to_json()
         result = self.binder.bind(args)
         assert result == {"Error": ""}, result
-        self.cache.pod_deleted(obj["metadata"]["uid"], f"bench/{name}")  # keep the load steady
+        self.cache.pods.deleted(obj["metadata"]["uid"], f"bench/{name}")  # keep the load steady
 
     def create(self, obj: dict[str, Any]) -> None:
         self.api.pods[obj["metadata"]["name"]] = obj

@@ -62,7 +62,7 @@ class _Sink:
     def __init__(self) -> None:
         self.writes = 0
 
-    def merge_patch(self, path: str, patch: Any) -> dict[str, Any]:
+    def merge_patch(self, path: str, patch: Any, *, answer: bool = True) -> dict[str, Any]:
         self.writes += 1
         return {}
 

@@ -112,7 +112,7 @@ class Cycles:
         if status != 200 or reply["Error"]:
             raise RuntimeError(f"bind: {status} {reply}")
         cache = self.service.cache
-        self._wait(lambda: uid not in cache.assumed(), "the watch to confirm the bind")
+        self._wait(lambda: uid not in cache.pods.assumed(), "the watch to confirm the bind")
         path = pod_path(NAMESPACE, name)
         for phase in ("Running", "Succeeded"):
             state = "running" if phase == "Running" else "terminated"
@@ -126,7 +126,7 @@ class Cycles:
                 },
             )
         self.api.request("DELETE", path)
-        self._wait(lambda: cache.allocation(uid) is None, "the scheduler to release the pod")
+        self._wait(lambda: cache.pods.allocation(uid) is None, "the scheduler to release the pod")
 
 
 def measure(cycles: int, warmup: int, top: int = 0, policy: str = DEFAULT_POLICY) -> dict[str, Any]:

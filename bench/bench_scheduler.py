@@ -104,9 +104,8 @@ def create_signed_pods(client: Any, nodes: list[str], per_node: int, keyring: An
 def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
     """A Cache (`cache`, or a new one) with `nodes` 8-GPU nodes, about half of the GPU
     capacity allocated in a mix of whole GPUs and shares."""
-    from scheduler_plugin.cache import Cache
-    from scheduler_plugin.recovery import Holds
-    from scheduler_plugin.views import PodSeen
+    from scheduler_plugin.state.cache import Cache
+    from scheduler_plugin.state.values import Holds, PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
     from tessera_testbed.inventory import heartbeat_lease
 
@@ -115,8 +114,8 @@ def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
         cache = Cache("binpack", require_heartbeat=True)
     for n in range(nodes):
         name = f"node-{n:05d}"
-        cache.upsert_inventory(name, node_spec(name))
-        cache.lease_seen(heartbeat_lease(name))
+        cache.nodes.upsert(name, node_spec(name))
+        cache.leases.seen(heartbeat_lease(name))
         used = 0.0
         slot = 0
         pod_no = 0
@@ -135,7 +134,7 @@ def half_full_cache(nodes: int, seed: int = 1, cache: Any = None) -> Any:
             alloc = PodAllocation(
                 uid, "default", pod_name, name, (ContainerAllocation("main", grants),)
             )
-            cache.pod_observed(PodSeen(uid, "default", pod_name, name), Holds(alloc))
+            cache.pods.observed(PodSeen(uid, "default", pod_name, name), Holds(alloc))
     return cache
 
 
@@ -307,7 +306,7 @@ def fake_api() -> AbstractContextManager[str]:
 def bind_rate(binds: int, nodes: int = 50, workers: int = 8) -> tuple[float, float]:
     """(binds per CPU-second of this process, binds per wall-clock second)."""
     from kube_edge.client import KubeClient, lease_path
-    from scheduler_plugin.binder import BindArgs
+    from scheduler_plugin.decisions.binder import BindArgs
     from scheduler_plugin.service import Options, Service
     from tessera import resources as rn
     from tessera.record import Keyring

@@ -40,7 +40,7 @@ def _pixel(browser: Browser, node: str, gpu: int) -> tuple[int, ...]:
 def _free_gpus(cluster: PageCluster, count: int) -> list[str]:
     """Nodes with a whole GPU free (one bind each)."""
     cache = cluster.service.cache
-    problems = cache.problems()
+    problems = cache.problems.by_node()
     found = []
     for name in cluster.names[::7]:
         view = cache.node_summary(name)
@@ -82,7 +82,7 @@ def _serving_cpu(cluster: PageCluster, seconds: float) -> float:
         while not stop.is_set():
             start = time.perf_counter()
             for name in cluster.names[k % 10 :: 10][:500]:
-                cache.lease_seen(heartbeat_lease(name))
+                cache.leases.seen(heartbeat_lease(name))
             k += 1
             stop.wait(max(0.0, 1.0 - (time.perf_counter() - start)))
 

@@ -41,10 +41,10 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from kube_edge.client import KubeClient
 from kube_edge.informer import Handler, Informer
 from kube_edge.loop_client import LoopClient
-from scheduler_plugin.binder import BindArgs, binding_body, binding_path
-from scheduler_plugin.cluster import BOUND_PODS
-from scheduler_plugin.http import tls_context
-from scheduler_plugin.metrics import LATENCY_BUCKETS
+from scheduler_plugin.decisions.binder import BindArgs, binding_body, binding_path
+from scheduler_plugin.serving.server import tls_context
+from scheduler_plugin.views.metrics import LATENCY_BUCKETS
+from scheduler_plugin.watches.informers import BOUND_PODS
 from tessera_edge.threads import name_os_threads
 
 

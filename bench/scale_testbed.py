@@ -153,7 +153,7 @@ class TestbedScale:
         return json.loads(raw)
 
     def one_round(self, run: str) -> TestbedRound:
-        from scheduler_plugin.binder import BindArgs  # the wire form kube-scheduler sends
+        from scheduler_plugin.decisions.binder import BindArgs  # the wire form kube-scheduler sends
 
         names = [sc.node_name(i) for i in range(self.nodes)]
         send = sc.feasible_to_find(self.nodes)

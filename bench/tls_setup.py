@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from scheduler_plugin.http import tls_context
+from scheduler_plugin.serving.server import tls_context
 from tests.e2e.pki import Authority
 
 REQUEST = b"y" * 600

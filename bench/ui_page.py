@@ -52,7 +52,7 @@ class PageCluster:
         import http.client
         import json
 
-        from scheduler_plugin.binder import BindArgs
+        from scheduler_plugin.decisions.binder import BindArgs
 
         created = self.fake.create(
             "pods",
@@ -104,10 +104,10 @@ def page_cluster(nodes: int, seed: int = 1) -> Iterator[PageCluster]:
             half_full_cache(nodes, seed, cache=service.cache)
             names = service.cache.node_names()
             for name in names[5::700][:NOT_READY]:
-                service.cache.lease_gone(heartbeat_lease(name))
+                service.cache.leases.gone(heartbeat_lease(name))
             for name in names[11::2500][:FENCED]:
                 key = f"research/forged-{name}"
-                service.cache.fence(f"uid-{key}", name, key, "record: not valid JSON")
+                service.cache.problems.distrust(key, f"uid-{key}", name, "record: not valid JSON")
             for informer in service.informers:  # filled above, as the watches would
                 informer.synced.set()
             service.settle_memory()

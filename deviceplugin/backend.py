@@ -1,4 +1,5 @@
-"""The interface every GPU backend implements, and the choice among them at start.
+"""The interface every GPU backend implements (the choice among them at start:
+backend_choice.py).
 
 A backend discovers the node's GPUs once, then feeds health: `wait_events` blocks for XID
 events (NVML's event set, or injected ones in the fake), and `query` asks one GPU whether it
@@ -10,14 +11,11 @@ backend.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tessera.errors import InputError, InventoryError, TesseraError
 from tessera.model import Gpu, RdmaNic
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ("nvml", "fake", "auto")
 
@@ -99,26 +97,3 @@ class NicSource(Protocol):
     def port_states(self, ibdev: str) -> tuple[str, ...]:
         """Raises InventoryError when the NIC's ports cannot be read."""
         ...
-
-
-def open_backend(kind: str, topology: str | None, sysfs_root: str) -> GpuBackend:
-    """The backend for `kind`: `nvml`, `fake` (needs a topology) or `auto` (NVML when its
-    library loads and a driver answers, else the topology file when one is given)."""
-    from deviceplugin.fake_backend import FakeBackend
-    from deviceplugin.nvml_backend import NvmlBackend
-
-    if kind == "nvml":
-        return NvmlBackend(sysfs_root=sysfs_root)
-    if kind == "fake":
-        if not topology:
-            raise BackendError("the fake backend needs --topology (a file or a built-in name)")
-        return FakeBackend.from_topology(topology)
-    if kind != "auto":
-        raise BackendError(f"unknown backend {kind!r} (one of {', '.join(BACKENDS)})")
-    try:
-        return NvmlBackend(sysfs_root=sysfs_root)
-    except BackendError as exc:
-        if not topology:
-            raise BackendError(f"{exc}; and no --topology to fall back on") from None
-        log.warning("NVML unavailable (%s); using the fake backend with %s", exc, topology)
-        return FakeBackend.from_topology(topology)

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError, open_backend
+from deviceplugin.backend import BackendError, GpuBackend, NicSource, TopologyError
+from deviceplugin.backend_choice import open_backend
 from deviceplugin.config import DevicePluginConfig
 from deviceplugin.fake_backend import FakeBackend
 from deviceplugin.health import XidPolicy

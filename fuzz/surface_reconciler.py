@@ -31,11 +31,12 @@ from typing import Any
 
 from fuzz.common import Tally, mutate
 from kube_edge.errors import ApiError
-from scheduler_plugin.binder import Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.recovery import rebuild
+from scheduler_plugin.decisions.binder import Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.handlers import InventoryHandler, LeaseHandler, NodeHandler
+from scheduler_plugin.watches.reconciler import Reconciler
+from scheduler_plugin.watches.recovery import rebuild
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.model import NodeInventory

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from scheduler_plugin import limits
 from scheduler_plugin.config import SchedulerConfig
+from scheduler_plugin.serving import limits
 from tessera.record_keys import KeyFileError
 from tessera_cli import CliParser, ConfigError, DefaultsHelpFormatter, config_from
 from tessera_cli.exit_codes import EXIT_USAGE
@@ -47,7 +47,7 @@ def build_parser() -> CliParser:
 
 def check_config(config: SchedulerConfig) -> ssl.SSLContext | None:
     """Flag combinations and TLS material (a `ConfigError` on any problem); the TLS context."""
-    from scheduler_plugin.http import tls_context
+    from scheduler_plugin.serving.server import tls_context
 
     cert, key, ca = config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
     for flag, value in (

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from scheduler_plugin import limits
-from scheduler_plugin.extender import FILTER_ANSWERS
+from scheduler_plugin.decisions.extender import FILTER_ANSWERS
 from scheduler_plugin.service import Options
+from scheduler_plugin.serving import limits
 from tessera.gang.book import DEFAULT_RETRY_AFTER
 from tessera.policy_registry import POLICIES
 from tessera.resources import (

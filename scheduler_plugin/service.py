@@ -9,7 +9,6 @@ status writer stop; the leader Lease is released.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 import os
@@ -17,35 +16,35 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
-from typing import Any
 
 from kube_edge.client import KubeClient
 from kube_edge.informer import Informer
 from kube_edge.leader import LeaderElector
-from scheduler_plugin import limits, overview
-from scheduler_plugin.auth import TokenAuthorizer
-from scheduler_plugin.binder import BindApi, Binder
-from scheduler_plugin.cache import DEFAULT_HEARTBEAT_GRACE, Cache
-from scheduler_plugin.cluster import Reconciler, gang_informers, informers
-from scheduler_plugin.events import EVENT_REASONS, EventRecorder, PodEvent
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
+from scheduler_plugin.decisions.binder import Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.decisions.nudger import Nudger
+from scheduler_plugin.decisions.verbs import Verbs
 from scheduler_plugin.heap import limit_arenas
-from scheduler_plugin.http import App, ChangeFeed, Server, requires_client_cert
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.nudger import Nudger
-from scheduler_plugin.pending import EXPLAINED, Refusals, explanation, refusal_json, top_reasons
-from scheduler_plugin.resign import has_legacy_keys, resign_legacy_records
-from scheduler_plugin.status_writer import StatusWriter
-from scheduler_plugin.stranded_reporter import StrandedReporter
-from tessera.errors import RecordError, RequestError
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.app import App
+from scheduler_plugin.serving.auth import TokenAuthorizer
+from scheduler_plugin.serving.server import Server, requires_client_cert
+from scheduler_plugin.state.cache import DEFAULT_HEARTBEAT_GRACE, Cache
+from scheduler_plugin.views.debug import DebugViews
+from scheduler_plugin.views.events import EVENT_REASONS, EventRecorder, PodEvent
+from scheduler_plugin.views.metrics import Metrics
+from scheduler_plugin.views.pending import Refusals
+from scheduler_plugin.views.status_writer import StatusWriter
+from scheduler_plugin.views.stranded_reporter import StrandedReporter
+from scheduler_plugin.watches.informers import gang_informers, informers
+from scheduler_plugin.watches.reconciler import Reconciler
+from scheduler_plugin.watches.resign import has_legacy_keys, resign_legacy_records
+from tessera.errors import RecordError
 from tessera.gang.spec import PodGroupSource
 from tessera.record import KeySource
-from tessera.request import PodRequest
 from tessera.resources import (
     DEFAULT_GANG_TIMEOUT_SECONDS,
     DEFAULT_HEARTBEAT_NAMESPACE,
@@ -109,11 +108,6 @@ def default_identity() -> str:
     if pod:
         return f"{pod}_{socket.gethostname()}"
     return f"{socket.gethostname()}_{os.getpid()}"
-
-
-def _log_orphaned_bind(task: asyncio.Future[dict[str, Any]]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("a bind whose request was cancelled failed: %s", exc, exc_info=exc)
 
 
 class Service:
@@ -191,16 +185,17 @@ class Service:
         self.events = EventRecorder(
             client, instance=options.identity or default_identity(), enabled=self._leading
         )
-        self.cache.subscribe_fences(self._fence_changed)
+        self.cache.problems.subscribe_fences(self._fence_changed)
         self.refusals = Refusals()
-        self._binds: set[asyncio.Future[dict[str, Any]]] = set()
-        """Binds running on the extender's event loop (`bind_on_loop`)."""
-        self._feeds: set[ChangeFeed] = set()
-        self._feeds_lock = threading.Lock()
-        self.cache.subscribe(self._feed)
+        self.verbs = Verbs(self.extender, self.binder, self.refusals)
+        self.views = DebugViews(
+            self.cache, self.gangs, self.refusals, max_watchers=limits.MAX_WATCHERS
+        )
+        self.cache.subscribe(self.views.feed)
         self.stranded = StrandedReporter(self.cache, self.events.warn, self.metrics.stranded)
         self.cache.subscribe(self.stranded.mark)
-        self.cache.subscribe_usage(self._feed)  # the page redraws use beside grants
+        self.cache.leases.subscribe_usage(self.views.feed)  # the page redraws use beside grants
+        self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(limits.BLOCKING_WORKERS, thread_name_prefix="verb")
         self.watch_pool = ThreadPoolExecutor(limits.MAX_WATCHERS, thread_name_prefix="watch")
         self.authorizer = TokenAuthorizer(client)
@@ -214,14 +209,17 @@ class Service:
             except OSError:
                 self.server.sock.close()
                 raise
-        self.stopping = threading.Event()
         self._ticker: threading.Thread | None = None
         self._settled = False
         self._resign_pending = has_legacy_keys(keyring)
 
     def _app(self, role: str, tls: ssl.SSLContext | None) -> App:
         return App(
+            self.verbs,
+            self.views,
+            self.metrics,
             self,
+            self.client,
             role=role,
             max_body=self.options.max_body,
             require_client_cert=requires_client_cert(tls),
@@ -302,7 +300,7 @@ class Service:
                 sweep = time.monotonic() - last_sweep >= HEARTBEAT_SWEEP_SECONDS
                 if sweep:
                     last_sweep = time.monotonic()
-                self.cache.check_heartbeats(every_node=sweep)
+                self.cache.problems.check(every_node=sweep)
                 if self.gangs is not None and self.answering():
                     self.gangs.tick()
                 self.stranded.flush()
@@ -327,7 +325,7 @@ class Service:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.status_writer.mark_all()
-            for fence in self.cache.fences():
+            for fence in self.cache.problems.fences():
                 self._fence_changed(fence.node, fence.pod, fence.uid, fence.problem)
             self.stranded.replay()
 
@@ -366,149 +364,3 @@ class Service:
                 return True
             time.sleep(0.01)
         return False
-
-    # --- calls ----------------------------------------------------------------------------
-
-    def call(self, verb: str, args: Any) -> tuple[Any, str]:
-        """Answer one extender verb; returns (reply, outcome label for the metrics)."""
-        if verb == "filter":
-            reply = self.extender.filter(args)
-            passed = reply.get("NodeNames") or (reply.get("Nodes") or {}).get("items") or []
-            if not passed:
-                self._refused(args, reply)
-            return reply, "fit" if passed else "no_fit"
-        if verb == "prioritize":
-            return self.extender.prioritize_json(args), "ok"
-        if verb == "bind":
-            return self._bound(args, self.binder.bind(args))
-        if verb == "preempt":
-            result = self.extender.preempt(args)
-            return result, "ok"
-        raise ValueError(verb)
-
-    def answered(self, verb: str) -> None:
-        """Called once a verb's answer is written (on the serving loop): the work that
-        can wait until kube-scheduler has its answer."""
-        if verb == "filter":
-            self.extender.catch_up()
-
-    async def bind_on_loop(self, args: Any, api: BindApi) -> tuple[Any, str]:
-        """`call("bind", args)` with the API calls awaited on the running event loop. The
-        bind runs to its end even if the request is cancelled (a cancelled Binding would
-        leave its devices assumed, or free them while the write may yet land)."""
-        task = asyncio.ensure_future(self.binder.bind_with(args, api))
-        # held until done (the loop keeps only weak references to tasks); its outcome is
-        # taken even when nobody awaits it any more
-        self._binds.add(task)
-        task.add_done_callback(self._binds.discard)
-        try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # nobody reads this bind's end any more: a failure in it is logged, not lost
-            task.add_done_callback(_log_orphaned_bind)
-            raise
-        return self._bound(args, result)
-
-    async def bind_in_task(self, args: Any, api: BindApi) -> tuple[Any, str]:
-        """`bind_on_loop` in the caller's task, for a caller that holds its task and
-        never cancels it (HTTP/1.1's direct path): the bind's own task and shield cost two
-        turns of the loop, each a wait behind whatever is ready on a busy scheduler."""
-        return self._bound(args, await self.binder.bind_with(args, api))
-
-    def _bound(self, args: Any, result: dict[str, Any]) -> tuple[Any, str]:
-        if not result["Error"] and isinstance(args, dict):
-            self.refusals.forget(str(args.get("PodUID", "")))
-        return result, "refused" if result["Error"] else "bound"
-
-    def _refused(self, args: Any, reply: Mapping[str, Any]) -> None:
-        """Note a pod the filter passed no node for (the allocation page's "why pending")."""
-        try:
-            pod = args.get("Pod") if isinstance(args, Mapping) else None
-            failed = {
-                **(reply.get("FailedNodes") or {}),
-                **(reply.get("FailedAndUnresolvableNodes") or {}),
-            }
-            if not isinstance(pod, Mapping) or not failed:
-                return
-            try:
-                request: PodRequest | None = self.extender.request_of(pod)
-            except RequestError:
-                request = None
-            if request is not None and not request.wants_devices:
-                return
-            self.refusals.note(pod, request, top_reasons(failed), len(failed))
-        except Exception:
-            log.exception("bug: noting a refused pod failed")
-
-    # --- debug views ------------------------------------------------------------------------
-
-    def debug_overview(self) -> dict[str, Any]:
-        return self.cache.reading(overview.overview)
-
-    def debug_search(self, query: str) -> dict[str, Any]:
-        return self.cache.reading(lambda reading: overview.search(reading, query))
-
-    def debug_pending(self, only: str | None = None) -> dict[str, Any]:
-        """The pods tessera refused lately, newest first; the first EXPLAINED (or the pod
-        `only`, namespace/name) with their explanation from the state as it is now."""
-        now = time.time()
-        refused = self.refusals.current(self.cache.bound)
-        if only is not None:
-            refused = [r for r in refused if r.pod == only]
-        out = []
-        explained = 0
-        for r in refused:
-            entry = refusal_json(r, now)
-            gang = None if self.gangs is None else self.gangs.key_of(r.uid)
-            request = r.request
-            if gang is not None:
-                # placed whole or not at all: one pod's nearest fit would mislead
-                entry["gang"] = str(gang)
-            elif request is not None and explained < EXPLAINED:
-                entry["explain"] = self.cache.reading(partial(explanation, request=request))
-                explained += 1
-            out.append(entry)
-        gangs, total = ([], 0) if self.gangs is None else self.gangs.waiting()
-        if only is not None:
-            mine = {e["gang"] for e in out if "gang" in e}
-            gangs = [g for g in gangs if g["gang"] in mine]
-        return {
-            "pods": out,
-            "gangs": gangs,
-            "gangsWaiting": total,
-            "ttlS": self.refusals.ttl,
-            "explained": EXPLAINED,
-        }
-
-    def debug_nodes(self) -> dict[str, Any]:
-        views = [self.cache.node_view(n) for n in self.cache.node_names()]
-        nodes = [n for n in views if n is not None]
-        # countable: nodes whose agent wrote a usage annotation that does not read
-        invalid = sum(1 for n in nodes if n["usage"]["invalid"])
-        return {"nodes": nodes, "usageInvalid": invalid}
-
-    def debug_pods(self) -> dict[str, Any]:
-        summary = self.cache.pods_summary()
-        if self.gangs is not None:
-            summary |= self.gangs.summary()
-        return summary
-
-    def _feed(self, node: str) -> None:
-        with self._feeds_lock:
-            feeds = list(self._feeds)
-        for feed in feeds:
-            feed.add(node)
-
-    def watchers_full(self) -> bool:
-        with self._feeds_lock:
-            return len(self._feeds) >= limits.MAX_WATCHERS
-
-    def watch_changes(self) -> ChangeFeed:
-        feed = ChangeFeed(self._drop_feed)
-        with self._feeds_lock:
-            self._feeds.add(feed)
-        return feed
-
-    def _drop_feed(self, feed: ChangeFeed) -> None:
-        with self._feeds_lock:
-            self._feeds.discard(feed)

@@ -1,5 +1,5 @@
 """What the cluster holds and what still fits, per GPU model: the allocation page's
-overview (`scheduler_plugin.overview`).
+overview (`scheduler_plugin.views.overview`).
 
 Figures come from the columnar index the decisions use (`ClusterIndex`), a few array
 operations per model, so the overview of 5,000 nodes costs about a millisecond. "Fits

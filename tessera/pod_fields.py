@@ -27,3 +27,31 @@ def requests_devices(pod: Any) -> bool:
                 if any(amounts.get(r) not in (None, 0, "0") for r in TESSERA_RESOURCES):
                     return True
     return False
+
+
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def text(value: Any) -> str:
+    """A string field's value; "" for anything else."""
+    return value if isinstance(value, str) else ""
+
+
+def pod_identity(pod: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(uid, namespace, name) of a pod dict."""
+    meta = section(pod, "metadata")
+    return (
+        text(meta.get("uid")),
+        text(meta.get("namespace")) or "default",
+        text(meta.get("name")),
+    )
+
+
+def pod_node(pod: Mapping[str, Any]) -> str:
+    """The node the pod is bound to, or ""."""
+    return text(section(pod, "spec").get("nodeName"))
+
+
+def is_finished(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's phase is Succeeded or Failed."""
+    return section(pod, "status").get("phase") in FINISHED_PHASES

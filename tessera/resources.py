@@ -99,6 +99,8 @@ INVENTORY_VERSION: Final = "v1alpha1"
 INVENTORY_KIND: Final = "NodeDevices"
 INVENTORY_PLURAL: Final = "nodedevices"
 INVENTORY_API_VERSION: Final = f"{INVENTORY_GROUP}/{INVENTORY_VERSION}"
+INVENTORY_PATH: Final = f"/apis/{INVENTORY_API_VERSION}/{INVENTORY_PLURAL}"
+"""The NodeDevices collection in the API (cluster-scoped)."""
 
 # --- Node agent heartbeat --------------------------------------------------------------------
 HEARTBEAT_LEASE_PREFIX: Final = "tessera-node-"

@@ -51,7 +51,7 @@ from nri_hook.enforce import Enforcer, EnforcerConfig
 from nri_hook.plugin import NriPlugin
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as dp
 from protos.nri import api_pb2 as nri
-from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Options, Service
 from tessera import resources as rn
 from tessera.model import NodeInventory
@@ -772,7 +772,7 @@ def _serve_ui(
     extra = demo_ui.add_nodes(api, ui.nodes)
     everyone = nodes + extra
     deadline = time.monotonic() + 120
-    while len(service.cache.node_names()) < len(everyone) or service.cache.problems():
+    while len(service.cache.node_names()) < len(everyone) or service.cache.problems.by_node():
         if time.monotonic() > deadline:
             raise RuntimeError("the added nodes did not become usable for the scheduler")
         time.sleep(0.1)

@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Service
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
@@ -175,7 +175,7 @@ def serve(
     started = last_retry = last_lease = time.monotonic()
     try:
         while seconds is None or time.monotonic() - started < seconds:
-            figures = service.debug_overview()["models"]
+            figures = service.views.overview()["models"]
             core = sum(m["coreUsed"] for m in figures)
             total = sum(m["gpus"] for m in figures) * 100 or 1
             if core / total < FULL or churn.rng.random() < 0.3:

@@ -46,7 +46,7 @@ def test_histograms_are_read_per_verb_from_the_metrics_text() -> None:
 
 
 def test_the_binding_writes_are_read_beside_the_verbs() -> None:
-    from scheduler_plugin.metrics import Metrics
+    from scheduler_plugin.views.metrics import Metrics
 
     metrics = Metrics()
     metrics.observe("bind", 0.02, "bound")
@@ -68,7 +68,7 @@ def test_a_rounds_bind_line_names_each_histograms_quantiles() -> None:
 
 
 def test_connections_are_counted_from_the_schedulers_own_metrics() -> None:
-    from scheduler_plugin.metrics import Metrics
+    from scheduler_plugin.views.metrics import Metrics
 
     metrics = Metrics()
     metrics.connections.labels("http/1.1").inc(3)

@@ -16,10 +16,10 @@ from kube_edge.errors import ApiError
 from nri_hook.errors import NRI_ERRORS, RejectError
 from nri_hook.netdev import NetdevError
 from nri_hook.plugin import _guarded
-from scheduler_plugin.binder import BindRefusedError
-from scheduler_plugin.events import EVENT_REASONS, UNTRUSTED_RECORD
-from scheduler_plugin.extender import BadArgsError
-from scheduler_plugin.http import HTTP_ERRORS
+from scheduler_plugin.decisions.binder import BindRefusedError
+from scheduler_plugin.decisions.extender import BadArgsError
+from scheduler_plugin.serving.answers import HTTP_ERRORS
+from scheduler_plugin.views.events import EVENT_REASONS, UNTRUSTED_RECORD
 from tessera.boundedjson import JsonLimitError
 from tessera.errors import (
     ErrorTable,
@@ -129,7 +129,7 @@ def test_the_extender_answers_from_its_table(monkeypatch: pytest.MonkeyPatch) ->
                 def fail(verb: str, args: Any, error: BaseException = error) -> Any:
                     raise error
 
-                monkeypatch.setattr(service, "call", fail)
+                monkeypatch.setattr(service.verbs, "call", fail)
                 h = Http(service.server.port)
                 got, reply = h.post("/filter", body)
                 assert got == status and str(error) in reply["Error"], (error, got, reply)

@@ -16,7 +16,7 @@ OUTSIDE_THE_TREE = set(errors_doc.OUTSIDE_THE_TREE)
 def test_the_scan_finds_the_known_classes() -> None:
     names = {qualified(c) for c in project_exceptions()}
     assert "tessera.errors.RecordError" in names
-    assert "scheduler_plugin.extender.BadArgsError" in names
+    assert "scheduler_plugin.decisions.extender.BadArgsError" in names
     assert "tessera.node_placement._NoFitError" in names
     assert names >= OUTSIDE_THE_TREE  # no stale entry on the allow-list
 
@@ -41,7 +41,7 @@ def test_the_private_ones_are_private() -> None:
 def test_callers_that_catch_builtins_still_catch() -> None:
     from deviceplugin.request_bounds import BadRequestError
     from nri_hook.mux import MuxError
-    from scheduler_plugin.extender import BadArgsError
+    from scheduler_plugin.decisions.extender import BadArgsError
     from tessera_ttrpc.frame import FrameTooLargeError
 
     assert issubclass(BadArgsError, ValueError)

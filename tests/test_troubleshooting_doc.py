@@ -16,7 +16,7 @@ from nri_hook.adjust import DeviceNode, Settings, decode_record, plan_container
 from nri_hook.cli import build_parser, check_isolation
 from nri_hook.config import NriHookConfig
 from nri_hook.errors import RejectError
-from scheduler_plugin.heartbeats import HeartbeatTracker
+from scheduler_plugin.state.heartbeats import HeartbeatTracker
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
@@ -143,9 +143,10 @@ def test_the_silent_agent_reason_is_the_trackers() -> None:
 
 
 def test_the_fence_reason_and_event_are_the_schedulers() -> None:
-    from scheduler_plugin import cache, events
+    from scheduler_plugin.state import problems
+    from scheduler_plugin.views import events
 
-    source = Path(cache.__file__).read_text()
+    source = Path(problems.__file__).read_text()
     assert '"node is fenced: a running pod carries an untrusted allocation record' in source
     _in_doc("`tessera: node is fenced: ...")
     assert '"UntrustedAllocationRecord"' in Path(events.__file__).read_text()

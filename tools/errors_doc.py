@@ -42,7 +42,9 @@ PACKAGES = (
 OUTSIDE_THE_TREE = {
     "tessera.node_placement._NoFitError": "private: unwinds one fit attempt inside the module",
     "deviceplugin.nvml_backend._CallError": "private: one failed NVML call, handled in the module",
-    "scheduler_plugin.http._ReplyError": "private: an HTTP answer already decided, sent by the app",
+    "scheduler_plugin.serving.answers._ReplyError": (
+        "private: an HTTP answer already decided, sent by the app"
+    ),
     "tessera_ttrpc.errors.TtrpcError": "the ttrpc library's own root (usable without tessera)",
 }
 """The only exception classes (with their subclasses, for the library root) that are not
@@ -68,7 +70,7 @@ SHIPPED = tuple(p for p in PACKAGES if p != "tessera_testbed")
 EDGES = (
     Edge(
         "Scheduler extender (HTTP status)",
-        "scheduler_plugin.http",
+        "scheduler_plugin.serving.answers",
         "HTTP_ERRORS",
         ("tessera", "kube_edge", "scheduler_plugin"),
     ),
@@ -87,7 +89,7 @@ EDGES = (
     Edge("Every command (exit status)", "tessera_cli.exit_codes", "EXIT_CODES", SHIPPED),
     Edge(
         "Kubernetes Events (scheduler)",
-        "scheduler_plugin.events",
+        "scheduler_plugin.views.events",
         "EVENT_REASONS",
         ("tessera", "kube_edge", "scheduler_plugin"),
     ),

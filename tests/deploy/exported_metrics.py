@@ -18,7 +18,7 @@ def _registries() -> dict[str, CollectorRegistry]:
     from deviceplugin.metrics import agent_registry
     from deviceplugin.usage_monitor import UsageMonitor
     from nri_hook.enforce import Metrics as HookMetrics
-    from scheduler_plugin.metrics import Metrics as SchedulerMetrics
+    from scheduler_plugin.views.metrics import Metrics as SchedulerMetrics
     from tessera_edge.isolation_cli import mps_registry
     from tessera_edge.layer_probe import LayerPaths, LayerProbe
     from tessera_edge.mps_supervisor import MpsSettings, MpsSupervisor
@@ -41,7 +41,7 @@ def _registries() -> dict[str, CollectorRegistry]:
 def families() -> list[tuple[str, str, str]]:
     """(component, family name, type) of every metric family the components register, and
     the scheduler's per-GPU gauges (rendered outside its registry, in batches of nodes)."""
-    from scheduler_plugin.metrics import GPU_FAMILIES
+    from scheduler_plugin.views.metrics import GPU_FAMILIES
 
     return [
         (component, family.name, family.type)

@@ -10,10 +10,9 @@ from typing import Any
 import yaml
 
 from deviceplugin.inventory import cr_spec
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.recovery import Holds
-from scheduler_plugin.status_writer import StatusWriter
-from scheduler_plugin.views import PodSeen
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Holds, PodSeen
+from scheduler_plugin.views.status_writer import StatusWriter
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.isolation import LAYERS, MAX_LAYER_REASON_CHARS, MAX_VERSION_CHARS, NodeIsolation
 from tessera.model import NodeInventory
@@ -50,10 +49,10 @@ def _written_object() -> dict[str, Any]:
     spec["isolation"] = NodeIsolation("hami-core", True, "8f3a89c+tessera.1", "8f3a" * 10).to_dict()
     inventory = NodeInventory.from_dict(spec, source="test")
     cache = Cache("binpack")
-    cache.upsert_inventory("gpu-1", spec)
+    cache.nodes.upsert("gpu-1", spec)
     grant = GpuGrant(spec["gpus"][0]["uuid"], 0, spec["gpus"][0]["minor"], 30, 8192)
     alloc = PodAllocation("u1", "default", "x", "gpu-1", (ContainerAllocation("main", (grant,)),))
-    cache.pod_observed(PodSeen("u1", "default", "x", "gpu-1"), Holds(alloc))
+    cache.pods.observed(PodSeen("u1", "default", "x", "gpu-1"), Holds(alloc))
     client = _Recorder()
     writer = StatusWriter(cache, client)  # type: ignore[arg-type]
     writer.mark_all()

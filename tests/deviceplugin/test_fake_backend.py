@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.backend import BackendError, XidEvent, open_backend
+from deviceplugin.backend import BackendError, XidEvent
+from deviceplugin.backend_choice import open_backend
 from deviceplugin.fake_backend import FakeBackend, load_topology_lenient
 from tessera.errors import InventoryError
 from tessera.topology import Tier, TierMatrix

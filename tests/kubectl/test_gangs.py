@@ -111,7 +111,7 @@ def test_gangs_show_bound_and_reserved_gangs_and_print_without_the_crd(
             assert served.bind(obj, node) == ""
         # the other gang is reserved once one member's filter plans it
         assert served.filter(trio[0], ["t4"])["NodeNames"] == ["t4"]
-        assert served.cache.gang_reserved_node(trio[1]["metadata"]["uid"]) == "t4"
+        assert served.cache.reservations.reserved_node(trio[1]["metadata"]["uid"]) == "t4"
     # kube-scheduler recorded the reason a member heard while the gang was being reserved
     fake.patch(
         "pods",

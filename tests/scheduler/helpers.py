@@ -16,9 +16,9 @@ from typing import Any
 
 from kube_edge.client import KubeClient
 from kube_edge.informer import Informer
-from scheduler_plugin.binder import BindArgs
-from scheduler_plugin.cache import Cache
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Options, Service
+from scheduler_plugin.state.cache import Cache
 from tessera import resources as rn
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
@@ -251,7 +251,7 @@ class Served:
 
     def wait_settled(self) -> None:
         """Wait until the pod watch has seen every bind (none is only assumed any more)."""
-        wait_for(lambda: not self.cache.assumed())
+        wait_for(lambda: not self.cache.pods.assumed())
 
     def node_summary(self, node: str) -> dict[str, Any]:
         """The cache's summary of a node the test has populated (None would be a test bug)."""

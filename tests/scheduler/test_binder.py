@@ -80,7 +80,7 @@ def test_a_failed_binding_leaves_no_record_and_nothing_allocated(fake: FakeApiSe
         created = fake.create("pods", pod("p", share(100, 100)))
         fake.fail("/pods/p/binding", status=500, times=1)
         assert "creating the Binding failed" in served.bind(created, "n")
-        assert served.cache.allocation(created["metadata"]["uid"]) is None
+        assert served.cache.pods.allocation(created["metadata"]["uid"]) is None
         text, obj = record_of(fake, "p")
         assert text is None and not obj["spec"].get("nodeName")
         assert served.used_core("n") == 0
@@ -98,7 +98,7 @@ def test_a_lost_binding_answer_is_checked_by_reading_the_pod(fake: FakeApiServer
         assert text is not None
         assert obj["spec"]["nodeName"] == "n"
         assert decode(text, KEYRING, pod_uid=created["metadata"]["uid"], node="n")
-        assert served.cache.allocation(created["metadata"]["uid"]) is not None
+        assert served.cache.pods.allocation(created["metadata"]["uid"]) is not None
 
 
 def test_a_bind_without_a_preceding_filter_reads_the_pod(fake: FakeApiServer) -> None:
@@ -118,7 +118,7 @@ def test_bind_refuses_a_wrong_uid_a_silent_node_and_a_full_node(fake: FakeApiSer
         assert "is not UID" in served.http.post("/bind", wrong)[1]["Error"]
         # the node agent of "quiet" goes away with its heartbeat Lease
         fake.delete("leases", rn.HEARTBEAT_LEASE_PREFIX + "quiet", rn.DEFAULT_HEARTBEAT_NAMESPACE)
-        wait_for(lambda: "quiet" in served.cache.problems())
+        wait_for(lambda: "quiet" in served.cache.problems.by_node())
         assert "heartbeat Lease" in served.bind(created, "quiet")
         assert served.bind(created, "n") == ""
         other = fake.create("pods", pod("q", {rn.GPU: 100}))
@@ -184,8 +184,8 @@ def test_a_burst_of_binds_never_overflows_the_api_connection_pool(
     from concurrent.futures import ThreadPoolExecutor
 
     from kube_edge.client import KubeClient
-    from scheduler_plugin import limits
     from scheduler_plugin.service import Service
+    from scheduler_plugin.serving import limits
     from tests.scheduler.helpers import Served, options
 
     populate(fake, [f"n{i}" for i in range(8)], gpus=8)
@@ -212,7 +212,7 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
 ) -> None:
     """The record a bind signs is remembered as the verdict for exactly that text: the
     watch event of our own Binding is not verified again, and any other text still is."""
-    from scheduler_plugin.recovery import judge as real_judge
+    from scheduler_plugin.watches.recovery import judge as real_judge
 
     judged: list[str] = []
 
@@ -221,13 +221,13 @@ def test_the_watch_takes_our_own_bind_without_verifying_it_again(
             judged.append(obj["metadata"]["name"])  # a record to decode and verify
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.reconciler.judge", counting_judge)
     with serving_nodes(fake, ["n"], gpus=2) as served:
         created = fake.create("pods", pod("p", share(40, 40)))
         assert served.bind(created, "n") == ""
         uid = created["metadata"]["uid"]
         served.wait_settled()
-        assert served.cache.allocation(uid) is not None
+        assert served.cache.pods.allocation(uid) is not None
         assert "p" not in judged
         # the same pod with another record (here: another pod's) is judged, and refused
         other = fake.create("pods", pod("q", share(10, 10)))
@@ -360,7 +360,7 @@ def _bind_cancelled_midway(service: Service, created: dict[str, Any], api: _Slow
     the shielded bind half a second to go on."""
 
     async def cancel_midway() -> None:
-        task = asyncio.ensure_future(service.bind_on_loop(bind_body(created, "n"), api))
+        task = asyncio.ensure_future(service.verbs.bind_on_loop(bind_body(created, "n"), api))
         await asyncio.sleep(0.05)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -385,7 +385,7 @@ def test_a_cancelled_bind_on_the_loop_still_runs_to_its_end(
         _bind_cancelled_midway(served.service, created, api)
         assert api.created == 1
         assert fake.get("pods", "p", "default")["spec"]["nodeName"] == "n"
-        assert served.cache.allocation(uid) is not None
+        assert served.cache.pods.allocation(uid) is not None
 
 
 class _FailingApi(_SlowApi):

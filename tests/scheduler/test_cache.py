@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler_plugin.cache import Cache, parse_inventory
-from scheduler_plugin.recovery import Holds
-from scheduler_plugin.views import Assumed, PodSeen, Refused
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.nodes import parse_inventory
+from scheduler_plugin.state.values import Assumed, Holds, PodSeen, Refused
 from tessera.model import NodeInventory
 from tessera.request import parse_pod
 from tessera.resources import UNITS_PER_DEVICE
@@ -31,7 +31,7 @@ one assume: the threads would otherwise rarely interleave inside one)."""
 
 def cache_with(node: str, gpus: int) -> Cache:
     cache = Cache("binpack", require_heartbeat=False)
-    cache.upsert_inventory(node, inventory_spec(node, gpus=gpus))
+    cache.nodes.upsert(node, inventory_spec(node, gpus=gpus))
     return cache
 
 
@@ -46,28 +46,36 @@ def test_nodes_of_one_make_share_their_nics_and_nvlink_peers() -> None:
     assert a.gpus[0].uuid != b.gpus[0].uuid
 
 
+PARTS = frozenset({"nodes", "leases", "problems", "pods", "reservations"})
+"""The Cache's named parts: what callers reach, each keeping its own fields."""
+
+
 def test_nothing_outside_can_reach_a_field() -> None:
     cache = cache_with("n", 1)
     assert not hasattr(cache, "__dict__")
-    assert all(name.startswith("_") for name in Cache.__slots__)
+    assert {name for name in Cache.__slots__ if not name.startswith("_")} == PARTS
+    for name in PARTS:
+        part = getattr(cache, name)
+        assert not hasattr(part, "__dict__")
+        assert all(field.startswith("_") for field in type(part).__slots__)
     with pytest.raises(AttributeError):
         cache.state = None  # type: ignore[attr-defined]  # the write the test expects refused
 
 
 def test_what_readers_get_cannot_change_the_state_and_does_not_change_with_it() -> None:
     cache = cache_with("n", 1)
-    cache.upsert_inventory("bad", {"gpus": "x"})
+    cache.nodes.upsert("bad", {"gpus": "x"})
     before = cache.snapshot()
-    problems = cache.problems()
+    problems = cache.problems.by_node()
     with pytest.raises(TypeError):
         problems["n"] = "x"  # type: ignore[index]  # a read-only mapping, as the test checks
     with pytest.raises(TypeError):
         before.allocations["u"] = None  # type: ignore[index]  # likewise read-only
     request = parse_pod(pod("a", share(50, 50), uid="uid-a"))
-    outcome = cache.assume(request, "n")
+    outcome = cache.pods.assume(request, "n")
     assert isinstance(outcome, Assumed)
-    cache.remove_inventory("bad")
-    assert "bad" in problems and "bad" not in cache.problems()
+    cache.nodes.remove("bad")
+    assert "bad" in problems and "bad" not in cache.problems.by_node()
     assert not before.allocations and before.gpus[0].free_core == UNITS_PER_DEVICE
     assert cache.snapshot().gpus[0].free_core == 50
 
@@ -95,17 +103,17 @@ def test_concurrent_binds_on_one_node_never_overcommit_it() -> None:
         start.wait()
         for i in range(PODS_PER_THREAD):
             uid = f"uid-{t}-{i}"
-            outcome = cache.assume(parse_pod(pod(f"p{t}-{i}", share(10, 10), uid=uid)), "n")
+            outcome = cache.pods.assume(parse_pod(pod(f"p{t}-{i}", share(10, 10), uid=uid)), "n")
             if isinstance(outcome, Refused):
                 refused.append(outcome.reason)
                 continue
             assert isinstance(outcome, Assumed)
             if i % 2:
-                cache.forget(uid, outcome.allocation)
+                cache.pods.forget(uid, outcome.allocation)
             else:
-                cache.bind(uid)
+                cache.pods.bind(uid)
                 seen = PodSeen(uid, "default", f"p{t}-{i}", "n")
-                cache.pod_observed(seen, Holds(outcome.allocation))
+                cache.pods.observed(seen, Holds(outcome.allocation))
                 held.append(uid)
 
     threads = [threading.Thread(target=binder, args=(t,)) for t in range(THREADS)]

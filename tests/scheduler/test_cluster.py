@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.metrics import sample
+from scheduler_plugin.views.metrics import sample
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.record import Keyring, encode
@@ -69,7 +69,9 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
     forged_pod(fake, "copied", "n", KEYRING, record_uid="someone-else")
     with serving(fake) as served:
         invalid = wait_for(
-            lambda: len(served.cache.invalid_records()) == 3 and served.service.debug_pods()
+            lambda: (
+                len(served.cache.problems.invalid_records()) == 3 and served.service.views.pods()
+            )
         )
         problems = {i["pod"]: i["problem"] for i in invalid["invalidRecords"]}
         assert "no integrity proof" in problems["default/unsigned"]
@@ -85,7 +87,7 @@ def test_forged_and_copied_records_never_hold_devices(fake: FakeApiServer) -> No
         assert "untrusted allocation record" in reply["FailedNodes"]["n"]
         for name in ("unsigned", "wrong-key", "copied"):
             fake.delete("pods", name)
-        wait_for(lambda: "n" not in served.cache.problems())
+        wait_for(lambda: "n" not in served.cache.problems.by_node())
         # the whole GPU is free for a real pod
         assert served.schedule(fake.get("pods", "real"), ["n"]) == "n"
         fake.delete("pods", "real")
@@ -96,7 +98,7 @@ def test_a_signed_record_for_another_node_does_not_count(fake: FakeApiServer) ->
     populate(fake, ["n", "m"], gpus=1)
     forged_pod(fake, "moved", "n", None, record_node="m")
     with serving(fake) as served:
-        wait_for(lambda: "default/moved" in served.cache.invalid_records())
+        wait_for(lambda: "default/moved" in served.cache.problems.invalid_records())
         assert served.used_core("n") == 0 and served.used_core("m") == 0
 
 
@@ -121,12 +123,12 @@ def test_a_bad_inventory_blocks_its_node_and_keeps_what_it_holds(fake: FakeApiSe
         broken = fake.get("nodedevices", "n")
         broken["spec"]["gpus"][1]["memoryMiB"] = "lots"
         fake.update("nodedevices", broken)
-        wait_for(lambda: "n" in served.cache.problems())
+        wait_for(lambda: "n" in served.cache.problems.by_node())
         reply = served.filter(fake.create("pods", pod("b", share(10, 10))), ["n"])
         assert "gpus[1].memoryMiB" in reply["FailedNodes"]["n"]
         assert served.used_core("n") == 100  # what "a" holds stays accounted
         fake.update("nodedevices", nodedevices("n", gpus=2) | {"metadata": {"name": "n"}})
-        wait_for(lambda: "n" not in served.cache.problems())
+        wait_for(lambda: "n" not in served.cache.problems.by_node())
         fake.delete("nodedevices", "n")
         wait_for(lambda: "n" not in served.cache.snapshot().nodes)
         reply = served.filter(fake.get("pods", "b"), ["n"])
@@ -147,7 +149,7 @@ def test_records_seen_before_their_node_wait_for_it(fake: FakeApiServer) -> None
         assert served.schedule(pod("a", {rn.GPU: 100}), ["n"]) == "n"
     fake.delete("nodedevices", "n")
     with serving(fake) as served:
-        assert served.service.debug_pods()["waitingForNode"] == ["default/a -> n"]
+        assert served.service.views.pods()["waitingForNode"] == ["default/a -> n"]
         fake.create("nodedevices", nodedevices("n", gpus=1))
         wait_for(lambda: "n" in served.cache.snapshot().nodes)
         assert served.used_core("n") == 100
@@ -214,15 +216,15 @@ def test_lists_are_paged(fake: FakeApiServer) -> None:
 
 
 def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeApiServer) -> None:
-    from scheduler_plugin.cache import Cache
-    from scheduler_plugin.status_writer import StatusWriter
+    from scheduler_plugin.state.cache import Cache
+    from scheduler_plugin.views.status_writer import StatusWriter
     from tessera_testbed.inventory import inventory_spec
     from tests.scheduler.helpers import client_for
 
     populate(fake, ["a", "b", "c"], gpus=1)
     cache = Cache("binpack")
     for name in ("a", "b", "c", "gone"):
-        cache.upsert_inventory(name, inventory_spec(name, gpus=1))
+        cache.nodes.upsert(name, inventory_spec(name, gpus=1))
     writer = StatusWriter(cache, client_for(fake), max_per_flush=2)
     writer.mark_all()
     assert writer.flush() == 2  # at most two per round
@@ -232,13 +234,12 @@ def test_status_writes_are_batched_skip_unchanged_and_retry_failures(fake: FakeA
     writer.mark_all()
     assert writer.flush() + writer.flush() == 0  # nothing changed: nothing written
     fake.requests.clear()
-    from scheduler_plugin.recovery import Holds
-    from scheduler_plugin.views import PodSeen
+    from scheduler_plugin.state.values import Holds, PodSeen
     from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 
     grant = GpuGrant("GPU-b-0", 0, 0, 10, 8192)
     alloc = PodAllocation("ux", "default", "x", "b", (ContainerAllocation("main", (grant,)),))
-    cache.pod_observed(PodSeen("ux", "default", "x", "b"), Holds(alloc))
+    cache.pods.observed(PodSeen("ux", "default", "x", "b"), Holds(alloc))
     assert writer.flush() == 1
     assert fake.requests == [("PATCH", "/apis/tessera.dev/v1alpha1/nodedevices/b/status")]
     status = fake.get("nodedevices", "b")["status"]["allocation"]
@@ -258,12 +259,12 @@ def test_a_record_altered_after_binding_stops_counting_and_counts_again_when_res
         fake.patch(
             "pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: json.dumps(doc)}}}
         )
-        wait_for(lambda: "default/a" in served.cache.invalid_records())
+        wait_for(lambda: "default/a" in served.cache.problems.invalid_records())
         assert served.used_core("n") == 0
         fake.patch("pods", "a", {"status": {"phase": "Running"}}, sub="status")  # an update
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
         wait_for(lambda: served.used_core("n") == 40)
-        assert "default/a" not in served.cache.invalid_records()
+        assert "default/a" not in served.cache.problems.invalid_records()
 
 
 def test_the_pod_watch_sees_bound_pods_only(
@@ -271,7 +272,7 @@ def test_the_pod_watch_sees_bound_pods_only(
 ) -> None:
     """Pending pods hold nothing: neither the list nor the watch hands them over (an
     unschedulable pod's status updates cost nothing), and a pod arrives when it is bound."""
-    from scheduler_plugin.recovery import judge as real_judge
+    from scheduler_plugin.watches.recovery import judge as real_judge
 
     judged: list[str] = []
 
@@ -279,7 +280,7 @@ def test_the_pod_watch_sees_bound_pods_only(
         judged.append(obj["metadata"]["name"])
         return real_judge(obj, keyring)
 
-    monkeypatch.setattr("scheduler_plugin.cluster.judge", counting_judge)
+    monkeypatch.setattr("scheduler_plugin.watches.reconciler.judge", counting_judge)
     populate(fake, ["n"], gpus=1)
     fake.create("pods", pod("listed-pending", share(10, 10)))
     with serving(fake) as served:

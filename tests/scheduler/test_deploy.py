@@ -13,7 +13,7 @@ import yaml
 
 from scheduler_plugin.cli import build_parser, check_config
 from scheduler_plugin.config import SchedulerConfig
-from scheduler_plugin.http import VERBS
+from scheduler_plugin.serving.answers import VERBS
 from tessera import resources as rn
 from tessera_cli import config_from
 from tessera_testbed.apiserver import FakeApiServer, parse_path

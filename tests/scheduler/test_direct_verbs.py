@@ -1,5 +1,5 @@
 """The extender verbs answered by the HTTP/1.1 protocol itself, without uvicorn's ASGI
-cycle (scheduler_plugin.protocol): the same answers as the ASGI path, in order when
+cycle (scheduler_plugin.serving.protocol): the same answers as the ASGI path, in order when
 requests are pipelined (behind an awaited bind too), the ASGI path for everything that is
 not a plain request, bodies under the same deadline and budget, a bind that lands when its
 client has gone or the server stops, over real sockets to the real server."""
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin import http as http_module
-from scheduler_plugin import limits
-from scheduler_plugin.protocol import BoundedProtocol
 from scheduler_plugin.service import Service
+from scheduler_plugin.serving import app as http_module
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.protocol import BoundedProtocol
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
@@ -379,7 +379,7 @@ def test_a_bind_whose_client_went_away_still_lands_and_holds_its_devices() -> No
             sock.close()  # kube-scheduler gave up on this bind
             held.release()
             wait_for(lambda: fake.get("pods", "left", "default")["spec"].get("nodeName"))
-            wait_for(lambda: not svc.cache.assumed())  # the watch saw it: held, not assumed
+            wait_for(lambda: not svc.cache.pods.assumed())  # the watch saw it: held, not assumed
             summary = svc.cache.node_summary(NODES[1])
             assert summary is not None and "left" in json.dumps(summary)
             assert _answers(svc, [_request("/filter", _filter("after"))])[0][0] == 200

@@ -27,11 +27,11 @@ from fuzz.surface_extender import (
     seed_bodies,
     well_formed,
 )
-from scheduler_plugin import limits
-from scheduler_plugin.binder import BindArgs
-from scheduler_plugin.http import tls_context
-from scheduler_plugin.protocol import BoundedProtocol
+from scheduler_plugin.decisions.binder import BindArgs
 from scheduler_plugin.service import Service
+from scheduler_plugin.serving import limits
+from scheduler_plugin.serving.protocol import BoundedProtocol
+from scheduler_plugin.serving.server import tls_context
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, pod, populate, running, running_nodes, share, start
@@ -327,7 +327,7 @@ def test_hostile_extender_bodies_get_a_well_formed_answer_over_mutual_tls(
 
 
 def test_body_budget_makes_bodies_wait_for_room_and_gives_up_at_the_deadline() -> None:
-    from scheduler_plugin.http import ByteBudget
+    from scheduler_plugin.serving.app import ByteBudget
 
     async def scenario() -> list[str]:
         budget = ByteBudget(10)

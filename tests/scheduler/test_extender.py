@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.extender import BadArgsError, Extender, rank_priorities
-from scheduler_plugin.heartbeats import HeartbeatTracker
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.recovery import Holds
-from scheduler_plugin.views import Assumed, PodSeen
+from scheduler_plugin.decisions.extender import BadArgsError, Extender, rank_priorities
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.heartbeats import HeartbeatTracker
+from scheduler_plugin.state.values import Assumed, Holds, PodSeen
+from scheduler_plugin.views.metrics import Metrics
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.request import PodRequest, parse_pod
@@ -32,8 +31,8 @@ from tests.scheduler.helpers import (
 def make_cache(nodes: dict[str, dict[str, Any]], policy: str = "binpack") -> Cache:
     cache = Cache(policy)
     for name, kw in nodes.items():
-        cache.upsert_inventory(name, inventory_spec(name, **kw))
-        cache.lease_seen(heartbeat(name))
+        cache.nodes.upsert(name, inventory_spec(name, **kw))
+        cache.leases.seen(heartbeat(name))
     return cache
 
 
@@ -47,11 +46,11 @@ def occupy(
 ) -> PodAllocation:
     """A pod bound by us (assume, bind) and then seen by the watch (confirmed)."""
     request = parse_pod(pod(name, resources, uid=uid or f"uid-{name}"))
-    outcome = cache.assume(request, node)
+    outcome = cache.pods.assume(request, node)
     assert isinstance(outcome, Assumed), outcome
-    cache.bind(request.uid)
+    cache.pods.bind(request.uid)
     seen = PodSeen(request.uid, request.namespace, request.name, node, priority)
-    cache.pod_observed(seen, Holds(outcome.allocation))
+    cache.pods.observed(seen, Holds(outcome.allocation))
     return outcome.allocation
 
 
@@ -117,10 +116,10 @@ def test_gpu_model_hint_is_unresolvable_elsewhere() -> None:
 
 def test_silent_agent_and_bad_inventory_are_resolvable_failures() -> None:
     cache = make_cache({"ok": {"gpus": 1}})
-    cache.upsert_inventory("silent", inventory_spec("silent", gpus=1))
+    cache.nodes.upsert("silent", inventory_spec("silent", gpus=1))
     # a first sighting of an old renewTime counts from that renewTime
-    cache.lease_seen(heartbeat("silent", offset=-120, duration=40))
-    cache.upsert_inventory("broken", {"gpus": [{"uuid": "x"}]})
+    cache.leases.seen(heartbeat("silent", offset=-120, duration=40))
+    cache.nodes.upsert("broken", {"gpus": [{"uuid": "x"}]})
     ext = Extender(cache)
     reply = ext.filter(args(pod("p", share(10, 10)), ["ok", "silent", "broken"]))
     assert reply["NodeNames"] == ["ok"]
@@ -131,22 +130,22 @@ def test_silent_agent_and_bad_inventory_are_resolvable_failures() -> None:
 def test_a_heartbeat_counts_from_when_we_see_it_change() -> None:
     clock = [time.time()]
     cache = Cache("binpack", clock=lambda: clock[0])
-    cache.upsert_inventory("n", inventory_spec("n", gpus=1))
+    cache.nodes.upsert("n", inventory_spec("n", gpus=1))
     lease = heartbeat("n", duration=10)
     lease["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"  # a skewed node clock
-    cache.lease_seen(lease)
-    assert "silent" in cache.problems()["n"]
+    cache.leases.seen(lease)
+    assert "silent" in cache.problems.by_node()["n"]
     lease["spec"]["renewTime"] = "2000-01-01T00:00:05.000000Z"  # renewed: seen now
-    cache.lease_seen(lease)
-    assert "n" not in cache.problems()
+    cache.leases.seen(lease)
+    assert "n" not in cache.problems.by_node()
     clock[0] += 14.0  # within duration + grace
-    cache.check_heartbeats()
-    assert "n" not in cache.problems()
+    cache.problems.check()
+    assert "n" not in cache.problems.by_node()
     clock[0] += 2.0
-    cache.check_heartbeats()
-    assert "not renewed" in cache.problems()["n"]
-    cache.lease_gone(lease)
-    assert "missing" in cache.problems()["n"]
+    cache.problems.check()
+    assert "not renewed" in cache.problems.by_node()["n"]
+    cache.leases.gone(lease)
+    assert "missing" in cache.problems.by_node()["n"]
 
 
 def test_only_heartbeats_that_ran_out_are_checked_again() -> None:
@@ -237,7 +236,7 @@ def test_priorities_do_not_import_numpy_ma() -> None:
     scheduler's resident memory) on the first prioritize call."""
     code = (
         "import sys\n"
-        "from scheduler_plugin.extender import rank_priorities\n"
+        "from scheduler_plugin.decisions.extender import rank_priorities\n"
         "assert rank_priorities({'a': 0.5, 'b': 0.7, 'c': 0.5}, ['a', 'b', 'c', 'd'])"
         " == [9, 10, 9, 0]\n"
         "print('numpy.ma' in sys.modules)\n"
@@ -390,10 +389,10 @@ def test_each_refused_node_is_counted_once_under_one_reason(
     """A node with a problem (no heartbeat) that would also fail on capacity, or pass, is
     one failure in the metric, not two, whatever its shown reason."""
     cache = make_cache({"ok": {"gpus": 1}, "busy": {"gpus": 1}, "quiet-busy": {"gpus": 1}})
-    cache.upsert_inventory("quiet", inventory_spec("quiet", gpus=1))  # no heartbeat Lease
+    cache.nodes.upsert("quiet", inventory_spec("quiet", gpus=1))  # no heartbeat Lease
     occupy(cache, "hog", "busy", {rn.GPU: 100})
     occupy(cache, "hog2", "quiet-busy", {rn.GPU: 100})
-    cache.lease_gone(heartbeat("quiet-busy"))  # its agent's heartbeat Lease is deleted
+    cache.leases.gone(heartbeat("quiet-busy"))  # its agent's heartbeat Lease is deleted
     names = ["ok", "busy", "quiet", "quiet-busy", "ghost"]
     metrics = Metrics()
     reply = Extender(cache, metrics, answer="all").filter(args(pod("p", resources), names))

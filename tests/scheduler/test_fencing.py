@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from scheduler_plugin.events import UNTRUSTED_RECORD
-from scheduler_plugin.metrics import sample
+from scheduler_plugin.views.events import UNTRUSTED_RECORD
+from scheduler_plugin.views.metrics import sample
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import pod, serving, serving_nodes, share, wait_for
@@ -61,7 +61,7 @@ def test_a_poisoned_running_pod_fences_its_node_visibly_and_unfences_when_fixed(
         assert status["usable"] is False and status["fenced"][0]["pod"] == "default/a"
         # the record restored: unfenced, and "a" holds its devices again
         fake.patch("pods", "a", {"metadata": {"annotations": {rn.ALLOCATION_ANNOTATION: good}}})
-        wait_for(lambda: "n" not in served.cache.problems())
+        wait_for(lambda: "n" not in served.cache.problems.by_node())
         assert sample(served.service.metrics, FENCED, {"reason": "untrusted_record"}) == 0.0
         wait_for(lambda: not fake.get("nodedevices", "n")["status"]["allocation"]["fenced"])
         assert served.schedule(fake.get("pods", "b"), ["n"]) == "n"
@@ -75,7 +75,8 @@ def test_a_pending_pod_with_a_garbage_record_is_scheduled_and_its_record_replace
         assert served.schedule(obj, ["n"]) == "n"
         served.wait_settled()
         assert (
-            not served.cache.snapshot().record_fenced_nodes and not served.cache.invalid_records()
+            not served.cache.snapshot().record_fenced_nodes
+            and not served.cache.problems.invalid_records()
         )
         assert served.used_core("n") == 30
 
@@ -97,14 +98,14 @@ def test_restart_with_poison_pods_becomes_ready_places_elsewhere_and_fences_one_
         ready_after = time.monotonic() - started
         print(f"ready {ready_after:.2f}s after a restart with poison pods")  # the figure
         assert served.cache.snapshot().record_fenced_nodes == {"n1"}
-        assert {k for k in served.cache.invalid_records()} == {
+        assert {k for k in served.cache.problems.invalid_records()} == {
             "default/v0",
             *(f"default/poison{i}" for i in range(4)),
         }
         # valid pods elsewhere keep their devices; new pods go to the other nodes
-        assert served.cache.allocation(fake.get("pods", "v1")["metadata"]["uid"])
+        assert served.cache.pods.allocation(fake.get("pods", "v1")["metadata"]["uid"])
         assert served.schedule(pod("new", share(30, 30)), nodes) in ("n2", "n3")
         for name in ("v0", *(f"poison{i}" for i in range(4))):
             fake.delete("pods", name)
-        wait_for(lambda: "n1" not in served.cache.problems())
+        wait_for(lambda: "n1" not in served.cache.problems.by_node())
         assert served.schedule(pod("after", share(30, 30)), ["n1"]) == "n1"

@@ -12,9 +12,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin.extender import Extender, best_node, rank_priorities, states_preferences
-from scheduler_plugin.metrics import Metrics
-from scheduler_plugin.views import Assumed
+from scheduler_plugin.decisions.extender import (
+    Extender,
+    best_node,
+    rank_priorities,
+    states_preferences,
+)
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.views.metrics import Metrics
 from tessera import resources as rn
 from tessera.cluster_decision import RowVerdicts
 from tessera.node_placement import NoFit
@@ -160,10 +165,10 @@ def test_the_array_answer_is_the_dict_answer(
     )
     for k, (s, node) in enumerate(pods):
         request = parse_pod(pod(f"o{k}", SHAPES[s], uid=f"uid-o{k}"))
-        if isinstance(cache.assume(request, node), Assumed):
-            cache.bind(request.uid)
+        if isinstance(cache.pods.assume(request, node), Assumed):
+            cache.pods.bind(request.uid)
     for node in silent:  # no heartbeat: the node takes no new pods
-        cache.lease_gone(heartbeat(node))
+        cache.leases.gone(heartbeat(node))
     fast, slow = _Counted(), _Counted()
     asked = pod("p", SHAPES[shape], uid="uid-p")
     arrays, dicts = Extender(cache, fast, answer="best"), _DictsOnly(cache, slow, answer="best")

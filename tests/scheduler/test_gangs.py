@@ -11,17 +11,17 @@ from typing import Any
 import pytest
 
 from fuzz.surface_reconciler import MemoryApi
-from scheduler_plugin.binder import BindArgs, Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import (
+from scheduler_plugin.decisions.binder import BindArgs, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     NodeHandler,
-    Reconciler,
 )
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
+from scheduler_plugin.watches.reconciler import Reconciler
 from tessera import resources as rn
 from tessera.gang.spec import GangKey
 from tessera.record import decode
@@ -150,7 +150,7 @@ def test_no_member_binds_until_the_gang_is_complete(cluster: Cluster) -> None:
         text = obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         alloc = decode(text, KEYRING, pod_uid=obj["metadata"]["uid"], node=node)
         assert len(alloc.containers[0].gpus) == 8
-    assert cluster.cache.gang_reservations() == []
+    assert cluster.cache.reservations.all() == []
 
 
 def test_a_member_filter_answers_only_its_reserved_node(cluster: Cluster) -> None:
@@ -207,7 +207,7 @@ def test_two_gangs_that_cannot_both_fit_one_whole_and_one_waiting_whole(cluster:
     for i in range(3):
         name = f"{placed}{i}"
         obj = cluster.api.pods.pop(name)
-        cluster.cache.pod_deleted(obj["metadata"]["uid"], f"ml/{name}")
+        cluster.cache.pods.deleted(obj["metadata"]["uid"], f"ml/{name}")
         cluster.members.event("DELETED", obj)
     cluster.nudged.clear()
     cluster.gangs.tick()
@@ -239,13 +239,13 @@ def test_an_unused_reservation_times_out_and_frees_its_devices(cluster: Cluster)
     cluster.create(member("s0", "slow"))
     cluster.create(member("s1", "slow"))
     (node,) = cluster.filter("s0")["NodeNames"]
-    assert cluster.cache.gang_reserved_node("uid-s0") == node
+    assert cluster.cache.reservations.reserved_node("uid-s0") == node
     cluster.now += 29
     cluster.gangs.tick()
-    assert cluster.cache.gang_reserved_node("uid-s0") == node
+    assert cluster.cache.reservations.reserved_node("uid-s0") == node
     cluster.now += 1
     cluster.gangs.tick()
-    assert cluster.cache.gang_reserved_node("uid-s0") is None
+    assert cluster.cache.reservations.reserved_node("uid-s0") is None
     assert cluster.cache.snapshot().allocations == {}
     # released: not planned again before the retry delay
     assert reasons(cluster.filter("s0")) == {"tessera: gang ml/slow: released, retrying soon"}
@@ -374,7 +374,7 @@ def test_the_ticker_plans_over_every_node_not_a_stale_offer(cluster: Cluster) ->
         "tessera: gang ml/pair: 2 members need 16 GPUs, 8 free"
     }
     cluster.gangs.tick()
-    assert cluster.cache.gang_reserved_node("uid-q0") is not None
+    assert cluster.cache.reservations.reserved_node("uid-q0") is not None
     assert len(cluster.nudged) == 2
 
 

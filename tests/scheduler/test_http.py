@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.http import tls_context
+from scheduler_plugin.serving.server import tls_context
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import Http, pod, populate, serving, share, start

@@ -34,10 +34,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from uvicorn.server import ServerState
 
-from scheduler_plugin import http2, limits
-from scheduler_plugin.http import tls_context
-from scheduler_plugin.metrics import sample
 from scheduler_plugin.service import Service
+from scheduler_plugin.serving import http2, limits
+from scheduler_plugin.serving.server import tls_context
+from scheduler_plugin.views.metrics import sample
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import pod, populate, running, share, start
 
@@ -295,7 +295,7 @@ def test_a_debug_watch_stream_ends_when_its_reader_resets_it(served: Service, pk
         client.conn.reset_stream(sid)
         client.flush()
         deadline = time.monotonic() + 10
-        while served._feeds:  # the stream gave its slot back
+        while served.views._feeds:  # the stream gave its slot back
             assert time.monotonic() < deadline, "the stream kept its slot"
             time.sleep(0.05)
         assert client.request("GET", "/healthz") == (200, b"ok\n")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.watches.handlers import InventoryHandler
 from tessera_testbed.inventory import inventory_spec
 
 

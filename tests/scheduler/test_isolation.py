@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 
 from fuzz import surface_reconciler
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import InventoryHandler, LeaseHandler, NodeHandler, Reconciler
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.recovery import Holds, Invalid, Verdict, judge, rebuild
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Holds, Invalid, Verdict
+from scheduler_plugin.watches.handlers import InventoryHandler, LeaseHandler, NodeHandler
+from scheduler_plugin.watches.reconciler import Reconciler
+from scheduler_plugin.watches.recovery import judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.model import NodeInventory
@@ -93,12 +95,12 @@ def test_a_poison_pod_does_not_stop_a_relist_and_fences_only_its_node(record: st
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("poison", "n", record), good])
-    assert cache.allocation("uid-good") is not None
-    assert "default/poison" in cache.invalid_records()
-    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.problems()
-    assert "untrusted allocation record" in cache.problems()["n"]
+    assert cache.pods.allocation("uid-good") is not None
+    assert "default/poison" in cache.problems.invalid_records()
+    assert cache.snapshot().record_fenced_nodes == {"n"} and "m" not in cache.problems.by_node()
+    assert "untrusted allocation record" in cache.problems.by_node()["n"]
     reconciler.event("DELETED", running_pod("poison", "n", record))
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems.by_node()
 
 
 def test_a_rebuild_survives_poison_pods_and_names_the_nodes_to_fence() -> None:
@@ -119,7 +121,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge = nodedevices("big", gpus=1)
     huge["spec"]["gpus"][0]["memoryMiB"] = 2**64
     InventoryHandler(cache).replace([huge, nodedevices("ok", gpus=1)])
-    assert "big" in cache.problems() and "ok" not in cache.problems()
+    assert "big" in cache.problems.by_node() and "ok" not in cache.problems.by_node()
     assert "ok" in cache.snapshot().nodes and "big" not in cache.snapshot().nodes
     reply = Extender(cache).filter(
         {"Pod": pod("x", share(10, 10), uid="x"), "NodeNames": ["big", "ok"]}
@@ -130,7 +132,7 @@ def test_an_overflowing_nodedevices_is_fenced_and_other_nodes_keep_scheduling() 
     huge["metadata"]["name"] = "ok"
     huge["spec"]["nodeName"] = "ok"
     InventoryHandler(cache).event("MODIFIED", huge)
-    assert "ok" in cache.problems()
+    assert "ok" in cache.problems.by_node()
 
 
 HOSTILE_OBJECTS: list[Any] = [
@@ -168,15 +170,18 @@ def test_copied_and_conflicting_records_fence_and_unfence_when_fixed() -> None:
     reconciler.replace([a])
     # a valid record of another pod copied onto b: b's real use is unknown
     reconciler.event("ADDED", running_pod("b", "n", signed("a", "n", core=60)))
-    assert "copied" not in cache.problems()["n"] and "default/b" in cache.problems()["n"]
+    assert (
+        "copied" not in cache.problems.by_node()["n"]
+        and "default/b" in cache.problems.by_node()["n"]
+    )
     # b gets a record of its own that overcommits the GPU with a: a conflict, still fenced
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=60)))
-    (fence,) = cache.fences()
+    (fence,) = cache.problems.fences()
     assert (fence.node, fence.uid) == ("n", "uid-b") and "conflicts" in fence.problem
     # fixed: b's record fits
     reconciler.event("MODIFIED", running_pod("b", "n", signed("b", "n", core=40)))
     assert isinstance(judge(running_pod("b", "n", signed("b", "n", core=40)), KEYRING), Holds)
-    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems()
+    assert not cache.snapshot().record_fenced_nodes and "n" not in cache.problems.by_node()
 
 
 def test_a_short_run_of_the_reconciler_attack_finds_no_crash_or_double_allocation() -> None:
@@ -189,18 +194,18 @@ def test_a_running_pod_whose_record_was_removed_fences_its_node() -> None:
     """Removing the annotation from a running pod must not free devices it still uses."""
     cache, reconciler = cache_with(["n"])
     reconciler.replace([running_pod("a", "n", signed("a", "n"))])
-    assert cache.allocation("uid-a") is not None
+    assert cache.pods.allocation("uid-a") is not None
     reconciler.event("MODIFIED", running_pod("a", "n", None))
-    assert "default/a" in cache.problems()["n"]
+    assert "default/a" in cache.problems.by_node()["n"]
     reconciler.event("MODIFIED", running_pod("a", "n", signed("a", "n")))
-    assert not cache.problems() and cache.allocation("uid-a") is not None
+    assert not cache.problems.by_node() and cache.pods.allocation("uid-a") is not None
     # pods that ask for no tessera device, or finished ones, hold nothing and fence nothing
     plain = running_pod("plain", "n", None)
     plain["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     done = running_pod("done", "n", None)
     done["status"]["phase"] = "Succeeded"
     reconciler.replace([running_pod("a", "n", signed("a", "n")), plain, done])
-    assert not cache.problems()
+    assert not cache.problems.by_node()
 
 
 def test_a_bug_while_handling_one_object_is_contained(
@@ -208,20 +213,20 @@ def test_a_bug_while_handling_one_object_is_contained(
 ) -> None:
     """Defence in depth: an unexpected exception for one object is logged as a bug with
     its name; the pod's node is fenced (its record cannot be trusted), the others go on."""
-    from scheduler_plugin import cluster
+    from scheduler_plugin.watches import reconciler as reconciler_module
 
-    real_judge = judge  # the function cluster.py imported from recovery.py
+    real_judge = judge  # the function reconciler.py imported from recovery.py
 
     def judge_with_a_bug(pod: Mapping[str, Any], keyring: KeySource | None) -> Verdict:
         if pod["metadata"]["name"] == "buggy":
             raise ZeroDivisionError("a bug")
         return real_judge(pod, keyring)
 
-    monkeypatch.setattr(cluster, "judge", judge_with_a_bug)
+    monkeypatch.setattr(reconciler_module, "judge", judge_with_a_bug)
     cache, reconciler = cache_with(["n", "m"])
     good = running_pod("good", "m", signed("good", "m"))
     reconciler.replace([running_pod("buggy", "n", signed("buggy", "n")), good])
-    assert cache.allocation("uid-good") is not None
+    assert cache.pods.allocation("uid-good") is not None
     assert cache.snapshot().record_fenced_nodes == {"n"}
     assert any("bug: handling pod default/buggy" in r.getMessage() for r in caplog.records)
     reconciler.event("MODIFIED", running_pod("buggy", "n", signed("buggy", "n")))
@@ -233,4 +238,4 @@ def test_a_bug_while_handling_one_object_is_contained(
 
     monkeypatch.setattr(NodeInventory, "from_dict", from_dict_with_a_bug)
     InventoryHandler(cache).replace([nodedevices("n"), nodedevices("m")])
-    assert {"n", "m"} <= set(cache.problems())
+    assert {"n", "m"} <= set(cache.problems.by_node())

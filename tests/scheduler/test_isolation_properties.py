@@ -32,19 +32,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from fuzz.surface_reconciler import MemoryApi
-from scheduler_plugin.binder import BindArgs, Binder
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.cluster import (
+from scheduler_plugin.decisions.binder import BindArgs, Binder
+from scheduler_plugin.decisions.extender import Extender
+from scheduler_plugin.decisions.gangs import Gangs
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
     InventoryHandler,
     LeaseHandler,
     NodeHandler,
-    Reconciler,
 )
-from scheduler_plugin.extender import Extender
-from scheduler_plugin.gangs import Gangs
-from scheduler_plugin.views import Assumed
+from scheduler_plugin.watches.reconciler import Reconciler
 from tessera import resources as rn
 from tessera.record import decode
 from tessera.resources import UNITS_PER_DEVICE
@@ -146,7 +146,7 @@ class Cluster(RuleBasedStateMachine):
 
     def _reserved(self) -> dict[str, str]:
         """Member UID -> reserved node, of every reservation."""
-        return {u: a.node for r in self.cache.gang_reservations() for u, a in r.members.items()}
+        return {u: a.node for r in self.cache.reservations.all() for u, a in r.members.items()}
 
     def _live(self, bound: bool = True) -> list[str]:
         return sorted(
@@ -166,7 +166,7 @@ class Cluster(RuleBasedStateMachine):
         self.api.pods[name] = obj
         result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
         if result["Error"]:
-            assert self.cache.allocation(uid) is None
+            assert self.cache.pods.allocation(uid) is None
             return
         text = obj["metadata"]["annotations"][rn.ALLOCATION_ANNOTATION]
         alloc = decode(text, KEYRING)
@@ -187,7 +187,7 @@ class Cluster(RuleBasedStateMachine):
             result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
         finally:
             self.api.fail_binding = False
-        assert result["Error"] and self.cache.allocation(uid) is None
+        assert result["Error"] and self.cache.pods.allocation(uid) is None
         del self.api.pods[name]
         self.reconciler.event("DELETED", pod(name, uid=uid))
 
@@ -307,12 +307,12 @@ class Cluster(RuleBasedStateMachine):
     def time_passes(self, seconds: int) -> None:
         """Heartbeats go stale; binds the watch never confirmed are read back."""
         self.now += seconds
-        self.cache.check_heartbeats()
+        self.cache.problems.check()
         # only the heartbeats that just ran out were looked at: a look at every node
         # finds nothing more
-        seen = dict(self.cache.problems())
-        self.cache.check_heartbeats(every_node=True)
-        assert dict(self.cache.problems()) == seen
+        seen = dict(self.cache.problems.by_node())
+        self.cache.problems.check(every_node=True)
+        assert dict(self.cache.problems.by_node()) == seen
         self.reconciler.expire_assumed(self.api)  # type: ignore[arg-type]
         self.gangs.tick()  # reservations past their timeout are released
 
@@ -324,14 +324,14 @@ class Cluster(RuleBasedStateMachine):
         uid = f"uid-{name}"
         obj = pod(name, share(20, 20), uid=uid)
         self.api.pods[name] = obj
-        outcome = self.cache.assume(self.extender.parse(obj), node)
+        outcome = self.cache.pods.assume(self.extender.parse(obj), node)
         if isinstance(outcome, Assumed):
             if deleted:
                 del self.api.pods[name]
             self.reconciler.event("DELETED" if deleted else "MODIFIED", copy.deepcopy(obj))
-            assert self.cache.allocation(uid) == outcome.allocation
-            self.cache.forget(uid, outcome.allocation)
-        assert self.cache.allocation(uid) is None
+            assert self.cache.pods.allocation(uid) == outcome.allocation
+            self.cache.pods.forget(uid, outcome.allocation)
+        assert self.cache.pods.allocation(uid) is None
         if not deleted:
             del self.api.pods[name]
             self.reconciler.event("DELETED", obj)
@@ -401,7 +401,7 @@ class Cluster(RuleBasedStateMachine):
             assert "reserved on node" in result["Error"]
             assert self._reserved()[uid] == node
             return
-        expected = self.cache.allocation(uid)
+        expected = self.cache.pods.allocation(uid)
         result = self.binder.bind(BindArgs(name, "default", uid, node).to_json())
         if result["Error"]:
             return  # e.g. the node became unusable: the reservation stays until it times out
@@ -490,13 +490,13 @@ class Cluster(RuleBasedStateMachine):
             # every pod here asks for devices: bound and running, it needs its own record
             if text is None or text != self.original.get(obj["metadata"]["uid"]):
                 expected.add(node)
-        assert self.cache.fenced_nodes() == expected
+        assert self.cache.problems.fenced() == expected
         silent = {
             n
             for n in self.inventories
             if n not in self.renewed or self.now - self.renewed[n] > LEASE + GRACE
         }
-        assert set(self.cache.problems()) == expected | silent
+        assert set(self.cache.problems.by_node()) == expected | silent
 
 
 def _gang_of(obj: dict[str, Any]) -> str | None:

@@ -44,7 +44,7 @@ def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake: Fak
         assert Served.over(fake, first).schedule(pod("a", share(50, 50)), ["n"]) == "n"
         first.stop(release=False)  # dies without releasing: the standby waits for expiry
         assert second.wait_ready(15)
-        wait_for(lambda: not second.cache.assumed() and second.cache.snapshot().allocations)
+        wait_for(lambda: not second.cache.pods.assumed() and second.cache.snapshot().allocations)
         assert Served.over(fake, second).schedule(pod("b", share(60, 60)), ["n"]) is None
         assert Served.over(fake, second).schedule(pod("c", share(50, 50)), ["n"]) == "n"
     finally:

@@ -9,9 +9,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from scheduler_plugin import metrics as m
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.metrics import GPU_FAMILIES, Metrics, gpu_chunks, sample
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views import metrics as m
+from scheduler_plugin.views.metrics import GPU_FAMILIES, Metrics, gpu_chunks, sample
 from tessera_testbed.inventory import inventory_spec
 
 
@@ -19,7 +19,7 @@ def cache_of(nodes: int, model: str) -> Cache:
     cache = Cache("binpack", require_heartbeat=False)
     for n in range(nodes):
         name = f"node-{n}"
-        cache.upsert_inventory(name, inventory_spec(name, 2, model=model))
+        cache.nodes.upsert(name, inventory_spec(name, 2, model=model))
     return cache
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.pending import MAX_TEXT, Refusals, scheduler_message
+from scheduler_plugin.views.pending import MAX_TEXT, Refusals, scheduler_message
 from tessera import resources as rn
 from tessera_testbed.apiserver import FakeApiServer
 from tests.scheduler.helpers import (
@@ -44,7 +44,7 @@ def test_the_overview_has_a_row_per_node_and_the_figures_per_model(
     _cluster(fake)
     with serving(fake) as served:
         assert served.schedule(pod("half", share(30, 60)), ["a"]) == "a"
-        wait_for(lambda: "b" in served.cache.problems())
+        wait_for(lambda: "b" in served.cache.problems.by_node())
         status, doc = _get(served, "/debug/overview")
         assert status == 200
         rows = {r["n"]: r for r in doc["nodes"]}
@@ -196,7 +196,7 @@ def test_waiting_gangs_are_listed_and_their_members_point_to_them(fake: FakeApiS
         # bound whole: the pair leaves the list
         node = served.filter(pair[0], ["a", "b"])["NodeNames"][0]
         assert served.bind(pair[0], node) == ""
-        other = served.cache.gang_reserved_node(pair[1]["metadata"]["uid"])
+        other = served.cache.reservations.reserved_node(pair[1]["metadata"]["uid"])
         assert other is not None and served.bind(pair[1], other) == ""
         wait_for(
             lambda: "ml/pair" not in {g["gang"] for g in _get(served, "/debug/pending")[1]["gangs"]}
@@ -267,4 +267,4 @@ def test_a_stream_whose_reader_left_gives_up_its_place(fake: FakeApiServer, view
             assert json.loads(answer.readline())["type"] in ("OVERVIEW", "SYNC")
             answer.close()
             conn.close()
-            wait_for(lambda: not served.service._feeds, timeout=10)
+            wait_for(lambda: not served.service.views._feeds, timeout=10)

@@ -23,8 +23,9 @@ import pytest
 from kube_edge import config
 from kube_edge.client import KubeClient
 from kube_edge.loop_client import LoopClient
-from scheduler_plugin.recovery import Holds, Invalid, Nothing, judge, rebuild
 from scheduler_plugin.service import Service
+from scheduler_plugin.state.values import Holds, Invalid, Nothing
+from scheduler_plugin.watches.recovery import judge, rebuild
 from tessera import resources as rn
 from tessera.allocation import PodAllocation
 from tessera.model import NodeInventory

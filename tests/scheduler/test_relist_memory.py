@@ -3,8 +3,9 @@ what it accounts is what a rebuild accounts, in the rebuild's order."""
 
 from __future__ import annotations
 
-from scheduler_plugin import cluster
-from scheduler_plugin.recovery import Holds, Invalid, judge
+from scheduler_plugin.state.values import Holds, Invalid
+from scheduler_plugin.watches import reconciler
+from scheduler_plugin.watches.recovery import judge
 from tessera.allocation import PodAllocation
 from tests.scheduler.helpers import KEYRING
 from tests.scheduler.test_isolation import cache_with, running_pod, signed
@@ -17,11 +18,11 @@ def test_a_relist_accounts_the_oldest_pod_first_whatever_the_list_order() -> Non
     new["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
     new["spec"]["priority"] = 7
     reconciler.replace([new, old])
-    assert cache.allocation("uid-old") is not None
-    assert cache.allocation("uid-new") is None  # 60% + 60% of one GPU: the newer loses
+    assert cache.pods.allocation("uid-old") is not None
+    assert cache.pods.allocation("uid-new") is None  # 60% + 60% of one GPU: the newer loses
     cache2, reconciler2 = cache_with(["n"])
     reconciler2.replace([old, new])
-    assert cache2.allocation("uid-old") == cache.allocation("uid-old")
+    assert cache2.pods.allocation("uid-old") == cache.pods.allocation("uid-old")
 
 
 def test_a_waiting_pod_keeps_the_allocation_bare_and_shares_its_creation_stamp() -> None:
@@ -33,10 +34,10 @@ def test_a_waiting_pod_keeps_the_allocation_bare_and_shares_its_creation_stamp()
         obj["metadata"]["creationTimestamp"] = "".join(["2026-01-01", "T00:00:00Z"])
         verdict = judge(obj, KEYRING)
         assert isinstance(verdict, Holds)
-        entries.append(cluster._waiting(obj, f"uid-{name}", verdict, stamps))
+        entries.append(reconciler._waiting(obj, f"uid-{name}", verdict, stamps))
     assert entries[0][0] is entries[1][0]
     assert isinstance(entries[0][7], PodAllocation)
     assert entries[0][1:7] == ("uid-a", "default", "a", "n", 0, False)
     invalid = Invalid("bad", "n")
     obj = running_pod("c", "n", "{")
-    assert cluster._waiting(obj, "uid-c", invalid, stamps)[7] is invalid
+    assert reconciler._waiting(obj, "uid-c", invalid, stamps)[7] is invalid

@@ -68,7 +68,7 @@ def test_old_records_count_and_are_re_signed_once_with_the_legacy_key(
         # the new record verifies on a node, which holds only public keys
         assert decode(record_of(fake, "old"), KEYRING.verifier()) == good
         assert signature_algorithm(record_of(fake, "forged")) == "HMAC-SHA256"
-        assert "default/forged" in service.cache.invalid_records()
+        assert "default/forged" in service.cache.problems.invalid_records()
         assert served.used_core("n") == 40
     finally:
         service.stop()
@@ -80,7 +80,7 @@ def test_without_the_legacy_key_old_records_are_untrusted(fake: FakeApiServer) -
     service = Service(options(), client_for(fake), KEYRING).start()
     try:
         assert service.wait_ready(10)
-        problems = wait_for(service.cache.invalid_records)
+        problems = wait_for(service.cache.problems.invalid_records)
         assert "default/old" in problems
         assert Served.over(fake, service).used_core("n") == 0
         assert signature_algorithm(record_of(fake, "old")) == "HMAC-SHA256"

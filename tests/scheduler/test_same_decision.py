@@ -57,7 +57,7 @@ def test_extender_places_a_trace_slice_as_the_simulator_does(fake: FakeApiServer
                 served.append(None)
                 continue
             created = fake.get("pods", pod.name, "default")
-            alloc = cluster.cache.allocation(created["metadata"]["uid"])
+            alloc = cluster.cache.pods.allocation(created["metadata"]["uid"])
             if alloc is None:  # a pod without devices has no allocation record
                 assert not pod.num_gpu
                 gpus: tuple[int, ...] = ()

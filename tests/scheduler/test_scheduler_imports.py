@@ -32,7 +32,7 @@ NOT_LOADED = frozenset(
         # uvicorn's package __init__ imports its command line (scheduler_plugin/__init__.py)
         "uvicorn.main",
         "click",
-        # HTTP/2 is served only with --http2 (scheduler_plugin/protocol.py)
+        # HTTP/2 is served only with --http2 (scheduler_plugin/serving/protocol.py)
         "h2",
         "hpack",
         "hyperframe",
@@ -45,5 +45,5 @@ def test_a_serving_scheduler_does_not_import_what_it_does_not_use() -> None:
         [sys.executable, "-c", _SERVING], capture_output=True, text=True, check=True
     )
     loaded = set(out.stdout.split())
-    assert "uvicorn.server" in loaded and "scheduler_plugin.extender" in loaded
+    assert "uvicorn.server" in loaded and "scheduler_plugin.decisions.extender" in loaded
     assert not NOT_LOADED & loaded

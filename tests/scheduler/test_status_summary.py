@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler_plugin.status_writer import mib_quantity, node_totals
+from scheduler_plugin.views.status_writer import mib_quantity, node_totals
 
 
 def _gpu(used: int, mem_total: int, mem_used: int, healthy: bool = True) -> dict[str, Any]:

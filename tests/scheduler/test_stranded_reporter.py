@@ -8,10 +8,10 @@ import copy
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from scheduler_plugin.cache import Cache
-from scheduler_plugin.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
-from scheduler_plugin.stranded_reporter import StrandedReporter
-from scheduler_plugin.views import Assumed
+from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.state.values import Assumed
+from scheduler_plugin.views.events import DEVICE_MISSING, DEVICE_UNHEALTHY, PodEvent
+from scheduler_plugin.views.stranded_reporter import StrandedReporter
 from tessera import resources as rn
 from tessera.request import parse_pod
 from tessera_testbed.inventory import inventory_spec
@@ -20,10 +20,10 @@ from tests.scheduler.helpers import pod
 
 def _place(cache: Cache, name: str, limits: dict[str, int]) -> Assumed | None:
     request = parse_pod(pod(name, limits, uid=f"uid-{name}"))
-    result = cache.assume(request, "n")
+    result = cache.pods.assume(request, "n")
     if not isinstance(result, Assumed):
         return None
-    cache.bind(request.uid)
+    cache.pods.bind(request.uid)
     return result
 
 
@@ -34,7 +34,7 @@ def _gauge(gauge: Gauge, registry: CollectorRegistry, state: str) -> float | Non
 def test_pods_on_a_gpu_gone_bad_or_missing_are_reported_and_nothing_is_given_twice() -> None:
     cache = Cache("binpack", require_heartbeat=False)
     spec = inventory_spec("n", gpus=4)
-    cache.upsert_inventory("n", spec)
+    cache.nodes.upsert("n", spec)
     placed = [_place(cache, f"p{i}", {rn.GPU: 100}) for i in range(3)]
     assert all(placed)
     on = {a.allocation.containers[0].gpus[0].index: a.allocation.name for a in placed if a}
@@ -49,7 +49,7 @@ def test_pods_on_a_gpu_gone_bad_or_missing_are_reported_and_nothing_is_given_twi
     changed["gpus"][0]["healthy"] = False
     changed["gpus"][0]["healthReason"] = "XID 79"
     gone = changed["gpus"].pop(1)
-    cache.upsert_inventory("n", changed)
+    cache.nodes.upsert("n", changed)
     reporter.flush()
     assert sorted((e.name, e.reason) for e in events) == sorted(
         [(on[0], DEVICE_UNHEALTHY), (on[1], DEVICE_MISSING)]
@@ -71,7 +71,7 @@ def test_pods_on_a_gpu_gone_bad_or_missing_are_reported_and_nothing_is_given_twi
     # the GPUs come back: their pods still hold them, so nothing is handed out twice
     changed["gpus"][0]["healthy"] = True
     changed["gpus"].insert(1, gone)
-    cache.upsert_inventory("n", changed)
+    cache.nodes.upsert("n", changed)
     reporter.flush()
     assert _gauge(gauge, registry, "unhealthy") == 0 and _gauge(gauge, registry, "missing") == 0
     assert _place(cache, "p5", {rn.GPU: 10}) is None

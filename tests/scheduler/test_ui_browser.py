@@ -26,7 +26,7 @@ from tests.scheduler.helpers import (
     wait_for,
 )
 
-# the page's palette and colour rule (scheduler_plugin.ui), to find a pod in the screenshot
+# the page's palette and colour rule (scheduler_plugin.views.ui), to find a pod in the screenshot
 _COLORS = ["#0969da", "#1a7f37", "#8250df", "#bf3989", "#9a6700", "#0a7f8c", "#bc4c00"]
 
 

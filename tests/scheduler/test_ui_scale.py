@@ -22,7 +22,7 @@ from tessera.resources import GPU
 from tessera_testbed.browser import CHROMIUM, Browser, wait_for
 
 NODES = 5000
-# the page's palette (scheduler_plugin/ui.js)
+# the page's palette (scheduler_plugin/views/ui.js)
 FREE, PART, MOST, FULL = (220, 235, 221), (140, 191, 224), (58, 127, 192), (11, 61, 117)
 NOT_READY_RING, FENCE_RING = (188, 76, 0), (207, 34, 46)
 
@@ -98,7 +98,7 @@ def test_every_cell_has_its_gpus_colour_and_closed_nodes_are_ringed(
 ) -> None:
     cluster, browser = big
     cache = cluster.service.cache
-    problems = cache.problems()
+    problems = cache.problems.by_node()
     checked = 0
     for name in cluster.names[:: NODES // 40]:
         if name in problems:
@@ -111,7 +111,7 @@ def test_every_cell_has_its_gpus_colour_and_closed_nodes_are_ringed(
             assert _near(_pixel(browser, name, g["index"]), want), (name, g["index"])
             checked += 1
     assert checked >= 300
-    fenced = cluster.service.cache.fenced_nodes()
+    fenced = cluster.service.cache.problems.fenced()
     for name in problems:
         ring = FENCE_RING if name in fenced else NOT_READY_RING
         assert _near(_pixel(browser, name, 0, ring=True), ring), name
@@ -154,7 +154,7 @@ def test_a_search_finds_a_pod(big: tuple[PageCluster, Browser]) -> None:
 def test_a_bind_recolours_its_cells(big: tuple[PageCluster, Browser]) -> None:
     cluster, browser = big
     cache = cluster.service.cache
-    problems = cache.problems()
+    problems = cache.problems.by_node()
     target, gpu = next(
         (name, g["index"])
         for name in cluster.names
@@ -189,7 +189,7 @@ def test_why_pending_lists_refused_pods_with_the_nearest_fit(
     service = cluster.service
     assert cluster.bind("too-big", {GPU: "1600"}, cluster.names) is None
     assert cluster.bind("eight-gpus", {GPU: "800"}, cluster.names) is None
-    want = service.debug_pending()["pods"]
+    want = service.views.pending()["pods"]
     assert [p["pod"] for p in want] == ["default/eight-gpus", "default/too-big"]
     near = want[0]["explain"]["nearest"]
     assert near and near[0]["reason"].startswith("needs 8 whole GPUs, ")

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_plugin import usage_view
-from scheduler_plugin.cache import Cache
+from scheduler_plugin.state import usage as usage_view
+from scheduler_plugin.state.cache import Cache
 from tessera import resources as rn
 from tessera.usage import (
     MAX_USAGE_BYTES,
@@ -204,7 +204,7 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def cache_with(*nodes: str) -> Cache:
     cache = Cache("binpack")
     for node in nodes:
-        cache.upsert_inventory(node, inventory_spec(node, gpus=1))
+        cache.nodes.upsert(node, inventory_spec(node, gpus=1))
     return cache
 
 
@@ -214,14 +214,14 @@ def test_the_lease_watch_only_keeps_the_text_and_a_view_decodes_it_once(
     cache = cache_with("n")
     status_changes: list[str] = []
     use_changes: list[str] = []
-    cache.lease_seen(lease("n", reading()))
+    cache.leases.seen(lease("n", reading()))
     cache.subscribe(status_changes.append)
-    cache.subscribe_usage(use_changes.append)
+    cache.leases.subscribe_usage(use_changes.append)
     for i in range(50):  # renewals, each with a new reading: kept, never decoded
-        cache.lease_seen(lease("n", encode_usage(NodeUsage(f"2026-01-01T00:00:{i:02}Z"))))
+        cache.leases.seen(lease("n", encode_usage(NodeUsage(f"2026-01-01T00:00:{i:02}Z"))))
     assert decodes == [] and use_changes == ["n"] * 50
     assert status_changes == []  # the status writer hears nothing of readings
-    cache.lease_seen(lease("n", encode_usage(NodeUsage("2026-01-01T00:00:49Z"))))  # same text
+    cache.leases.seen(lease("n", encode_usage(NodeUsage("2026-01-01T00:00:49Z"))))  # same text
     assert len(use_changes) == 50
     for _ in range(3):
         node = cache.node_view("n")
@@ -236,7 +236,7 @@ def test_decoded_readings_are_kept_for_the_most_recently_viewed_nodes_only(
 ) -> None:
     monkeypatch.setattr(usage_view, "MEMO_NODES", 2)
     cache = cache_with("a", "b", "c")
-    cache.replace_leases([lease(n, encode_usage(NodeUsage(f"{n}-at"))) for n in "abc"])
+    cache.leases.replace([lease(n, encode_usage(NodeUsage(f"{n}-at"))) for n in "abc"])
     for node in "abca":  # a's decoded reading was dropped for c's
         cache.node_view(node)
     assert len(decodes) == 4
@@ -246,11 +246,11 @@ def test_decoded_readings_are_kept_for_the_most_recently_viewed_nodes_only(
 
 def test_a_reading_goes_with_its_lease(decodes: list[str]) -> None:
     cache = cache_with("a", "b")
-    cache.replace_leases([lease("a", reading()), lease("b", reading())])
+    cache.leases.replace([lease("a", reading()), lease("b", reading())])
     a, b = cache.node_view("a"), cache.node_view("b")
     assert a is not None and b is not None and a["usage"]["known"] and b["usage"]["known"]
-    cache.lease_gone(lease("a", None))
-    cache.replace_leases([lease("a", None)])  # b's Lease is gone; a's has no reading
+    cache.leases.gone(lease("a", None))
+    cache.leases.replace([lease("a", None)])  # b's Lease is gone; a's has no reading
     a, b = cache.node_view("a"), cache.node_view("b")
     assert a is not None and b is not None
     assert rn.USAGE_ANNOTATION in a["usage"]["reason"]
@@ -261,10 +261,10 @@ def test_an_unreadable_reading_is_logged_once_per_node_until_it_reads_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     cache = cache_with("n", "m")
-    caplog.set_level(logging.WARNING, logger="scheduler_plugin.usage_view")
+    caplog.set_level(logging.WARNING, logger="scheduler_plugin.state.usage")
 
     def show(node: str, text: str) -> None:
-        cache.lease_seen(lease(node, text))
+        cache.leases.seen(lease(node, text))
         cache.node_view(node)
         cache.node_view(node)
 
@@ -300,11 +300,11 @@ def test_any_annotation_gives_a_view_and_leaves_the_other_nodes_alone(value: Any
     cache = cache_with("hostile", "fine")
     hostile = heartbeat("hostile")
     hostile["metadata"]["annotations"] = {rn.USAGE_ANNOTATION: value}
-    cache.replace_leases([hostile, lease("fine", reading())])
+    cache.leases.replace([hostile, lease("fine", reading())])
     node = cache.node_view("hostile")
     assert node is not None and isinstance(node["usage"]["known"], bool)
     assert node["usage"]["known"] or node["usage"]["reason"]
     json.dumps(node)
     fine = cache.node_view("fine")
     assert fine is not None and fine["usage"]["known"]
-    assert not cache.problems()  # a reading never makes a node unusable
+    assert not cache.problems.by_node()  # a reading never makes a node unusable

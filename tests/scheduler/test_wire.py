@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler_plugin.binder import BindArgs
+from scheduler_plugin.decisions.binder import BindArgs
 from tessera import resources as rn
 from tessera.record import decode as decode_record
 from tessera_testbed.apiserver import FakeApiServer

@@ -1,0 +1,1 @@
+"""The decisions: filter, prioritize and preempt over the state, bind, and gangs."""

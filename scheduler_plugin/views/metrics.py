@@ -1,0 +1,259 @@
+"""Prometheus metrics of the extender.
+
+Counters and histograms are updated on the request path (cheap: a dict lookup and an add).
+Per-GPU gauges are not kept at all: they are read from the cluster state when Prometheus
+scrapes, so 40,000 GPUs cost nothing between scrapes. A scrape renders them itself, a few
+hundred nodes at a time, as chunks of text the server streams out: through the client
+library's sample objects, 120,000 series took 50 MiB and a second of CPU per scrape. (A
+family's chunks are read one after the other, so two GPUs' values may be a few
+milliseconds apart.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from tessera.resources import UNITS_PER_DEVICE
+
+if TYPE_CHECKING:
+    from scheduler_plugin.state.cache import Cache
+    from scheduler_plugin.state.values import GpuUsage
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_MIB = 1 << 20  # metrics are in base units: bytes, not the MiB the model counts in
+GPU_BATCH: Final = 250
+"""Nodes read (and rendered) per chunk of the per-GPU series."""
+
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+"""Buckets of the extender's call durations (bench.floor_extender uses them too, so the
+two compare quantile for quantile)."""
+
+
+def _core_ratio(g: GpuUsage) -> float:
+    return (UNITS_PER_DEVICE - g.free_core) / UNITS_PER_DEVICE
+
+
+def _memory_allocated(g: GpuUsage) -> float:
+    return float((g.memory_mib - g.free_memory_mib) * _MIB)
+
+
+def _memory_total(g: GpuUsage) -> float:
+    return float(g.memory_mib * _MIB)
+
+
+GPU_FAMILIES: Final[tuple[tuple[str, str, Callable[[GpuUsage], float]], ...]] = (
+    (
+        "tessera_gpu_core_allocated_ratio",
+        "Compute share of the GPU allocated to pods, from 0 (none) to 1 (all of it)",
+        _core_ratio,
+    ),
+    ("tessera_gpu_memory_allocated_bytes", "GPU memory allocated to pods", _memory_allocated),
+    ("tessera_gpu_memory_total_bytes", "GPU memory of the device", _memory_total),
+)
+"""The per-GPU gauges, labelled {gpu, model, node, uuid}."""
+
+
+def _number(value: float) -> str:
+    """A sample value as the client library writes it (Go's float formatting)."""
+    return str(floatToGoString(value))  # type: ignore[no-untyped-call]
+
+
+def _label(value: str) -> str:
+    """A label value as the text format writes it (backslash, quote and newline escaped)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def gpu_chunks(cache: Cache) -> Iterator[bytes]:
+    """The per-GPU families in the text exposition format, `GPU_BATCH` nodes per chunk."""
+    names = cache.node_names()
+    for name, documentation, value in GPU_FAMILIES:
+        yield f"# HELP {name} {documentation}\n# TYPE {name} gauge\n".encode()
+        for first in range(0, len(names), GPU_BATCH):
+            rows = cache.gpu_usage(names[first : first + GPU_BATCH])
+            yield "".join(
+                f'{name}{{gpu="{g.index}",model="{_label(g.model)}",node="{_label(g.node)}",'
+                f'uuid="{_label(g.uuid)}"}} {_number(value(g))}\n'
+                for g in rows
+            ).encode()
+
+
+class _StateCollector(Collector):
+    def __init__(self, source: Callable[[], Cache | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cache = self._source()
+        unusable = GaugeMetricFamily(
+            "tessera_nodes_unusable",
+            "Nodes that take no new tessera pods (bad inventory or silent node agent)",
+        )
+        invalid = GaugeMetricFamily(
+            "tessera_invalid_allocation_records",
+            "Pods whose allocation record does not count (forged, corrupt or conflicting)",
+        )
+        fenced = GaugeMetricFamily(
+            "tessera_scheduler_fenced_nodes",
+            "Nodes fenced for new tessera pods, by reason: a running pod with an untrusted "
+            "allocation record, or a NodeDevices that does not parse or index",
+            labels=["reason"],
+        )
+        pods = GaugeMetricFamily(
+            "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
+        )
+        if cache is not None:
+            stats = cache.stats()
+            unusable.add_metric([], stats.unusable)
+            invalid.add_metric([], stats.invalid_records)
+            fenced.add_metric(["untrusted_record"], stats.fenced_untrusted)
+            fenced.add_metric(["invalid_inventory"], stats.fenced_inventory)
+            pods.add_metric(["assumed"], stats.assumed)
+            pods.add_metric(["confirmed"], stats.confirmed)
+            pods.add_metric(["pending_node"], stats.pending_node)
+        yield from (unusable, invalid, fenced, pods)
+
+
+class Metrics:
+    """Everything /metrics shows; one registry per service (tests run several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._cache: Cache | None = None
+        self._latency: dict[str, Any] = {}
+        self._decided: dict[tuple[str, str], Any] = {}
+        self._failed: dict[str, Any] = {}
+        r = self.registry
+        self.requests = Histogram(
+            "tessera_scheduler_request_duration_seconds",
+            "Time to answer an extender call, by verb",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decisions = Counter(
+            "tessera_scheduler_decisions",
+            "Extender decisions by verb and outcome",
+            ["verb", "outcome"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "tessera_scheduler_node_failures",
+            "Nodes rejected by filter, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.binding_writes = Histogram(
+            "tessera_scheduler_binding_write_seconds",
+            "Time from sending a bind's Binding to the API server's answer, as "
+            "tessera-scheduler reads it (beside the API server's own time for it, the "
+            "difference is the wait on the way and for this process's event loop)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.bind_failures = Counter(
+            "tessera_scheduler_bind_failures",
+            "Binds that failed, by step",
+            ["step"],
+            registry=r,
+        )
+        self.watch_relists = Counter(
+            "tessera_scheduler_watch_relists",
+            "Full relists of a watched resource (start, 410 Gone, errors)",
+            ["resource"],
+            registry=r,
+        )
+        self.leader = Gauge(
+            "tessera_scheduler_leader", "1 when this replica is the leader", registry=r
+        )
+        self.ready = Gauge(
+            "tessera_scheduler_ready", "1 when this replica answers extender calls", registry=r
+        )
+        self.stranded = Gauge(
+            "tessera_scheduler_stranded_grants",
+            "Container grants on a GPU or RDMA NIC that its node now reports unhealthy or no "
+            "longer lists, by state (unhealthy, missing); the pods have a Warning Event",
+            ["state"],
+            registry=r,
+        )
+        self.status_writes = Counter(
+            "tessera_scheduler_status_writes",
+            "NodeDevices status updates, by outcome",
+            ["outcome"],
+            registry=r,
+        )
+        self.connections = Counter(
+            "tessera_scheduler_connections",
+            "Client connections accepted on the extender port, by protocol (h2, http/1.1): "
+            "kube-scheduler on HTTP/2 keeps one connection, on HTTP/1.1 it opens one per "
+            "overlapping call",
+            ["protocol"],
+            registry=r,
+        )
+        r.register(_StateCollector(lambda: self._cache))
+
+    def attach(self, cache: Cache) -> None:
+        self._cache = cache
+
+    def observe(self, verb: str, seconds: float, outcome: str) -> None:
+        # the labelled children are looked up once (labels() costs a lock and a tuple)
+        latency = self._latency.get(verb)
+        if latency is None:
+            latency = self._latency[verb] = self.requests.labels(verb)
+        counter = self._decided.get((verb, outcome))
+        if counter is None:
+            counter = self._decided[(verb, outcome)] = self.decisions.labels(verb, outcome)
+        latency.observe(seconds)
+        counter.inc()
+
+    def node_failures(self, reasons: Mapping[str, int]) -> None:
+        # the reasons are a few labels (decisions/extender.py, reason_category)
+        for reason, count in reasons.items():
+            counter = self._failed.get(reason)
+            if counter is None:
+                counter = self._failed[reason] = self.failures.labels(reason)
+            counter.inc(count)
+
+    def chunks(self) -> Iterator[bytes]:
+        """The whole exposition, in chunks (the per-GPU series last, read in batches)."""
+        yield generate_latest(self.registry)
+        if self._cache is not None:
+            yield from gpu_chunks(self._cache)
+
+    def render(self) -> bytes:
+        return b"".join(self.chunks())
+
+
+def sample(metrics: Metrics, name: str, labels: Mapping[str, str] | None = None) -> Any:
+    """A metric's current value, or None (tests and the debug API; a per-GPU value is
+    looked up in a full rendering)."""
+    wanted = dict(labels or {})
+    value = metrics.registry.get_sample_value(name, wanted)
+    if value is not None or not name.startswith("tessera_gpu_"):
+        return value
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            if s.name == name and s.labels == wanted:
+                return s.value
+    return None
