@@ -6,7 +6,6 @@ tessera-isolation mps       keep NVIDIA's MPS control daemon running
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import socket
@@ -16,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli import CliParser, Commands, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
 from tessera_cli.values import absolute_path, node_name
@@ -167,33 +166,18 @@ class MpsConfig:
 
 
 def build_parser() -> CliParser:
-    parser = CliParser(
-        prog=PROG,
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=CliParser
-    )
-    install_parser = sub.add_parser(
-        "install",
-        help="copy HAMi-core's library from the image onto the host",
-        description=INSTALL_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    commands = Commands(PROG, DESCRIPTION)
+    install_parser = commands.add(
+        "install", "copy HAMi-core's library from the image onto the host", INSTALL_DESCRIPTION
     )
     add_flags(install_parser, InstallConfig)
     add_log_flags(install_parser.add_argument_group("logs"))
-    mps_parser = sub.add_parser(
-        "mps",
-        help="keep NVIDIA's MPS control daemon running",
-        description=MPS_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    mps_parser = commands.add("mps", "keep NVIDIA's MPS control daemon running", MPS_DESCRIPTION)
     add_flags(mps_parser, MpsConfig)
     output = mps_parser.add_argument_group("logs and metrics")
     add_log_flags(output)
     add_metrics_flags(output, MPS_METRICS_PORT)
-    return parser
+    return commands.parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
