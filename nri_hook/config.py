@@ -19,7 +19,7 @@ from nri_hook.plugin import (
 )
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE, DEFAULT_NRI_PLUGIN_NAME
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import absolute_path, node_name, whole
+from tessera_cli.values import node_name, whole
 from tessera_edge.node_cli import LOGS_AND_METRICS
 
 DEFAULT_PLUGIN_INDEX = "50"
@@ -64,11 +64,10 @@ def _vf_prefix(text: str) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NriHookConfig:
-    socket: str = _CONNECTION.flag(
+    socket: str = _CONNECTION.path(
         "NRI socket of containerd to dial (default: %(default)s). Not used when containerd "
         f"launched the plugin ({PLUGIN_SOCKET_ENV} set).",
-        default=DEFAULT_SOCKET_PATH,
-        metavar="PATH",
+        DEFAULT_SOCKET_PATH,
     )
     plugin_name: str = _CONNECTION.flag(
         "name to register under; letters, digits, _ . + - (default: %(default)s). "
@@ -95,55 +94,51 @@ class NriHookConfig:
         default=None,
         metavar="NAME",
     )
-    integrity_key_file: str = _RECORDS.flag(
+    integrity_key_file: str = _RECORDS.path(
         "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
         "verify the scheduler's Ed25519 record signatures; private keys are refused. Re-read "
         "when the files change (checked every 10 s), so rotation needs no restart (default: "
         "%(default)s)",
-        default=DEFAULT_INTEGRITY_KEY_FILE,
-        metavar="PATH",
+        DEFAULT_INTEGRITY_KEY_FILE,
     )
     no_integrity: bool = _RECORDS.switch(
         "accept records without checking their integrity proof. Anyone who can create a pod "
         "can then claim any device: for test clusters only"
     )
-    on_invalid_record: OnInvalid = _RECORDS.flag(  # noqa: RUF009 -- a field, not a value
+    on_invalid_record: OnInvalid = _RECORDS.choice(  # noqa: RUF009 -- a field, not a value
         "what to do with a malformed or forged record, or one naming a device this node "
         "lacks: fail the container creation (and a sandbox start that must move VFs) with an "
         "error saying what is wrong, or log a warning and leave the container untouched "
         "(default: %(default)s)",
-        choices=("fail", "warn"),
-        default="fail",
+        ("fail", "warn"),
+        "fail",
     )
 
-    device_root: str = _DEVICES.flag(
+    device_root: str = _DEVICES.directory(
         "where the host's /dev, /sys and /proc/driver/nvidia are visible; device type, major, "
         "minor and mode are read from <DIR>/dev/... (default: %(default)s; /host in the "
         "DaemonSet)",
-        default="/",
-        metavar="DIR",
+        "/",
     )
-    isolation: str | None = _DEVICES.flag(
+    isolation: str | None = _DEVICES.choice(
         "GPU sharing layer that limits each GPU share: 'mps' sets "
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS "
         "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and "
         "CUDA_DEVICE_SM_LIMIT_<i> per GPU and mounts a tmpfs for the library's region; "
         "'none' only gives the devices and needs --allow-unisolated-sharing (default: none "
         "chosen, and the hook refuses to start)",
-        choices=ISOLATION_LAYERS,
-        default=None,
+        ISOLATION_LAYERS,
     )
     allow_unisolated_sharing: bool = _DEVICES.switch(
         "with --isolation=none: accept that pods sharing a GPU are not limited in memory or "
         "compute (each such container is logged as a warning and counted in "
         "tessera_nri_unisolated_gpu_shares_total)"
     )
-    mps_pipe_dir: str = _DEVICES.flag(
+    mps_pipe_dir: str = _DEVICES.directory(
         "host directory of the MPS control daemon's pipes, mounted at the same path (with "
         "--isolation=mps; default: %(default)s)",
-        type=absolute_path,
-        default=DEFAULT_MPS_PIPE_DIR,
-        metavar="DIR",
+        DEFAULT_MPS_PIPE_DIR,
+        absolute=True,
     )
     mps_client_user: int | None = _DEVICES.flag(
         "with --isolation=mps: the Linux user whose containers MPS serves, a uid or 'any' "
@@ -157,12 +152,11 @@ class NriHookConfig:
         default=0,
         metavar="UID|any",
     )
-    hami_core_library: str = _DEVICES.flag(
+    hami_core_library: str = _DEVICES.path(
         "host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD (with "
         "--isolation=hami-core; default: none, the node or image provides it)",
-        type=absolute_path,
-        default="",
-        metavar="PATH",
+        "",
+        absolute=True,
     )
 
     no_vf_netdevs: bool = _VF_NETDEVS.switch(
@@ -176,11 +170,10 @@ class NriHookConfig:
         metavar="PREFIX",
     )
 
-    log_file: str = _OUTPUT.flag(
+    log_file: str = _OUTPUT.path(
         "append logs to this file (default: stderr; a plugin launched by containerd has its "
         "stderr sent to /dev/null, so give it a file)",
-        default="",
-        metavar="PATH",
+        "",
     )
     # the flags every node program shares (tessera_edge.logs, tessera_cli.metrics)
     log_format: str

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tessera_cli import CliParser, Commands, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
-from tessera_cli.values import absolute_path, node_name
+from tessera_cli.values import node_name
 from tessera_edge.hami_core import LibraryError, install, load_source, node_arch, record_error
 from tessera_edge.host_paths import (
     DEFAULT_HAMI_CORE_LIBRARY,
@@ -86,24 +86,21 @@ _MPS = FlagGroup("the MPS daemon")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallConfig:
-    source: str = _INSTALL.flag(
+    source: str = _INSTALL.directory(
         "the image's folder holding libvgpu.so and libvgpu.json. Default: %(default)s.",
-        default=HAMI_CORE_IMAGE_DIR,
-        metavar="DIR",
+        HAMI_CORE_IMAGE_DIR,
     )
-    hami_core_library: str = _INSTALL.flag(
+    hami_core_library: str = _INSTALL.path(
         "host path to install the library at (the NRI hook's --hami-core-library); the "
         "stamp goes beside it. Default: %(default)s.",
-        type=absolute_path,
-        default=DEFAULT_HAMI_CORE_LIBRARY,
-        metavar="PATH",
+        DEFAULT_HAMI_CORE_LIBRARY,
+        absolute=True,
     )
-    host_root: str = _INSTALL.flag(
+    host_root: str = _INSTALL.directory(
         "where the host's files are visible (the library's host folder is mounted under "
         "it, read-write). Default: %(default)s; /host in the DaemonSet.",
-        type=absolute_path,
-        default="/",
-        metavar="DIR",
+        "/",
+        absolute=True,
     )
     log_format: str = "text"
     log_level: str = "info"
@@ -111,29 +108,24 @@ class InstallConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MpsConfig:
-    mps_pipe_dir: str = _MPS.flag(
+    mps_pipe_dir: str = _MPS.directory(
         "the daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY), the host path the NRI hook "
         "mounts into containers. Default: %(default)s.",
-        type=absolute_path,
-        default=MPS_PIPE_DIR,
-        metavar="DIR",
+        MPS_PIPE_DIR,
+        absolute=True,
     )
-    mps_log_dir: str = _MPS.flag(
+    mps_log_dir: str = _MPS.directory(
         "the daemon's log directory (CUDA_MPS_LOG_DIRECTORY: control.log, server.log). "
         "Default: %(default)s.",
-        type=absolute_path,
-        default=MPS_LOG_DIR,
-        metavar="DIR",
+        MPS_LOG_DIR,
+        absolute=True,
     )
-    mps_control: str = _MPS.flag(
+    mps_control: str = _MPS.path(
         "the control daemon's binary: a name looked up on PATH, or a path. Default: %(default)s.",
-        default=MPS_CONTROL,
-        metavar="PATH",
+        MPS_CONTROL,
     )
-    nvidia_smi: str = _MPS.flag(
-        "nvidia-smi, which sets the compute mode. Default: %(default)s.",
-        default=NVIDIA_SMI,
-        metavar="PATH",
+    nvidia_smi: str = _MPS.path(
+        "nvidia-smi, which sets the compute mode. Default: %(default)s.", NVIDIA_SMI
     )
     multi_user: bool = _MPS.switch(
         "start the daemon in multi-user mode (-M; Volta and later GPUs): the clients of "

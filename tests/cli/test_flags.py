@@ -104,3 +104,52 @@ def test_a_duration_shows_seconds_in_help() -> None:
     parser = CliParser(prog="prog", env={})
     add_flags(parser, _Kinds)
     assert "--wait SECONDS" in parser.format_help()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Paths:
+    config: str | None = _FIRST.path("a file")
+    library: str = _FIRST.path("a host file", "/usr/lib/x.so", absolute=True)
+    work: str = _FIRST.directory("a folder", "work")
+    host: str = _FIRST.directory("a host folder", "/", absolute=True)
+    mode: str | None = _FIRST.choice("how", ("fast", "slow"))
+    side: str = _FIRST.choice("which", ("left", "right"), "left")
+
+
+def _paths(argv: list[str]) -> _Paths:
+    parser = CliParser(prog="prog", env={})
+    add_flags(parser, _Paths)
+    return config_from(_Paths, parser.parse_args(argv))
+
+
+def test_paths_directories_and_choices_default_and_parse() -> None:
+    assert _paths([]) == _Paths(
+        config=None, library="/usr/lib/x.so", work="work", host="/", mode=None, side="left"
+    )
+    given = _paths(["--config", "c.yaml", "--work", "w", "--host", "/host", "--mode", "slow"])
+    assert (given.config, given.work, given.host, given.mode) == ("c.yaml", "w", "/host", "slow")
+
+
+def test_paths_and_directories_name_their_kind_in_help() -> None:
+    parser = CliParser(prog="prog", env={})
+    add_flags(parser, _Paths)
+    text = " ".join(parser.format_help().split())
+    for shown in ("--config PATH", "--library PATH", "--work DIR", "--host DIR", "{fast,slow}"):
+        assert shown in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--library", "x.so"], ["--host", "host"], ["--mode", "medium"]],
+)
+def test_a_relative_host_path_or_an_unknown_choice_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _paths(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_a_relative_path_is_kept_where_it_may_be() -> None:
+    assert _paths(["--config", "rel/c.yaml", "--work", "rel"]).work == "rel"
