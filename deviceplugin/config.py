@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass
 
 from deviceplugin.backend import BACKENDS
@@ -25,16 +24,21 @@ from deviceplugin.server import (
     DEFAULT_SOCKET_POLL_S,
 )
 from deviceplugin.usage_monitor import DEFAULT_USAGE_INTERVAL_S
-from tessera.isolation import LAYERS
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
     DEFAULT_MEMORY_UNIT_MIB,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import namespace, node_name, non_empty, whole
-from tessera_edge.host_paths import DEFAULT_HAMI_CORE_LIBRARY, MPS_PIPE_DIR
-from tessera_edge.node_cli import LOGS_AND_METRICS
+from tessera_cli.values import namespace, non_empty, whole
+from tessera_edge.node_cli import (
+    LOGS_AND_METRICS,
+    hami_core_library_flag,
+    host_root_flag,
+    isolation_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+)
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
 """Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
@@ -88,12 +92,7 @@ class DevicePluginConfig:
         "read NICs from sysfs only (netlink via pyroute2 adds interface names, link and VF "
         "state, and about 20 MB of memory)"
     )
-    node_name: str = _DISCOVERY.flag(
-        "this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
-        "else the host name (%(default)s).",
-        type=node_name,
-        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname(),
-    )
+    node_name: str = node_name_flag(_DISCOVERY, "the NodeDevices object, Lease and labels")
 
     device_plugin_dir: str = _KUBELET.directory(
         "the kubelet's device-plugins directory; one socket per resource is created here. "
@@ -210,36 +209,21 @@ class DevicePluginConfig:
         allow_zero=True,
     )
     proc_root: str = _USAGE.directory(
-        "the host's /proc, where NVML's process IDs are found (the DaemonSet runs in the "
-        "host's PID namespace, so its own /proc is the host's). Default: %(default)s.",
+        "the host's /proc, where NVML's process IDs (and the MPS control daemon's) are found "
+        "(the DaemonSet runs in the host's PID namespace, so its own /proc is the host's). "
+        "Default: %(default)s.",
         "/proc",
     )
 
-    isolation: str | None = _ISOLATION.choice(
-        "the node's GPU isolation layer, as the NRI hook's --isolation: hami-core (the "
-        "library at --hami-core-library, installed whole), mps (a live MPS control daemon "
-        "in --mps-pipe-dir) or none. Default: not reported (the scheduler then treats the "
-        "node as before).",
-        LAYERS,
+    isolation: str | None = isolation_flag(
+        _ISOLATION,
+        "The agent reports whether it is in place (the library installed whole, the daemon "
+        "running); give the NRI hook the same. Default: not reported (the scheduler then "
+        "treats the node as before).",
     )
-    hami_core_library: str = _ISOLATION.path(
-        "host path of HAMi-core's libvgpu.so (its stamp libvgpu.json beside it names the "
-        "version tessera installed). Default: %(default)s.",
-        DEFAULT_HAMI_CORE_LIBRARY,
-        absolute=True,
-    )
-    mps_pipe_dir: str = _ISOLATION.directory(
-        "host directory of the MPS control daemon's pipes and pid file. Default: %(default)s.",
-        MPS_PIPE_DIR,
-        absolute=True,
-    )
-    host_root: str = _ISOLATION.directory(
-        "where the host's files of the layer are visible: the library's and the pipe "
-        "directory's host paths are read under it (the daemon's process in --proc-root). "
-        "Default: %(default)s; /host in the DaemonSet.",
-        "/",
-        absolute=True,
-    )
+    hami_core_library: str = hami_core_library_flag(_ISOLATION)
+    mps_pipe_dir: str = mps_pipe_dir_flag(_ISOLATION)
+    host_root: str = host_root_flag(_ISOLATION)
 
     print_inventory: bool = _OUTPUT.switch(
         "discover, print the inventory (the NodeDevices spec) and the unit counts as JSON, "

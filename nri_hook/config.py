@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS
 from nri_hook.enforce import OnInvalid
 from nri_hook.netdev import IFNAMSIZ
 from nri_hook.plugin import (
@@ -19,8 +18,13 @@ from nri_hook.plugin import (
 )
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE, DEFAULT_NRI_PLUGIN_NAME
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import node_name, whole
-from tessera_edge.node_cli import LOGS_AND_METRICS
+from tessera_cli.values import whole
+from tessera_edge.node_cli import (
+    LOGS_AND_METRICS,
+    isolation_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+)
 
 DEFAULT_PLUGIN_INDEX = "50"
 MAX_REGISTRATION_TIMEOUT: Final = 3600.0
@@ -87,13 +91,7 @@ class NriHookConfig:
         high=MAX_REGISTRATION_TIMEOUT,
     )
 
-    node_name: str | None = _RECORDS.flag(
-        "this node's Kubernetes name; a record for another node is refused (default: "
-        "$NODE_NAME, else the lower-cased host name, as kubelet does)",
-        type=node_name,
-        default=None,
-        metavar="NAME",
-    )
+    node_name: str = node_name_flag(_RECORDS, "a record for another node is refused")
     integrity_key_file: str = _RECORDS.path(
         "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
         "verify the scheduler's Ed25519 record signatures; private keys are refused. Re-read "
@@ -120,26 +118,19 @@ class NriHookConfig:
         "DaemonSet)",
         "/",
     )
-    isolation: str | None = _DEVICES.choice(
-        "GPU sharing layer that limits each GPU share: 'mps' sets "
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS "
-        "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and "
-        "CUDA_DEVICE_SM_LIMIT_<i> per GPU and mounts a tmpfs for the library's region; "
-        "'none' only gives the devices and needs --allow-unisolated-sharing (default: none "
-        "chosen, and the hook refuses to start)",
-        ISOLATION_LAYERS,
+    isolation: str | None = isolation_flag(
+        _DEVICES,
+        "The hook sets the layer's variables in each container given part of a GPU and "
+        "mounts the library's region (a tmpfs) or the pipe directory; none only gives the "
+        "devices and needs --allow-unisolated-sharing (default: none chosen, and the hook "
+        "refuses to start).",
     )
     allow_unisolated_sharing: bool = _DEVICES.switch(
         "with --isolation=none: accept that pods sharing a GPU are not limited in memory or "
         "compute (each such container is logged as a warning and counted in "
         "tessera_nri_unisolated_gpu_shares_total)"
     )
-    mps_pipe_dir: str = _DEVICES.directory(
-        "host directory of the MPS control daemon's pipes, mounted at the same path (with "
-        "--isolation=mps; default: %(default)s)",
-        DEFAULT_MPS_PIPE_DIR,
-        absolute=True,
-    )
+    mps_pipe_dir: str = mps_pipe_dir_flag(_DEVICES)
     mps_client_user: int | None = _DEVICES.flag(
         "with --isolation=mps: the Linux user whose containers MPS serves, a uid or 'any' "
         "(the daemon in multi-user mode, tessera-isolation mps --multi-user). MPS serves one "

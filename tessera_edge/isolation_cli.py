@@ -7,8 +7,6 @@ tessera-isolation mps       keep NVIDIA's MPS control daemon running
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -18,18 +16,17 @@ from typing import TYPE_CHECKING
 from tessera_cli import CliParser, Commands, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
-from tessera_cli.values import node_name
 from tessera_edge.hami_core import LibraryError, install, load_source, node_arch, record_error
-from tessera_edge.host_paths import (
-    DEFAULT_HAMI_CORE_LIBRARY,
-    HAMI_CORE_IMAGE_DIR,
-    MPS_LOG_DIR,
-    MPS_PIPE_DIR,
-    under,
-)
+from tessera_edge.host_paths import HAMI_CORE_IMAGE_DIR, MPS_LOG_DIR, under
 from tessera_edge.logs import add_log_flags, setup_logging
 from tessera_edge.mps_supervisor import MPS_CONTROL, NVIDIA_SMI, MpsSettings, MpsSupervisor
-from tessera_edge.node_cli import stop_on_signals
+from tessera_edge.node_cli import (
+    hami_core_library_flag,
+    host_root_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+    stop_on_signals,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -90,30 +87,15 @@ class InstallConfig:
         "the image's folder holding libvgpu.so and libvgpu.json. Default: %(default)s.",
         HAMI_CORE_IMAGE_DIR,
     )
-    hami_core_library: str = _INSTALL.path(
-        "host path to install the library at (the NRI hook's --hami-core-library); the "
-        "stamp goes beside it. Default: %(default)s.",
-        DEFAULT_HAMI_CORE_LIBRARY,
-        absolute=True,
-    )
-    host_root: str = _INSTALL.directory(
-        "where the host's files are visible (the library's host folder is mounted under "
-        "it, read-write). Default: %(default)s; /host in the DaemonSet.",
-        "/",
-        absolute=True,
-    )
+    hami_core_library: str = hami_core_library_flag(_INSTALL)
+    host_root: str = host_root_flag(_INSTALL)
     log_format: str = "text"
     log_level: str = "info"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MpsConfig:
-    mps_pipe_dir: str = _MPS.directory(
-        "the daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY), the host path the NRI hook "
-        "mounts into containers. Default: %(default)s.",
-        MPS_PIPE_DIR,
-        absolute=True,
-    )
+    mps_pipe_dir: str = mps_pipe_dir_flag(_MPS)
     mps_log_dir: str = _MPS.directory(
         "the daemon's log directory (CUDA_MPS_LOG_DIRECTORY: control.log, server.log). "
         "Default: %(default)s.",
@@ -144,13 +126,7 @@ class MpsConfig:
         "Default: %(default)s.",
         default=20.0,
     )
-    node_name: str = _MPS.flag(
-        "this node's name, the metrics' node label. Default: $NODE_NAME, else the host "
-        "name (%(default)s).",
-        type=node_name,
-        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().lower(),
-        metavar="NAME",
-    )
+    node_name: str = node_name_flag(_MPS, "the metrics' node label")
     log_format: str = "text"
     log_level: str = "info"
     metrics_port: int = 0
