@@ -517,6 +517,12 @@ def _check_unique(r: _Reader, path: str, values: Iterable[object], key: str) -> 
         seen.add(value)
 
 
+def models_allow(models: Sequence[str], model: str) -> bool:
+    """Whether a pod limited to the GPU `models` (hints; empty: any) may use a GPU of
+    `model`."""
+    return not models or any(model_matches(model, m) for m in models)
+
+
 def model_matches(model: str, wanted: str) -> bool:
     """Whether a GPU model name matches a user's model hint.
 

@@ -264,6 +264,19 @@ class SpreadPolicy(Policy):
         return 1.0 - _utilization_after(index, rows, case)
 
 
+def gpu_slots(index: ClusterIndex, rows: IntArray) -> BoolArray:
+    """[rows, slots] the slots of each row that hold a healthy GPU (a row's slots past its
+    GPUs have no model)."""
+    out: BoolArray = index.healthy[rows] & (index.model[rows] >= 0)
+    return out
+
+
+def idle_core(index: ClusterIndex, rows: IntArray) -> IntArray:
+    """Each row's free GPU compute on its healthy GPUs (percent of one GPU)."""
+    out: IntArray = (index.free_core[rows] * gpu_slots(index, rows)).sum(axis=1)
+    return out
+
+
 def case_positions(rows: IntArray, sub: IntArray) -> IntArray:
     """Positions in `rows` of the rows `sub` (a subset of `rows`)."""
     if sub is rows:

@@ -4,7 +4,13 @@ from pathlib import Path
 import pytest
 
 from tessera.errors import InventoryError
-from tessera.model import NodeInventory, PciDevice, model_matches, normalize_bus_id
+from tessera.model import (
+    NodeInventory,
+    PciDevice,
+    model_matches,
+    models_allow,
+    normalize_bus_id,
+)
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
 
 from .builders import gpu_entry
@@ -124,6 +130,22 @@ def test_health_changes_make_new_inventories() -> None:
 )
 def test_model_matching(wanted: str, expected: bool) -> None:
     assert model_matches("NVIDIA H100 80GB HBM3", wanted) is expected
+
+
+@pytest.mark.parametrize(
+    ("models", "expected"),
+    [
+        ((), True),
+        (("h100",), True),
+        (("A100", "H100"), True),
+        (("A100",), False),
+        (("H10",), False),
+    ],
+)
+def test_a_pods_model_hints_allow_a_gpu_when_one_matches_or_there_are_none(
+    models: tuple[str, ...], expected: bool
+) -> None:
+    assert models_allow(models, "NVIDIA H100 80GB HBM3") is expected
 
 
 def test_from_dict_shares_every_string_it_keeps() -> None:
