@@ -45,9 +45,7 @@ from tessera.scoring_policy import (
     IntArray,
     Option,
     Policy,
-    ShareCase,
     VectorCase,
-    WholeCase,
     idle_core,
     restrict_case,
 )
@@ -61,14 +59,6 @@ MAX_GPU_PERCENT = 8 * UNITS_PER_DEVICE
 """The largest node's GPUs (8), in percent of one GPU."""
 
 RANDOM, DOTPROD, BESTFIT, FGD = "random", "dotprod", "bestfit", "fgd"
-
-
-def _demand(case: VectorCase) -> int:
-    if isinstance(case, ShareCase):
-        return case.core
-    if isinstance(case, WholeCase):
-        return UNITS_PER_DEVICE * case.count
-    return 0
 
 
 def _request_demand(request: PodRequest) -> int:
@@ -220,7 +210,7 @@ class DotProdPolicy(ReferencePolicy):
         cpu_free = np.minimum(index.cpu_free[rows], MAX_CPU_MILLI)
         dot = (cpu_free / MAX_CPU_MILLI) * (case.cpu_milli / MAX_CPU_MILLI) + (
             idle_core(index, rows) / MAX_GPU_PERCENT
-        ) * (_demand(case) / MAX_GPU_PERCENT)
+        ) * (case.core_asked / MAX_GPU_PERCENT)
         out: FloatArray = np.floor((1.0 - dot / 2) * 100) / 100
         return out
 
@@ -245,7 +235,7 @@ class BestFitPolicy(ReferencePolicy):
         cpu_free = np.minimum(index.cpu_free[rows], MAX_CPU_MILLI)
         left = (
             0.5 * (cpu_free - case.cpu_milli) / MAX_CPU_MILLI
-            + 0.5 * (idle_core(index, rows) - _demand(case)) / MAX_GPU_PERCENT
+            + 0.5 * (idle_core(index, rows) - case.core_asked) / MAX_GPU_PERCENT
         )
         out: FloatArray = np.floor((1.0 - left) * 100) / 100
         return out

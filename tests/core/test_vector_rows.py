@@ -11,7 +11,8 @@ from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation
 from tessera.cluster_index import ClusterIndex
 from tessera.cluster_state import ClusterState
 from tessera.fragmentation import ShapeCache
-from tessera.scoring_policy import HostCase, IntArray, WholeCase, gpu_slots, idle_core
+from tessera.resources import UNITS_PER_DEVICE
+from tessera.scoring_policy import HostCase, IntArray, ShareCase, WholeCase, gpu_slots, idle_core
 from tests.core.test_fragmentation_policy import inventory
 
 _NODE = st.tuples(
@@ -72,3 +73,11 @@ def test_the_shape_cache_keys_a_case_by_its_kind_and_shape() -> None:
     cache.for_case(index, rows, unknown, 0, compute)
     cache.for_case(index, rows, unknown, 0, compute)  # no shape: never cached
     assert computed == [[0, 1, 2]] * 4
+
+
+def test_a_case_says_the_gpu_compute_it_asks() -> None:
+    need = np.zeros((1, 2), dtype=np.int64)
+    fits = np.ones((1, 2), dtype=np.bool_)
+    assert ShareCase(30, need, fits).core_asked == 30
+    assert WholeCase(2, fits).core_asked == 2 * UNITS_PER_DEVICE
+    assert HostCase(cpu_milli=500).core_asked == 0
