@@ -4,6 +4,7 @@ section; the parsed values come back as the config, environment twins included."
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -90,14 +91,21 @@ def test_switches_and_durations_default_and_parse() -> None:
     assert _kinds([], env) == _Kinds(verbose=True, checks=False, wait=2.0, poll=60.0)
 
 
+def _refused(
+    parse: Callable[[list[str]], object], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error (exit status 2) naming the flag."""
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--wait", "0"], ["--poll", "61"], ["--wait", "soon"]])
 def test_a_duration_out_of_its_range_is_a_usage_error(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exc:
-        _kinds(argv)
-    assert exc.value.code == 2
-    assert argv[0] in capsys.readouterr().err
+    _refused(_kinds, argv, capsys)
 
 
 def test_a_duration_shows_seconds_in_help() -> None:
@@ -145,10 +153,7 @@ def test_paths_and_directories_name_their_kind_in_help() -> None:
 def test_a_relative_host_path_or_an_unknown_choice_is_a_usage_error(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exc:
-        _paths(argv)
-    assert exc.value.code == 2
-    assert argv[0] in capsys.readouterr().err
+    _refused(_paths, argv, capsys)
 
 
 def test_a_relative_path_is_kept_where_it_may_be() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +13,7 @@ from deviceplugin.cli import build_parser as device_plugin_parser
 from nri_hook.cli import build_parser as nri_hook_parser
 from tessera_edge.isolation_cli import build_parser as isolation_parser
 from tessera_edge.node_cli import default_node_name
+from tests.cli.test_every_cli import _all_parsers
 
 SHARED = {
     "--node-name": {"tessera-device-plugin", "tessera-nri-hook", "tessera-isolation mps"},
@@ -30,18 +31,10 @@ PROGRAMS: tuple[Callable[[], argparse.ArgumentParser], ...] = (
 )
 
 
-def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
-    yield parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                yield from _parsers(sub)
-
-
 def _takers(flag: str) -> dict[str, argparse.Action]:
     found = {}
     for build in PROGRAMS:
-        for parser in _parsers(build()):
+        for parser in _all_parsers(build()):
             for action in parser._actions:
                 if flag in action.option_strings:
                     found[parser.prog] = action
