@@ -477,12 +477,7 @@ def test_a_node_whose_layer_is_down_takes_whole_gpus_and_no_share_until_it_is_up
             with contextlib.suppress(ApiError):
                 P.delete_now(cp.admin, name)
         agent.stop()
-        for path in (
-            f"/apis/tessera.dev/v1alpha1/nodedevices/{LAYER_NODE}",
-            f"/api/v1/nodes/{LAYER_NODE}",
-        ):
-            with contextlib.suppress(ApiError):
-                cp.admin.request("DELETE", path)
+        cp.remove_node(LAYER_NODE)
 
 
 def test_binds_survive_leaders_killed_at_random(control_plane: ControlPlane) -> None:
