@@ -47,6 +47,7 @@ class Problems(Part):
     node whose reason changed."""
 
     __slots__ = (
+        "_closings",
         "_conflicting",
         "_fenced_by",
         "_fences",
@@ -73,6 +74,9 @@ class Problems(Part):
         self._require_heartbeat = require_heartbeat
         self._problems: dict[str, str] = {}
         """Nodes that take no new tessera pods, with the reason (resolvable)."""
+        self._closings = 0
+        """Grows whenever a node starts or stops taking pods (not when only its reason's
+        text changes, as a silent node's age does every second)."""
         self._view: Mapping[str, str] | None = None
         """A read-only copy of `_problems`, made on demand, dropped on every change."""
         self._invalid: dict[str, tuple[str, str]] = {}
@@ -108,7 +112,10 @@ class Problems(Part):
                 return
             if problem is None:
                 del self._problems[node]
+                self._closings += 1
             else:
+                if node not in self._problems:
+                    self._closings += 1
                 self._problems[node] = problem
             self._view = None
             self._notify(node)
@@ -258,6 +265,12 @@ class Problems(Part):
     def count(self) -> int:
         with self._lock:
             return len(self._problems)
+
+    @property
+    def closings(self) -> int:
+        """Grows whenever a node starts or stops taking new pods (a key for what was
+        judged over the usable nodes, such as a gang's last plan)."""
+        return self._closings
 
     def fences(self) -> tuple[Fence, ...]:
         with self._lock:

@@ -12,7 +12,7 @@ milliseconds apart.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -100,12 +100,18 @@ def gpu_chunks(cache: Cache) -> Iterator[bytes]:
             ).encode()
 
 
+class GangCounts(Protocol):
+    """What /metrics reads of the gangs (decisions/gangs.py)."""
+
+    def past_timeout(self) -> int: ...
+
+
 class _StateCollector(Collector):
-    def __init__(self, source: Callable[[], Cache | None]) -> None:
-        self._source = source
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        cache = self._source()
+        cache = self._metrics.cache
         unusable = GaugeMetricFamily(
             "tessera_nodes_unusable",
             "Nodes that take no new tessera pods (bad inventory or silent node agent)",
@@ -123,6 +129,12 @@ class _StateCollector(Collector):
         pods = GaugeMetricFamily(
             "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
         )
+        gangs = GaugeMetricFamily(
+            "tessera_scheduler_gangs_waiting_past_timeout",
+            "Gangs with a member that has waited unbound longer than its PodGroup's "
+            "scheduleTimeoutSeconds, counted from when this scheduler first saw the member "
+            "pending",
+        )
         if cache is not None:
             stats = cache.stats()
             unusable.add_metric([], stats.unusable)
@@ -132,7 +144,9 @@ class _StateCollector(Collector):
             pods.add_metric(["assumed"], stats.assumed)
             pods.add_metric(["confirmed"], stats.confirmed)
             pods.add_metric(["pending_node"], stats.pending_node)
-        yield from (unusable, invalid, fenced, pods)
+            counts = self._metrics.gangs
+            gangs.add_metric([], 0 if counts is None else counts.past_timeout())
+        yield from (unusable, invalid, fenced, pods, gangs)
 
 
 class Metrics:
@@ -140,7 +154,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._cache: Cache | None = None
+        self.cache: Cache | None = None
+        self.gangs: GangCounts | None = None
         self._latency: dict[str, Any] = {}
         self._decided: dict[tuple[str, str], Any] = {}
         self._failed: dict[str, Any] = {}
@@ -211,10 +226,11 @@ class Metrics:
             ["protocol"],
             registry=r,
         )
-        r.register(_StateCollector(lambda: self._cache))
+        r.register(_StateCollector(self))
 
-    def attach(self, cache: Cache) -> None:
-        self._cache = cache
+    def attach(self, cache: Cache, gangs: GangCounts | None = None) -> None:
+        self.cache = cache
+        self.gangs = gangs
 
     def observe(self, verb: str, seconds: float, outcome: str) -> None:
         # the labelled children are looked up once (labels() costs a lock and a tuple)
@@ -238,8 +254,8 @@ class Metrics:
     def chunks(self) -> Iterator[bytes]:
         """The whole exposition, in chunks (the per-GPU series last, read in batches)."""
         yield generate_latest(self.registry)
-        if self._cache is not None:
-            yield from gpu_chunks(self._cache)
+        if self.cache is not None:
+            yield from gpu_chunks(self.cache)
 
     def render(self) -> bytes:
         return b"".join(self.chunks())
