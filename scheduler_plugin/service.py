@@ -165,6 +165,8 @@ class Service:
         )
         self.metrics.attach(self.cache, self.gangs)
         self.leader: LeaderElector | None = None
+        # without an election this replica is the one that serves (`_leading`): it says so
+        self.metrics.leader.set(0 if options.leader_elect else 1)
         if options.leader_elect:
             self.leader = LeaderElector(
                 client,
