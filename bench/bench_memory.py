@@ -273,22 +273,29 @@ def memory_child() -> None:
     service.server.stop()
 
 
-def serving_with_keyring(keyring: Any) -> Any:
-    """A Service around `keyring` serving HTTP on a free port; its status writer writes
-    into a sink and leads (no API server)."""
+def serving_with_keyring(keyring: Any, health_port: int | None = None) -> Any:
+    """A Service around `keyring` serving HTTP on a free port (and with `health_port`, 0
+    for a free one, its plain-HTTP health port too); its status writer writes into a sink
+    and leads (no API server)."""
     from kube_edge.client import KubeClient
     from scheduler_plugin.service import Options, Service
 
     client = KubeClient.for_host("http://127.0.0.1:9")
-    service = Service(
-        Options(host="127.0.0.1", port=0, leader_elect=False, write_status=False),
-        client,
-        keyring,
+    options = Options(
+        host="127.0.0.1",
+        port=0,
+        leader_elect=False,
+        write_status=False,
+        health_host="127.0.0.1",
+        health_port=health_port,
     )
+    service = Service(options, client, keyring)
     service.status_writer.client = _Sink()  # type: ignore[assignment]
     for informer in service.informers:
         informer.synced.set()
     service.server.start()
+    if service.health_server is not None:
+        service.health_server.start()
     return service
 
 

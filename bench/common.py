@@ -40,14 +40,29 @@ class Result:
     """The goal; None when the figure is informational."""
     lower_is_better: bool = True
     note: str = ""
+    ran: bool = True
+    """False: the benchmark could not run here (`note` says why); no figure, no verdict."""
+
+    @classmethod
+    def not_run(cls, name: str, unit: str, target: float | None, why: str) -> Result:
+        """A row of a benchmark that could not run here, saying why."""
+        return cls(name, math.nan, unit, target, note=f"not run: {why}", ran=False)
 
     @property
     def ok(self) -> bool:
-        if self.target is None:
+        if self.target is None or not self.ran:
             return True
         return self.value <= self.target if self.lower_is_better else self.value >= self.target
 
+    def verdict(self) -> str:
+        """The table's `holds` column."""
+        if not self.ran:
+            return "not run"
+        return "yes" if self.ok else "NO"
+
     def measured_text(self) -> str:
+        if not self.ran:
+            return "not run"
         return f"{self.value:.3g} {self.unit}"
 
     def target_text(self) -> str:

@@ -41,8 +41,7 @@ def render(results: list[tuple[str, Result]], quick: bool) -> str:
     ]
     for module, r in results:
         lines.append(
-            f"| {module} | {r.name} | {r.measured_text()} | {r.target_text()} | "
-            f"{'yes' if r.ok else 'NO'} |"
+            f"| {module} | {r.name} | {r.measured_text()} | {r.target_text()} | {r.verdict()} |"
         )
     notes = [f"- {r.name}: {r.note}" for _, r in results if r.note]
     if notes:

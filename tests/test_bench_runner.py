@@ -91,3 +91,31 @@ def test_merge_replaces_one_modules_rows_and_notes_only() -> None:
     notes = lines[lines.index("Notes:") + 1 :]
     assert notes[0] == "- fast: a's note" and notes[1].startswith("- paint: new paint (measured ")
     assert new.endswith(f"{scale.SECTION_START}\n| scale | row |\n{scale.SECTION_END}\n")
+
+
+def test_a_benchmark_that_cannot_run_says_why_and_fails_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row without its tool (Prometheus, say) reads `not run` where the figure and the
+    verdict go, with the reason in its note, and does not fail `make bench`."""
+    missed = Result.not_run("scrape p99", "s", 2.0, "needs Prometheus")
+    doc = fake_bench(monkeypatch, tmp_path, [missed, Result("a figure", 1.0, "ms", 2.0)])
+    assert run_all.main([]) == 0
+    lines = doc.read_text().splitlines()
+    assert "| fake | scrape p99 | not run | <= 2 s | not run |" in lines
+    assert "- scrape p99: not run: needs Prometheus" in lines
+
+
+def test_the_scrape_benchmark_without_prometheus_marks_its_rows_not_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import bench_scrape
+    from tests.e2e import prometheus as prom
+
+    monkeypatch.setenv(prom.BINARY_VAR, "/nonexistent/prometheus")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    results = bench_scrape.run(BenchContext(openb=Path("/nonexistent"), quick=False))
+    assert [r.measured_text() for r in results] == ["not run"] * 4
+    assert all(r.ok and "apt-get install prometheus" in r.note for r in results)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.strip().startswith("not run: the scrape benchmark needs Prometheus")

@@ -54,6 +54,32 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         assert metric in text
 
 
+REPLICATED = (
+    "tessera_gpu_core_allocated_ratio",
+    "tessera_gpu_memory_allocated_bytes",
+    "tessera_gpu_memory_total_bytes",
+    "tessera_scheduler_fenced_nodes",
+    "tessera_nodes_unusable",
+    "tessera_invalid_allocation_records",
+    "tessera_pods_allocated",
+)
+"""The cluster's state as tessera-scheduler exports it: every replica does (the standby
+keeps its watches in sync), so a sum over the replicas scraped counts it once per replica."""
+READY_ONLY = re.compile(
+    rf"\(({'|'.join(REPLICATED)}) and on \(instance\) tessera_scheduler_ready == 1\)"
+)
+
+
+def test_the_cluster_state_is_read_from_the_ready_replica_alone() -> None:
+    """Both shipped replicas are scraped (the metrics Service publishes unready pods too):
+    each read of the replicated state keeps the ready replica's series only."""
+    for panel in _panels():
+        for target in panel["targets"]:  # type: ignore[attr-defined]
+            expr = str(target["expr"])
+            reads = [m for m in METRIC.findall(expr) if m in REPLICATED]
+            assert len(READY_ONLY.findall(expr)) == len(reads), (panel["title"], expr)
+
+
 def test_panels_do_not_overlap_and_fit_the_grid() -> None:
     cells: set[tuple[int, int]] = set()
     for panel in _panels():

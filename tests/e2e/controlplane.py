@@ -604,6 +604,25 @@ class ControlPlane:
         ]
         self.admin.merge_patch(f"/api/v1/nodes/{node}", {"spec": {"taints": taints or None}})
 
+    def remove_node(self, node: str) -> None:
+        """The node leaves the cluster for good (its programs already stopped): its Node is
+        deleted, and what the garbage collector would delete with it (no controller manager
+        runs here): its NodeDevices and heartbeat Lease, which its agent made owned by the
+        Node. Otherwise tessera-scheduler keeps counting it as a node whose agent is
+        silent."""
+        paths = (
+            f"/api/v1/nodes/{node}",
+            f"/apis/{rn.INVENTORY_API_VERSION}/{rn.INVENTORY_PLURAL}/{node}",
+            f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/"
+            f"{rn.HEARTBEAT_LEASE_PREFIX}{node}",
+        )
+        for path in paths:
+            try:
+                self.admin.request("DELETE", path)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+
     # --- shutdown and logs -------------------------------------------------------------------
 
     def stop(self) -> dict[str, int | None]:

@@ -369,6 +369,9 @@ class Node:
         self.sock = self.work / "containerd.sock"
         self.nri_sock = self.work / "nri.sock"
         self.procs: dict[str, Proc] = {}
+        self.metrics_ports = {"agent": free_port(), "nri-hook": free_port()}
+        """Each program's /metrics port on 127.0.0.1 (9465 and 9466 as shipped, where one
+        node is one host); the same across restarts, as a DaemonSet pod's."""
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -494,9 +497,13 @@ class Node:
                 "--lease-duration=8",
                 "--health-query-interval=0",
                 "--no-netlink",
+                *self._metrics_flags("agent"),
             ],
             PYTHON_ENV,
         )
+
+    def _metrics_flags(self, program: str) -> list[str]:
+        return [f"--metrics-port={self.metrics_ports[program]}", "--metrics-address=127.0.0.1"]
 
     @property
     def hami_core_library(self) -> Path:
@@ -525,6 +532,7 @@ class Node:
                 "--isolation=hami-core",
                 f"--hami-core-library={lib}",
                 "--log-level=info",
+                *self._metrics_flags("nri-hook"),
             ],
             PYTHON_ENV,
         )

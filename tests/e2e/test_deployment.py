@@ -86,6 +86,7 @@ def deployed_node(control_plane: ControlPlane) -> Iterator[Node]:
         yield n
     finally:
         n.stop()
+        cp.remove_node(name)
 
 
 def _secrets(cp: ControlPlane) -> None:

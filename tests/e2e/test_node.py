@@ -18,15 +18,20 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import re
 import time
+import urllib.request
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kube_edge.client import pod_path
 from protos.kubelet.podresources.v1 import api_pb2 as prpb
@@ -34,10 +39,11 @@ from protos.kubelet.podresources.v1 import api_pb2_grpc as prpb_grpc
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation
 from tessera_edge.host_paths import NRI_GATE_DESTINATION as GATE
-from tests.e2e import binaries
+from tests.e2e import binaries, grafana
 from tests.e2e import node_chaos as C  # noqa: N812 - read as 'chaos.'
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
-from tests.e2e.controlplane import ControlPlane, keyring, wait_for
+from tests.e2e import prometheus as prom
+from tests.e2e.controlplane import ROOT, ControlPlane, free_port, keyring, wait_for
 from tests.e2e.node import (
     IMAGE,
     PEER_SUFFIX,
@@ -101,6 +107,7 @@ def node(request: pytest.FixtureRequest, control_plane: ControlPlane) -> Iterato
             if obj["spec"].get("nodeName") == name:
                 P.delete_now(cp.admin, obj["metadata"]["name"])
         n.stop()
+        cp.remove_node(name)
 
 
 def _running(cp: ControlPlane, name: str) -> dict[str, Any]:
@@ -276,11 +283,12 @@ def test_pods_run_with_exactly_their_devices(node: Node) -> None:
             _check_isolation(spec, granted, str(node.hami_core_library))
 
 
-def _vf_pod(node: Node) -> tuple[str, list[str], str]:
-    """n-vf's name, its record's VF netdevs and its network namespace (from the OCI spec
-    of its container: the sandbox's, or the host's '' when it uses host networking)."""
+def _vf_pod(node: Node, name: str = "") -> tuple[str, list[str], str]:
+    """The VF pod's name (n-vf's unless named), its record's VF netdevs and its network
+    namespace (from the OCI spec of its container: the sandbox's, or the host's '' when it
+    uses host networking)."""
     cp = node.cp
-    name = f"n-vf-{node.name}"
+    name = name or f"n-vf-{node.name}"
     obj = cp.admin.get(pod_path(P.NS, name))
     alloc = P.record(obj, keyring(cp.integrity_dir))
     netdevs = [vf.netdev for c in alloc.containers for r in c.rdma for vf in r.vfs]
@@ -533,6 +541,322 @@ def test_vf_netdev_returns_to_the_host_when_the_pod_goes(node: Node) -> None:
         return set(netdevs) <= links()
 
     wait_for(back, RUN_TIMEOUT, f"{name}'s VF netdevs {netdevs} back in the host", every=1)
+
+
+# --- a real Prometheus -----------------------------------------------------------------------
+
+SCRAPE_INTERVAL = 2.0
+EVALUATION_INTERVAL = 0.5
+"""Prometheus's intervals in this suite: short, so that the cases take seconds. Rules are
+evaluated four times a scrape, so an alert's state follows a scrape within half a second."""
+SILENT_ALERT = "TesseraNodeAgentSilent"
+SILENT_FOR = 20.0
+"""The heartbeat alert's `for:` here. Its shipped 10 minutes is more than a case can
+wait, so Prometheus loads the shipped rule file as it is and, beside it, a file holding
+that one alert with only its `for:` shortened (written by prometheus.with_shorter_for;
+prometheus.changed_fields checks that nothing else differs). The shipped rule, on the same
+series, must be pending while its twin fires."""
+DASHBOARD = ROOT / "deploy" / "grafana" / "tessera-dashboard.json"
+GRAFANA_MAX_DATA_POINTS = 1000
+"""Grafana's max data points for a panel is its width in pixels: about 1,000 here. With
+the dashboard's 6 hours that makes `$__interval` 20s; the data source's scrape interval
+setting is this Prometheus's, 2 s, so `$__rate_interval` is 22s."""
+NO_GPU_PROCESS = (
+    "a container's GPU use: the suite's containers are busybox on the fake backend, so the"
+    " node agent's usage loop finds no GPU process to attribute"
+)
+NOT_FILLED = {
+    ("Decisions by outcome", "B"): "bind failures: none here (the counter has no series"
+    " until a bind fails)",
+    ("GPU isolation gaps (NRI hook)", "A"): "hooks without an isolation layer: this hook runs"
+    ' hami-core, so no series has layer="none"',
+    ("GPU shares: used vs granted (node agents)", "A"): NO_GPU_PROCESS,
+    ("GPU shares: used vs granted (node agents)", "B"): NO_GPU_PROCESS,
+    ("GPU shares: used vs granted (node agents)", "C"): NO_GPU_PROCESS,
+    ("Shares over their grant (node agents)", "B"): NO_GPU_PROCESS,
+}
+"""The dashboard queries this node's traffic leaves without data, and why; every other
+query must answer data (a finite value) once the case's pods have run."""
+NOT_FILLED_WITHOUT_CNI = {
+    ("RDMA VF moves (NRI hook)", "A"): "VF moves: without the CNI plugins the VF share runs"
+    " in the host's network namespace, where its VF already is",
+}
+
+
+@pytest.fixture(scope="module")
+def prometheus(node: Node) -> Iterator[prom.Prometheus]:
+    """Debian's Prometheus scraping both tessera-scheduler replicas (health port), this
+    node's agent and its NRI hook (metrics ports), with the shipped rule file and the
+    heartbeat alert's twin; started once all four targets answer."""
+    executable = prom.binary()
+    if executable is None:
+        pytest.skip(prom.missing("the node suite's Prometheus cases"))
+    cp = node.cp
+    work = node.work / "prometheus"
+    work.mkdir(exist_ok=True)
+    shipped = yaml.safe_load(prom.RULES.read_text())
+    twin = prom.with_shorter_for(shipped, SILENT_ALERT, prom.duration(SILENT_FOR))
+    group, _ = prom.find_alert(shipped, SILENT_ALERT)
+    assert prom.changed_fields(shipped, twin) == [f"{group['name']}/{SILENT_ALERT}: for"]
+    twin_file = work / "heartbeat-alert-short-for.yaml"
+    twin_file.write_text(yaml.safe_dump(twin, sort_keys=False))
+    jobs = {
+        prom.SCHEDULER_JOB: [f"127.0.0.1:{port}" for port in cp.health_ports.values()],
+        prom.AGENT_JOB: [f"127.0.0.1:{node.metrics_ports['agent']}"],
+        prom.HOOK_JOB: [f"127.0.0.1:{node.metrics_ports['nri-hook']}"],
+    }
+    config = prom.scrape_config(
+        jobs,
+        scrape_interval=SCRAPE_INTERVAL,
+        evaluation_interval=EVALUATION_INTERVAL,
+        rule_files=(prom.RULES, twin_file),
+    )
+    targets = sum(len(t) for t in jobs.values())
+    with prom.running(executable, work, config, free_port()) as running:
+
+        def all_up() -> bool:
+            up = running.targets_up()
+            return len(up) == targets and all(up.values())
+
+        wait_for(all_up, 60, f"Prometheus scraping its {targets} targets", every=1)
+        yield running
+
+
+def test_the_shipped_rules_evaluate_on_the_real_series(prometheus: prom.Prometheus) -> None:
+    """Every alert of the shipped rule file is loaded and evaluates without an error on what
+    the real programs export; none fires on this healthy node."""
+    shipped = [
+        r["alert"] for g in yaml.safe_load(prom.RULES.read_text())["groups"] for r in g["rules"]
+    ]
+
+    def evaluated() -> list[dict[str, Any]] | None:
+        rules = [r for r in prometheus.alert_rules() if r["file"] == str(prom.RULES)]
+        return rules if rules and all(r["health"] != "unknown" for r in rules) else None
+
+    rules = wait_for(evaluated, 30, "every shipped rule evaluated once", every=1)
+    assert sorted(r["name"] for r in rules) == sorted(shipped)
+    failing = [f"{r['name']}: {r.get('lastError')}" for r in rules if r["health"] != "ok"]
+    assert not failing, failing
+    firing = [r["name"] for r in rules if r["state"] == "firing"]
+    assert not firing, f"alerts firing on a healthy node: {firing}"
+    pending = [r["name"] for r in rules if r["state"] == "pending"]
+    print(f"{len(rules)} shipped alerting rules evaluated without error; pending: {pending}")
+
+
+def _dashboard_queries() -> dict[tuple[str, str], str]:
+    """(panel, refId) -> the panel query as Grafana sends it, for this suite's Prometheus."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    view = grafana.View(
+        range_s=grafana.default_range_s(dashboard),
+        max_data_points=GRAFANA_MAX_DATA_POINTS,
+        scrape_interval_s=SCRAPE_INTERVAL,
+    )
+    return {(q.panel, q.ref): grafana.substitute(q, view) for q in grafana.panel_queries(dashboard)}
+
+
+def _node_allocation(node: Node) -> float:
+    """The node's allocated compute in GPUs, from tessera-scheduler's published status."""
+    status = node.cp.admin.get(f"/apis/tessera.dev/v1alpha1/nodedevices/{node.name}")["status"]
+    used = sum(int(g["core"]["used"]) for g in status["allocation"]["gpus"])
+    return used / rn.UNITS_PER_DEVICE
+
+
+def _dashboard_gaps(
+    node: Node,
+    prometheus: prom.Prometheus,
+    sent: dict[tuple[str, str], str],
+    not_filled: dict[tuple[str, str], str],
+) -> list[str]:
+    """What the dashboard does not show yet: queries that must have data and have none,
+    and the figures that must equal the cluster's (each GPU once, one leader)."""
+    answers = {key: prometheus.query(expr) for key, expr in sent.items()}
+    gaps = [
+        f"{panel}/{ref}: no data ({sent[(panel, ref)]})"
+        for (panel, ref), result in answers.items()
+        if (panel, ref) not in not_filled and not prom.finite(result)
+    ]
+    for ref in ("A", "B"):
+        values = prom.finite(answers[("Scheduler replicas", ref)])
+        if values != [1.0]:
+            gaps.append(f"Scheduler replicas/{ref}: {values}, not one")
+    rows = [s for s in answers[("Allocation per GPU", "A")] if s["metric"].get("node") == node.name]
+    gpus = [s["metric"]["gpu"] for s in rows]
+    if sorted(gpus) != sorted(set(gpus)) or len(gpus) != 8:
+        gaps.append(f"Allocation per GPU: {node.name}'s rows name GPUs {sorted(gpus)}")
+    per_node = {
+        s["metric"].get("node"): float(s["value"][1]) for s in answers[("Allocation per node", "A")]
+    }
+    expected = _node_allocation(node)
+    if not math.isclose(per_node.get(node.name, -1.0), expected, abs_tol=1e-9):
+        gaps.append(
+            f"Allocation per node: {node.name} {per_node.get(node.name)}, status {expected}"
+        )
+    return gaps
+
+
+def test_every_dashboard_query_answers_and_this_traffic_fills_its_panels(
+    node: Node, prometheus: prom.Prometheus
+) -> None:
+    """Each query of every Grafana panel, as Grafana sends it, answers without an error.
+    After a GPU share and (with a pod network) a VF share have run on the node and tessera
+    has refused a pod (a GPU UUID hint naming no GPU of the node), every panel that traffic
+    fills has data, all but NOT_FILLED's, and the figures count each GPU once with two
+    replicas scraped."""
+    cp = node.cp
+    not_filled = NOT_FILLED | ({} if node.cni else NOT_FILLED_WITHOUT_CNI)
+    share, refused, vf = (f"prom-{kind}-{node.name}" for kind in ("share", "refused", "vf"))
+    cp.admin.create(pod_path(P.NS), _pinned(node, share, limits={rn.GPU: "25"}))
+    obj = _pinned(node, refused, limits={rn.GPU: "100"})
+    obj["metadata"]["annotations"][rn.GPU_UUID_ANNOTATION] = (
+        "GPU-00000000-0000-0000-0000-000000000000"
+    )
+    cp.admin.create(pod_path(P.NS), obj)
+    if node.cni:
+        cp.admin.create(pod_path(P.NS), _pinned(node, vf, **WORKLOADS["n-vf"]))
+    netdevs: list[str] = []
+    try:
+        sent = _dashboard_queries()
+        assert set(not_filled) <= set(sent), set(not_filled) - set(sent)
+        errors = []
+        for (panel, ref), expr in sent.items():
+            try:
+                prometheus.query(expr)
+            except prom.PrometheusError as exc:
+                errors.append(f"{panel}/{ref}: {exc} ({expr})")
+        assert not errors, "\n".join(errors)
+        _running(cp, share)
+        if node.cni:
+            _running(cp, vf)
+            netdevs = _vf_pod(node, vf)[1]
+        wait_for(lambda: P.pending_reason(cp.admin, refused), RUN_TIMEOUT, f"{refused} refused")
+        deadline = time.monotonic() + 60
+        while gaps := _dashboard_gaps(node, prometheus, sent, not_filled):
+            assert time.monotonic() < deadline, "\n".join(gaps)
+            time.sleep(SCRAPE_INTERVAL / 2)
+    finally:
+        for name in (share, refused, vf) if node.cni else (share, refused):
+            P.delete_now(cp.admin, name)
+    with_data = {key for key, expr in sent.items() if prom.finite(prometheus.query(expr))}
+    print(
+        f"dashboard: {len(sent)} panel queries, all answered; {len(with_data)} with data; "
+        f"{len(not_filled)} not filled by this traffic: {sorted(not_filled)}, of which with "
+        f"data from earlier traffic: {sorted(with_data & set(not_filled))}"
+    )
+    # the VF goes home before the next case
+    wait_for(lambda: set(netdevs) <= links(), RUN_TIMEOUT, f"{vf}'s VF {netdevs} back", every=1)
+
+
+def _silent_nodes(cp: ControlPlane) -> float | None:
+    """tessera_nodes_unusable less the fenced nodes on the leading tessera-scheduler's own
+    /metrics: the heartbeat alert's condition, read before Prometheus scrapes it (None
+    while no replica leads)."""
+    leader = cp.leader()
+    if leader is None:
+        return None
+    url = f"http://127.0.0.1:{cp.health_ports[leader.name]}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        text = answer.read().decode()
+    unusable = fenced = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tessera_nodes_unusable":
+                unusable += sample.value
+            elif sample.name == "tessera_scheduler_fenced_nodes":
+                fenced += sample.value
+    return unusable - fenced
+
+
+def _silent_rules(prometheus: prom.Prometheus) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The heartbeat alert's rule as shipped, and its twin with the shorter `for:`."""
+    rules = [r for r in prometheus.alert_rules() if r["name"] == SILENT_ALERT]
+    (shipped,) = [r for r in rules if r["file"] == str(prom.RULES)]
+    (twin,) = [r for r in rules if r["file"] != str(prom.RULES)]
+    return shipped, twin
+
+
+def _instant(text: str) -> float:
+    """A Prometheus RFC 3339 time (nanoseconds, `Z`) as a Unix time."""
+    trimmed = re.sub(r"(\.\d{6})\d+", r"\1", text).replace("Z", "+00:00")
+    return datetime.fromisoformat(trimmed).timestamp()
+
+
+def test_the_heartbeat_alert_fires_for_a_dead_node_agent_and_resolves_when_it_is_back(
+    node: Node, prometheus: prom.Prometheus
+) -> None:
+    """SIGKILL the node agent: once tessera-scheduler reports the node silent (its Lease
+    past duration and grace), the heartbeat alert is pending and fires within its `for:`
+    plus two scrape intervals, not before its `for:`, once (the ready replica's), while
+    the shipped rule on the same series is pending; once the agent is back and the
+    scheduler says so, the alert resolves within two scrape intervals."""
+    cp = node.cp
+    agent = node.procs["agent"]
+
+    def quiet() -> bool:
+        shipped, twin = _silent_rules(prometheus)
+        return _silent_nodes(cp) == 0 and not shipped["alerts"] and not twin["alerts"]
+
+    wait_for(quiet, 60, f"no silent node and {SILENT_ALERT} inactive before the kill", every=1)
+    leader = cp.leader()
+    assert leader is not None
+    instance = f"127.0.0.1:{cp.health_ports[leader.name]}"
+    seen: dict[str, float] = {}
+    killed = time.time()
+    agent.kill()
+    try:
+        deadline = killed + 8 + 2 + SILENT_FOR + 60  # Lease, grace, for:, a margin
+        while "firing" not in seen:
+            assert time.time() < deadline, f"{SILENT_ALERT} not firing: {seen}"
+            now = time.time()
+            if "silent" not in seen and (_silent_nodes(cp) or 0) > 0:
+                seen["silent"] = now
+            shipped, twin = _silent_rules(prometheus)
+            for alert in twin["alerts"]:
+                seen.setdefault(alert["state"], now)
+            time.sleep(0.2)
+    finally:
+        back = time.time()
+        agent.start()
+    assert "silent" in seen and "pending" in seen, seen
+    assert [a["state"] for a in shipped["alerts"]] == ["pending"], shipped["alerts"]
+    (alert,) = twin["alerts"]
+    assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "warning"
+    assert alert["annotations"]["summary"].startswith("1 node(s)"), alert["annotations"]
+    listed = [
+        a
+        for a in prometheus.alerts()
+        if a["labels"]["alertname"] == SILENT_ALERT and a["state"] == "firing"
+    ]
+    assert len(listed) == 1, listed
+    bound = SILENT_FOR + 2 * SCRAPE_INTERVAL
+    assert seen["firing"] - seen["silent"] <= bound, (seen, bound)
+    assert seen["firing"] - _instant(alert["activeAt"]) >= SILENT_FOR, (seen, alert)
+
+    def resolved() -> bool:
+        """The twin and the shipped rule (two groups, each evaluated on its own tick) both
+        without an alert."""
+        if "clear" not in seen and _silent_nodes(cp) == 0:
+            seen["clear"] = time.time()
+        if "clear" in seen and not any(r["alerts"] for r in _silent_rules(prometheus)):
+            seen["resolved"] = time.time()
+        return "resolved" in seen
+
+    wait_for(resolved, 60, f"{SILENT_ALERT} resolved once the agent is back", every=0.2)
+    assert seen["resolved"] - seen["clear"] <= 2 * SCRAPE_INTERVAL, seen
+    print(
+        f"heartbeat alert, from the agent's SIGKILL: the scheduler saw the node silent at "
+        f"+{seen['silent'] - killed:.1f}s, pending +{seen['pending'] - killed:.1f}s, firing "
+        f"+{seen['firing'] - killed:.1f}s ({seen['firing'] - seen['silent']:.1f}s after silent;"
+        f" for: {SILENT_FOR:g}s + 2 scrapes = {bound:g}s); agent back at "
+        f"+{back - killed:.1f}s, the scheduler saw it at +{seen['clear'] - killed:.1f}s, "
+        f"resolved +{seen['resolved'] - killed:.1f}s ({seen['resolved'] - seen['clear']:.1f}s"
+        f" after)"
+    )
+
+    def advertised() -> bool:
+        alloc = cp.admin.get(f"/api/v1/nodes/{node.name}")["status"].get("allocatable") or {}
+        return int(alloc.get(rn.GPU, "0")) > 0
+
+    wait_for(advertised, 120, f"{node.name} advertising its GPUs again", every=1)
 
 
 # --- node chaos ------------------------------------------------------------------------------
