@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass
 
 from deviceplugin.backend import BACKENDS
@@ -25,16 +24,21 @@ from deviceplugin.server import (
     DEFAULT_SOCKET_POLL_S,
 )
 from deviceplugin.usage_monitor import DEFAULT_USAGE_INTERVAL_S
-from tessera.isolation import LAYERS
 from tessera.resources import (
     DEFAULT_HEARTBEAT_NAMESPACE,
     DEFAULT_INTEGRITY_KEY_FILE,
     DEFAULT_MEMORY_UNIT_MIB,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import absolute_path, namespace, node_name, non_empty, whole
-from tessera_edge.host_paths import DEFAULT_HAMI_CORE_LIBRARY, MPS_PIPE_DIR
-from tessera_edge.node_cli import LOGS_AND_METRICS
+from tessera_cli.values import namespace, non_empty, whole
+from tessera_edge.node_cli import (
+    LOGS_AND_METRICS,
+    hami_core_library_flag,
+    host_root_flag,
+    isolation_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+)
 
 MAX_MEMORY_UNIT_MIB = 1 << 20
 """Largest gpu-memory unit (1 TiB); the real check is against the smallest GPU, later."""
@@ -63,48 +67,40 @@ def _xids(text: str) -> frozenset[int]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DevicePluginConfig:
-    backend: str = _DISCOVERY.flag(
+    backend: str = _DISCOVERY.choice(
         "where GPUs come from: nvml (the driver), fake (--topology), or auto (NVML when its "
         "library loads, else --topology if given). Default: %(default)s.",
-        choices=BACKENDS,
-        default="auto",
+        BACKENDS,
+        "auto",
     )
     topology: str | None = _DISCOVERY.flag(
         "topology file (YAML/JSON, the inventory schema) or built-in name for the fake "
         "backend; a broken GPU/NIC entry is skipped with an error naming the field",
         metavar="FILE|NAME",
     )
-    rdma: str = _DISCOVERY.flag(
+    rdma: str = _DISCOVERY.choice(
         "where RDMA NICs come from: sysfs (+netlink), the topology file, or off; auto means "
         "the topology file with the fake backend and sysfs otherwise. Default: %(default)s.",
-        choices=("auto", "sysfs", "topology", "off"),
-        default="auto",
+        ("auto", "sysfs", "topology", "off"),
+        "auto",
     )
-    sysfs_root: str = _DISCOVERY.flag(
+    sysfs_root: str = _DISCOVERY.directory(
         "sysfs mount to read PCI topology and /class/infiniband from. Default: %(default)s.",
-        default="/sys",
-        metavar="DIR",
+        "/sys",
     )
     no_netlink: bool = _DISCOVERY.switch(
         "read NICs from sysfs only (netlink via pyroute2 adds interface names, link and VF "
         "state, and about 20 MB of memory)"
     )
-    node_name: str = _DISCOVERY.flag(
-        "this node's name (the NodeDevices object, Lease and labels). Default: $NODE_NAME, "
-        "else the host name (%(default)s).",
-        type=node_name,
-        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname(),
-    )
+    node_name: str = node_name_flag(_DISCOVERY, "the NodeDevices object, Lease and labels")
 
-    device_plugin_dir: str = _KUBELET.flag(
+    device_plugin_dir: str = _KUBELET.directory(
         "the kubelet's device-plugins directory; one socket per resource is created here. "
         "Default: %(default)s.",
-        default=DEFAULT_PLUGIN_DIR,
-        metavar="DIR",
+        DEFAULT_PLUGIN_DIR,
     )
-    kubelet_socket: str | None = _KUBELET.flag(
-        "the kubelet's registration socket. Default: <device-plugin-dir>/kubelet.sock.",
-        metavar="PATH",
+    kubelet_socket: str | None = _KUBELET.path(
+        "the kubelet's registration socket. Default: <device-plugin-dir>/kubelet.sock."
     )
     memory_unit_mib: int = _KUBELET.flag(
         "size of one tessera.dev/gpu-memory unit; published in the inventory so the "
@@ -125,20 +121,18 @@ class DevicePluginConfig:
         "how often the sockets are checked for a kubelet restart. Default: %(default)s.",
         default=DEFAULT_SOCKET_POLL_S,
     )
-    pod_resources_socket: str = _KUBELET.flag(
+    pod_resources_socket: str = _KUBELET.path(
         "the kubelet's pod-resources socket (<kubelet root dir>/pod-resources/kubelet.sock): "
         "which containers already hold units, so GetPreferredAllocation finds the pod being "
         "admitted. Default: %(default)s.",
-        default=DEFAULT_POD_RESOURCES_SOCKET,
-        metavar="PATH",
+        DEFAULT_POD_RESOURCES_SOCKET,
     )
-    integrity_key_file: str = _KUBELET.flag(
+    integrity_key_file: str = _KUBELET.path(
         "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
         "verify the scheduler's record signatures: GetPreferredAllocation follows only records "
         "that verify. Missing: records are not followed (the default choice is used). "
         "Default: %(default)s.",
-        default=DEFAULT_INTEGRITY_KEY_FILE,
-        metavar="PATH",
+        DEFAULT_INTEGRITY_KEY_FILE,
     )
 
     health_ignore_xids: frozenset[int] = _HEALTH.flag(
@@ -214,42 +208,22 @@ class DevicePluginConfig:
         default=DEFAULT_USAGE_INTERVAL_S,
         allow_zero=True,
     )
-    proc_root: str = _USAGE.flag(
-        "the host's /proc, where NVML's process IDs are found (the DaemonSet runs in the "
-        "host's PID namespace, so its own /proc is the host's). Default: %(default)s.",
-        default="/proc",
-        metavar="DIR",
+    proc_root: str = _USAGE.directory(
+        "the host's /proc, where NVML's process IDs (and the MPS control daemon's) are found "
+        "(the DaemonSet runs in the host's PID namespace, so its own /proc is the host's). "
+        "Default: %(default)s.",
+        "/proc",
     )
 
-    isolation: str | None = _ISOLATION.flag(
-        "the node's GPU isolation layer, as the NRI hook's --isolation: hami-core (the "
-        "library at --hami-core-library, installed whole), mps (a live MPS control daemon "
-        "in --mps-pipe-dir) or none. Default: not reported (the scheduler then treats the "
-        "node as before).",
-        choices=LAYERS,
-        default=None,
+    isolation: str | None = isolation_flag(
+        _ISOLATION,
+        "The agent reports whether it is in place (the library installed whole, the daemon "
+        "running); give the NRI hook the same. Default: not reported (the scheduler then "
+        "treats the node as before).",
     )
-    hami_core_library: str = _ISOLATION.flag(
-        "host path of HAMi-core's libvgpu.so (its stamp libvgpu.json beside it names the "
-        "version tessera installed). Default: %(default)s.",
-        type=absolute_path,
-        default=DEFAULT_HAMI_CORE_LIBRARY,
-        metavar="PATH",
-    )
-    mps_pipe_dir: str = _ISOLATION.flag(
-        "host directory of the MPS control daemon's pipes and pid file. Default: %(default)s.",
-        type=absolute_path,
-        default=MPS_PIPE_DIR,
-        metavar="DIR",
-    )
-    host_root: str = _ISOLATION.flag(
-        "where the host's files of the layer are visible: the library's and the pipe "
-        "directory's host paths are read under it (the daemon's process in --proc-root). "
-        "Default: %(default)s; /host in the DaemonSet.",
-        type=absolute_path,
-        default="/",
-        metavar="DIR",
-    )
+    hami_core_library: str = hami_core_library_flag(_ISOLATION)
+    mps_pipe_dir: str = mps_pipe_dir_flag(_ISOLATION)
+    host_root: str = host_root_flag(_ISOLATION)
 
     print_inventory: bool = _OUTPUT.switch(
         "discover, print the inventory (the NodeDevices spec) and the unit counts as JSON, "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -200,21 +201,8 @@ class NvmlBackend:
                 result.errors.append(exc)
                 location = PciDevice(pci_bus_id=gpu.pci_bus_id)
             self._handles[gpu.uuid] = handle
-            result.gpus.append(
-                Gpu(
-                    uuid=gpu.uuid,
-                    index=gpu.index,
-                    minor=gpu.minor,
-                    model=gpu.model,
-                    memory_mib=gpu.memory_mib,
-                    pci_bus_id=gpu.pci_bus_id,
-                    numa_node=location.numa_node,
-                    pcie_root=location.pcie_root,
-                    pcie_switch=location.pcie_switch,
-                    nvlinks=tuple(sorted((index_of[peer], n) for peer, n in links.items())),
-                    mig_enabled=gpu.mig_enabled,
-                )
-            )
+            nvlinks = tuple(sorted((index_of[peer], n) for peer, n in links.items()))
+            result.gpus.append(replace(gpu.placed(location), nvlinks=nvlinks))
         return result
 
     # --- health -------------------------------------------------------------------------------

@@ -315,13 +315,10 @@ class SysfsRdma:
                     ibdev=ibdev,
                     pci_bus_id=bus,
                     uverbs_minor=self._uverbs_of(ibdev, pci_dir, uverbs),
-                    numa_node=location.numa_node,
-                    pcie_root=location.pcie_root,
-                    pcie_switch=location.pcie_switch,
                     netdev=netdev,
                     port_states=self.port_states(ibdev),
                     vfs=tuple(self._vfs(pci_dir, uverbs, result.errors)),
-                )
+                ).placed(location)
             except InventoryError as exc:
                 result.errors.append(exc)
                 continue

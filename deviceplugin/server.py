@@ -68,6 +68,7 @@ from protos.kubelet.deviceplugin.v1beta1 import api_pb2 as pb
 from protos.kubelet.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from tessera.errors import ErrorTable, InputError, TesseraError
 from tessera_edge.host_paths import NRI_GATE_DESTINATION, NRI_GATE_SOURCE
+from tessera_edge.threads import Repeating
 
 log = logging.getLogger(__name__)
 
@@ -510,8 +511,10 @@ class PluginManager:
         self.register_timeout_s = register_timeout_s
         self._on_registered = on_registered
         self._kubelet_id: tuple[int, int, int] | None = None
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        # the watcher must survive anything and keep recovering
+        self._watcher = Repeating(
+            "dp-watcher", poll_interval_s, self.check_once, log, "device plugin watcher"
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -519,13 +522,10 @@ class PluginManager:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         for server in self.servers.values():
             server.start()
-        self._watcher = threading.Thread(target=self._watch, name="dp-watcher", daemon=True)
         self._watcher.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(5)
+        self._watcher.stop()
         for server in self.servers.values():
             server.stop(0)
 
@@ -548,14 +548,6 @@ class PluginManager:
 
     # --- the watcher --------------------------------------------------------------------------
 
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check_once()
-            except Exception:  # the watcher must survive anything and keep recovering
-                log.exception("device plugin watcher")
-            self._stop.wait(self.poll_interval_s)
-
     def check_once(self) -> None:
         kubelet = _identity(self.kubelet_socket)
         if kubelet != self._kubelet_id:
@@ -566,7 +558,7 @@ class PluginManager:
             self._kubelet_id = kubelet
         now = time.monotonic()
         for server in self.servers.values():
-            if self._stop.is_set():
+            if self._watcher.stopping:
                 return
             if not server.socket_alive():
                 log.warning(

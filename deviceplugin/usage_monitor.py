@@ -15,7 +15,6 @@ between two reads counts as a host process, an unreachable API server leaves pod
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ from tessera.allocation import GpuGrant
 from tessera.pod_fields import section
 from tessera.resources import ALLOCATION_ANNOTATION
 from tessera.usage import OWNER_HOST, OWNER_MPS_SERVER, encode_usage
+from tessera_edge.threads import Repeating
 
 if TYPE_CHECKING:
     from tessera.record import KeySource
@@ -182,8 +182,7 @@ class UsageMonitor:
         self.cpu_seconds = 0.0
         """CPU time the readings took (this thread's), for the benchmark and the metrics."""
         self._errors: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Repeating("usage", interval_s, self._read, log, "usage", wait_first=True)
 
     def read_once(self) -> UsageSnapshot:
         started = time.thread_time()
@@ -211,27 +210,20 @@ class UsageMonitor:
             return None
         return encode_usage(self.latest.report(self.observed))
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.read_once()
-            except Exception:
-                self.failures += 1
-                log.exception("usage reading")
-
-    def start(self) -> None:
+    def _read(self) -> None:
         try:
             self.read_once()
         except Exception:
             self.failures += 1
             log.exception("usage reading")
-        self._thread = threading.Thread(target=self._loop, name="usage", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        """The first reading now, then one every `interval_s` on a thread of its own."""
+        self._read()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._loop.stop()
 
 
 def _warn(breach: Breach) -> None:

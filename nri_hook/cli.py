@@ -8,7 +8,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import stat
 import sys
 from collections.abc import Sequence
@@ -60,10 +59,6 @@ See docs/nri_hook.md for what is injected and how to deploy it."""
 
 def build_parser() -> CliParser:
     return node_parser("tessera-nri-hook", DESCRIPTION, EPILOG, NriHookConfig, Metrics.DEFAULT_PORT)
-
-
-def default_node_name() -> str:
-    return os.environ.get("NODE_NAME", "") or socket.gethostname().lower()
 
 
 def launched_identity(name: str, index: str) -> tuple[str, str]:
@@ -168,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(config: NriHookConfig, settings: Settings, name: str, index: str) -> int:
     """Serve until SIGTERM/SIGINT or the launching runtime closes the connection."""
-    node = config.node_name or default_node_name()
+    node = config.node_name
     if config.no_integrity:
         keys = KeyringSource.fixed(None)
     else:

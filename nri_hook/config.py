@@ -7,7 +7,6 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from nri_hook.adjust import DEFAULT_MPS_PIPE_DIR, ISOLATION_LAYERS
 from nri_hook.enforce import OnInvalid
 from nri_hook.netdev import IFNAMSIZ
 from nri_hook.plugin import (
@@ -19,8 +18,13 @@ from nri_hook.plugin import (
 )
 from tessera.resources import DEFAULT_INTEGRITY_KEY_FILE, DEFAULT_NRI_PLUGIN_NAME
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import absolute_path, node_name, whole
-from tessera_edge.node_cli import LOGS_AND_METRICS
+from tessera_cli.values import whole
+from tessera_edge.node_cli import (
+    LOGS_AND_METRICS,
+    isolation_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+)
 
 DEFAULT_PLUGIN_INDEX = "50"
 MAX_REGISTRATION_TIMEOUT: Final = 3600.0
@@ -64,11 +68,10 @@ def _vf_prefix(text: str) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NriHookConfig:
-    socket: str = _CONNECTION.flag(
+    socket: str = _CONNECTION.path(
         "NRI socket of containerd to dial (default: %(default)s). Not used when containerd "
         f"launched the plugin ({PLUGIN_SOCKET_ENV} set).",
-        default=DEFAULT_SOCKET_PATH,
-        metavar="PATH",
+        DEFAULT_SOCKET_PATH,
     )
     plugin_name: str = _CONNECTION.flag(
         "name to register under; letters, digits, _ . + - (default: %(default)s). "
@@ -88,63 +91,46 @@ class NriHookConfig:
         high=MAX_REGISTRATION_TIMEOUT,
     )
 
-    node_name: str | None = _RECORDS.flag(
-        "this node's Kubernetes name; a record for another node is refused (default: "
-        "$NODE_NAME, else the lower-cased host name, as kubelet does)",
-        type=node_name,
-        default=None,
-        metavar="NAME",
-    )
-    integrity_key_file: str = _RECORDS.flag(
+    node_name: str = node_name_flag(_RECORDS, "a record for another node is refused")
+    integrity_key_file: str = _RECORDS.path(
         "PEM public key file, or directory of them (the Secret tessera-record-verify), that "
         "verify the scheduler's Ed25519 record signatures; private keys are refused. Re-read "
         "when the files change (checked every 10 s), so rotation needs no restart (default: "
         "%(default)s)",
-        default=DEFAULT_INTEGRITY_KEY_FILE,
-        metavar="PATH",
+        DEFAULT_INTEGRITY_KEY_FILE,
     )
     no_integrity: bool = _RECORDS.switch(
         "accept records without checking their integrity proof. Anyone who can create a pod "
         "can then claim any device: for test clusters only"
     )
-    on_invalid_record: OnInvalid = _RECORDS.flag(  # noqa: RUF009 -- a field, not a value
+    on_invalid_record: OnInvalid = _RECORDS.choice(  # noqa: RUF009 -- a field, not a value
         "what to do with a malformed or forged record, or one naming a device this node "
         "lacks: fail the container creation (and a sandbox start that must move VFs) with an "
         "error saying what is wrong, or log a warning and leave the container untouched "
         "(default: %(default)s)",
-        choices=("fail", "warn"),
-        default="fail",
+        ("fail", "warn"),
+        "fail",
     )
 
-    device_root: str = _DEVICES.flag(
+    device_root: str = _DEVICES.directory(
         "where the host's /dev, /sys and /proc/driver/nvidia are visible; device type, major, "
         "minor and mode are read from <DIR>/dev/... (default: %(default)s; /host in the "
         "DaemonSet)",
-        default="/",
-        metavar="DIR",
+        "/",
     )
-    isolation: str | None = _DEVICES.flag(
-        "GPU sharing layer that limits each GPU share: 'mps' sets "
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and mounts the MPS "
-        "pipe directory; 'hami-core' sets CUDA_DEVICE_MEMORY_LIMIT_<i> and "
-        "CUDA_DEVICE_SM_LIMIT_<i> per GPU and mounts a tmpfs for the library's region; "
-        "'none' only gives the devices and needs --allow-unisolated-sharing (default: none "
-        "chosen, and the hook refuses to start)",
-        choices=ISOLATION_LAYERS,
-        default=None,
+    isolation: str | None = isolation_flag(
+        _DEVICES,
+        "The hook sets the layer's variables in each container given part of a GPU and "
+        "mounts the library's region (a tmpfs) or the pipe directory; none only gives the "
+        "devices and needs --allow-unisolated-sharing (default: none chosen, and the hook "
+        "refuses to start).",
     )
     allow_unisolated_sharing: bool = _DEVICES.switch(
         "with --isolation=none: accept that pods sharing a GPU are not limited in memory or "
         "compute (each such container is logged as a warning and counted in "
         "tessera_nri_unisolated_gpu_shares_total)"
     )
-    mps_pipe_dir: str = _DEVICES.flag(
-        "host directory of the MPS control daemon's pipes, mounted at the same path (with "
-        "--isolation=mps; default: %(default)s)",
-        type=absolute_path,
-        default=DEFAULT_MPS_PIPE_DIR,
-        metavar="DIR",
-    )
+    mps_pipe_dir: str = mps_pipe_dir_flag(_DEVICES)
     mps_client_user: int | None = _DEVICES.flag(
         "with --isolation=mps: the Linux user whose containers MPS serves, a uid or 'any' "
         "(the daemon in multi-user mode, tessera-isolation mps --multi-user). MPS serves one "
@@ -157,12 +143,11 @@ class NriHookConfig:
         default=0,
         metavar="UID|any",
     )
-    hami_core_library: str = _DEVICES.flag(
+    hami_core_library: str = _DEVICES.path(
         "host path of HAMi-core's libvgpu.so to mount read-only and set as LD_PRELOAD (with "
         "--isolation=hami-core; default: none, the node or image provides it)",
-        type=absolute_path,
-        default="",
-        metavar="PATH",
+        "",
+        absolute=True,
     )
 
     no_vf_netdevs: bool = _VF_NETDEVS.switch(
@@ -176,11 +161,10 @@ class NriHookConfig:
         metavar="PREFIX",
     )
 
-    log_file: str = _OUTPUT.flag(
+    log_file: str = _OUTPUT.path(
         "append logs to this file (default: stderr; a plugin launched by containerd has its "
         "stderr sent to /dev/null, so give it a file)",
-        default="",
-        metavar="PATH",
+        "",
     )
     # the flags every node program shares (tessera_edge.logs, tessera_cli.metrics)
     log_format: str

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from tessera.errors import TesseraError
-from tessera_ttrpc.stream import MAX_WRITE_BUFFER, abort_if_unread
+from tessera_ttrpc.stream import MAX_WRITE_BUFFER, READ_CHUNK, abort_if_unread
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,6 @@ PLUGIN_SERVICE_CONN: Final = 1
 RUNTIME_SERVICE_CONN: Final = 2
 
 _HEADER: Final = struct.Struct(">II")
-_READ_CHUNK: Final = 64 * 1024
 
 
 class MuxError(TesseraError, ConnectionError):
@@ -218,7 +217,7 @@ class Mux:
         decoder = MuxDecoder()
         try:
             while True:
-                chunk = await self._reader.read(_READ_CHUNK)
+                chunk = await self._reader.read(READ_CHUNK)
                 if not chunk:
                     break
                 for conn_id, payload in decoder.feed(chunk):

@@ -155,12 +155,10 @@ class SchedulerConfig:
         "Re-read when the files change, so rotation needs no restart (default: %(default)s)",
         default=DEFAULT_INTEGRITY_KEY_FILE,
     )
-    legacy_hmac_key_file: str | None = _DECISIONS.flag(
+    legacy_hmac_key_file: str | None = _DECISIONS.path(
         "upgrade from a release with HMAC records: the old integrity key file or directory. "
         "Its keys only verify old records while the state is rebuilt; each running pod's "
-        "valid old record is then re-signed with Ed25519 once",
-        default=None,
-        metavar="PATH",
+        "valid old record is then re-signed with Ed25519 once"
     )
     manage_nvidia_gpu: bool = _DECISIONS.switch(
         "also place nvidia.com/gpu requests (only where NVIDIA's device plugin is absent)"

@@ -13,7 +13,7 @@ is an InventoryError for that one node.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 from tessera.errors import InventoryError
@@ -49,13 +49,8 @@ class NodeIsolation:
     """Why the layer is down; empty while it is up."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "layer": self.layer,
-            "up": self.up,
-            "version": self.version,
-            "commit": self.commit,
-            "reason": self.reason,
-        }
+        """`spec.isolation` of the NodeDevices object: the fields by their own names."""
+        return asdict(self)
 
     @property
     def takes_shares(self) -> bool:

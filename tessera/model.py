@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, TypedDict
+from typing import Any, Final, Self, TypedDict
 
 from tessera.errors import InventoryError
 from tessera.isolation import NodeIsolation, parse_isolation
@@ -70,6 +70,16 @@ class PciDevice:
     """The PCIe root complex (host bridge), e.g. "pci0000:15"."""
     pcie_switch: str = ""
     """Bus ID of the nearest upstream PCIe switch port; empty when attached to the root."""
+
+    def placed(self, where: PciDevice) -> Self:
+        """This device where `where` (sysfs's reading of its bus ID) says it sits: its
+        NUMA node, PCIe root and switch."""
+        return replace(
+            self,
+            numa_node=where.numa_node,
+            pcie_root=where.pcie_root,
+            pcie_switch=where.pcie_switch,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +515,12 @@ def _check_unique(r: _Reader, path: str, values: Iterable[object], key: str) -> 
         if value in seen:
             raise r.fail(f"{path}[{i}].{key}", f"duplicate value {_short(value)}")
         seen.add(value)
+
+
+def models_allow(models: Sequence[str], model: str) -> bool:
+    """Whether a pod limited to the GPU `models` (hints; empty: any) may use a GPU of
+    `model`."""
+    return not models or any(model_matches(model, m) for m in models)
 
 
 def model_matches(model: str, wanted: str) -> bool:

@@ -65,6 +65,11 @@ class ShareCase:
     """[rows] whether the request fits each row's host and GPUs, where the caller knows
     (the Decider does); None: unknown."""
 
+    @property
+    def core_asked(self) -> int:
+        """GPU compute the container asks, in percent of one GPU."""
+        return self.core
+
 
 @dataclass(frozen=True)
 class WholeCase:
@@ -80,6 +85,11 @@ class WholeCase:
     """[rows] whether the request fits each row's host and GPUs, where the caller knows
     (the Decider does); None: unknown."""
 
+    @property
+    def core_asked(self) -> int:
+        """GPU compute the container asks, in percent of one GPU: all of each GPU."""
+        return UNITS_PER_DEVICE * self.count
+
 
 @dataclass(frozen=True)
 class HostCase:
@@ -91,6 +101,9 @@ class HostCase:
     fit: BoolArray | None = None
     """[rows] whether the request fits each row's host and GPUs, where the caller knows
     (the Decider does); None: unknown."""
+
+    core_asked = 0
+    """No GPU compute."""
 
 
 VectorCase = ShareCase | WholeCase | HostCase
@@ -148,21 +161,18 @@ def _utilization_after(index: ClusterIndex, rows: IntArray, case: VectorCase) ->
     n = index.gpu_count[rows]
     cap = np.maximum(UNITS_PER_DEVICE * n, 1)
     sum_mem = np.maximum(index.sum_mem[rows], 1)
-    added_core: int | IntArray
     added_mem: int | IntArray
     if isinstance(case, HostCase):
-        added_core = added_mem = 0
+        added_mem = 0
     elif isinstance(case, WholeCase):
         # Whole GPUs take all their memory; within a node GPUs are (nearly always) alike, so
         # the k GPUs' memory is k times the smallest free-whole GPU's.
         totals = np.where(case.free_whole, index.total_mem[rows], np.iinfo(np.int64).max)
-        added_core = UNITS_PER_DEVICE * case.count
         added_mem = totals.min(axis=1) * case.count
     else:
         chosen = _chosen_share_slot(index, rows, case, pack=True)
-        added_core = case.core
         added_mem = np.take_along_axis(case.need, chosen[:, None], axis=1)[:, 0]
-    core_used = (index.used_core[rows] + added_core) / cap
+    core_used = (index.used_core[rows] + case.core_asked) / cap
     mem_used = (index.used_mem[rows] + added_mem) / sum_mem
     result: FloatArray = (core_used + mem_used) / 2
     return result
@@ -262,6 +272,19 @@ class SpreadPolicy(Policy):
             ) / 2
             return 1.0 - util
         return 1.0 - _utilization_after(index, rows, case)
+
+
+def gpu_slots(index: ClusterIndex, rows: IntArray) -> BoolArray:
+    """[rows, slots] the slots of each row that hold a healthy GPU (a row's slots past its
+    GPUs have no model)."""
+    out: BoolArray = index.healthy[rows] & (index.model[rows] >= 0)
+    return out
+
+
+def idle_core(index: ClusterIndex, rows: IntArray) -> IntArray:
+    """Each row's free GPU compute on its healthy GPUs (percent of one GPU)."""
+    out: IntArray = (index.free_core[rows] * gpu_slots(index, rows)).sum(axis=1)
+    return out
 
 
 def case_positions(rows: IntArray, sub: IntArray) -> IntArray:

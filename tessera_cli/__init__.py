@@ -10,6 +10,7 @@ from tessera_cli.exit_codes import EXIT_CODES, exit_code
 from tessera_cli.parser import (
     ENV_PREFIX,
     CliParser,
+    Commands,
     ConfigError,
     DefaultsHelpFormatter,
     config_from,
@@ -20,6 +21,7 @@ __all__ = [
     "ENV_PREFIX",
     "EXIT_CODES",
     "CliParser",
+    "Commands",
     "ConfigError",
     "DefaultsHelpFormatter",
     "config_from",

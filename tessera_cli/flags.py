@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tessera_cli.values import MAX_INTERVAL_S, seconds
+from tessera_cli.values import MAX_INTERVAL_S, absolute_path, seconds
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -82,6 +82,29 @@ class FlagGroup:
             metavar="SECONDS",
         )
         return field
+
+    def path(
+        self,
+        help: str | None,
+        default: str | None = None,
+        *,
+        absolute: bool = False,
+        metavar: str = "PATH",
+    ) -> Any:
+        """A file's path (None unless given, or `default`). `absolute`: a host path that is
+        mounted or handed to another process, refused unless absolute."""
+        if absolute:
+            return self.flag(help, type=absolute_path, default=default, metavar=metavar)
+        return self.flag(help, default=default, metavar=metavar)
+
+    def directory(self, help: str | None, default: str, *, absolute: bool = False) -> str:
+        """A folder's path (`path` with DIR in --help)."""
+        field: str = self.path(help, default, absolute=absolute, metavar="DIR")
+        return field
+
+    def choice(self, help: str | None, choices: Sequence[str], default: str | None = None) -> Any:
+        """One of `choices` (None unless given, or `default`)."""
+        return self.flag(help, choices=choices, default=default)
 
 
 def add_flags(

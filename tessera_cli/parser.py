@@ -173,6 +173,28 @@ class CliParser(argparse.ArgumentParser):
         return exit_code(exc)
 
 
+class Commands:
+    """A program of subcommands (`tessera-keys generate ...`): `parser` is the program's,
+    its description kept as written; `add` makes each subcommand's `CliParser`."""
+
+    def __init__(self, prog: str, description: str) -> None:
+        self.parser = CliParser(
+            prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        self._commands = self.parser.add_subparsers(
+            dest="command", required=True, metavar="COMMAND", parser_class=CliParser
+        )
+
+    def add(self, name: str, help: str, description: str, *, as_written: bool = True) -> CliParser:
+        """The subcommand `name`: `help` in the program's list, `description` atop its own
+        --help, kept as written (its own line breaks) unless `as_written` is False."""
+        kwargs: dict[str, Any] = {"help": help, "description": description}
+        if as_written:
+            kwargs["formatter_class"] = argparse.RawDescriptionHelpFormatter
+        parser: CliParser = self._commands.add_parser(name, **kwargs)
+        return parser
+
+
 def _given(argv: Sequence[str]) -> list[str]:
     """The command-line words that may name flags (all before a lone `--`)."""
     words = []

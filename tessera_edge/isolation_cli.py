@@ -6,31 +6,27 @@ tessera-isolation mps       keep NVIDIA's MPS control daemon running
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import socket
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tessera_cli import CliParser, ConfigError, config_from
+from tessera_cli import CliParser, Commands, ConfigError, config_from
 from tessera_cli.flags import FlagGroup, add_flags
 from tessera_cli.metrics import add_metrics_flags, serve_metrics
-from tessera_cli.values import absolute_path, node_name
 from tessera_edge.hami_core import LibraryError, install, load_source, node_arch, record_error
-from tessera_edge.host_paths import (
-    DEFAULT_HAMI_CORE_LIBRARY,
-    HAMI_CORE_IMAGE_DIR,
-    MPS_LOG_DIR,
-    MPS_PIPE_DIR,
-    under,
-)
+from tessera_edge.host_paths import HAMI_CORE_IMAGE_DIR, MPS_LOG_DIR, under
 from tessera_edge.logs import add_log_flags, setup_logging
 from tessera_edge.mps_supervisor import MPS_CONTROL, NVIDIA_SMI, MpsSettings, MpsSupervisor
-from tessera_edge.node_cli import stop_on_signals
+from tessera_edge.node_cli import (
+    hami_core_library_flag,
+    host_root_flag,
+    mps_pipe_dir_flag,
+    node_name_flag,
+    stop_on_signals,
+)
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -87,54 +83,31 @@ _MPS = FlagGroup("the MPS daemon")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallConfig:
-    source: str = _INSTALL.flag(
+    source: str = _INSTALL.directory(
         "the image's folder holding libvgpu.so and libvgpu.json. Default: %(default)s.",
-        default=HAMI_CORE_IMAGE_DIR,
-        metavar="DIR",
+        HAMI_CORE_IMAGE_DIR,
     )
-    hami_core_library: str = _INSTALL.flag(
-        "host path to install the library at (the NRI hook's --hami-core-library); the "
-        "stamp goes beside it. Default: %(default)s.",
-        type=absolute_path,
-        default=DEFAULT_HAMI_CORE_LIBRARY,
-        metavar="PATH",
-    )
-    host_root: str = _INSTALL.flag(
-        "where the host's files are visible (the library's host folder is mounted under "
-        "it, read-write). Default: %(default)s; /host in the DaemonSet.",
-        type=absolute_path,
-        default="/",
-        metavar="DIR",
-    )
+    hami_core_library: str = hami_core_library_flag(_INSTALL)
+    host_root: str = host_root_flag(_INSTALL)
     log_format: str = "text"
     log_level: str = "info"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MpsConfig:
-    mps_pipe_dir: str = _MPS.flag(
-        "the daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY), the host path the NRI hook "
-        "mounts into containers. Default: %(default)s.",
-        type=absolute_path,
-        default=MPS_PIPE_DIR,
-        metavar="DIR",
-    )
-    mps_log_dir: str = _MPS.flag(
+    mps_pipe_dir: str = mps_pipe_dir_flag(_MPS)
+    mps_log_dir: str = _MPS.directory(
         "the daemon's log directory (CUDA_MPS_LOG_DIRECTORY: control.log, server.log). "
         "Default: %(default)s.",
-        type=absolute_path,
-        default=MPS_LOG_DIR,
-        metavar="DIR",
+        MPS_LOG_DIR,
+        absolute=True,
     )
-    mps_control: str = _MPS.flag(
+    mps_control: str = _MPS.path(
         "the control daemon's binary: a name looked up on PATH, or a path. Default: %(default)s.",
-        default=MPS_CONTROL,
-        metavar="PATH",
+        MPS_CONTROL,
     )
-    nvidia_smi: str = _MPS.flag(
-        "nvidia-smi, which sets the compute mode. Default: %(default)s.",
-        default=NVIDIA_SMI,
-        metavar="PATH",
+    nvidia_smi: str = _MPS.path(
+        "nvidia-smi, which sets the compute mode. Default: %(default)s.", NVIDIA_SMI
     )
     multi_user: bool = _MPS.switch(
         "start the daemon in multi-user mode (-M; Volta and later GPUs): the clients of "
@@ -153,13 +126,7 @@ class MpsConfig:
         "Default: %(default)s.",
         default=20.0,
     )
-    node_name: str = _MPS.flag(
-        "this node's name, the metrics' node label. Default: $NODE_NAME, else the host "
-        "name (%(default)s).",
-        type=node_name,
-        default_factory=lambda: os.environ.get("NODE_NAME") or socket.gethostname().lower(),
-        metavar="NAME",
-    )
+    node_name: str = node_name_flag(_MPS, "the metrics' node label")
     log_format: str = "text"
     log_level: str = "info"
     metrics_port: int = 0
@@ -167,33 +134,18 @@ class MpsConfig:
 
 
 def build_parser() -> CliParser:
-    parser = CliParser(
-        prog=PROG,
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=CliParser
-    )
-    install_parser = sub.add_parser(
-        "install",
-        help="copy HAMi-core's library from the image onto the host",
-        description=INSTALL_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    commands = Commands(PROG, DESCRIPTION)
+    install_parser = commands.add(
+        "install", "copy HAMi-core's library from the image onto the host", INSTALL_DESCRIPTION
     )
     add_flags(install_parser, InstallConfig)
     add_log_flags(install_parser.add_argument_group("logs"))
-    mps_parser = sub.add_parser(
-        "mps",
-        help="keep NVIDIA's MPS control daemon running",
-        description=MPS_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    mps_parser = commands.add("mps", "keep NVIDIA's MPS control daemon running", MPS_DESCRIPTION)
     add_flags(mps_parser, MpsConfig)
     output = mps_parser.add_argument_group("logs and metrics")
     add_log_flags(output)
     add_metrics_flags(output, MPS_METRICS_PORT)
-    return parser
+    return commands.parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,13 +6,12 @@ tessera-keys public PRIVATE.pem
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessera.record_keys import KeyFileError, fingerprint, public_pem
-from tessera_cli import CliParser, config_from, exit_code
+from tessera_cli import CliParser, Commands, config_from, exit_code
 from tessera_edge.keyfiles import generate_key_files, public_key_of
 
 DESCRIPTION = """\
@@ -43,21 +42,15 @@ class KeysConfig:
 
 
 def _parser() -> CliParser:
-    parser = CliParser(
-        prog="tessera-keys",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=CliParser
-    )
-    gen = sub.add_parser(
+    commands = Commands("tessera-keys", DESCRIPTION)
+    gen = commands.add(
         "generate",
-        help="write a new key pair: DIR/private/ID.pem and DIR/public/ID.pem",
-        description="Write a new Ed25519 key pair: DIR/private/ID.pem (mode 0600, for the "
-        "scheduler's Secret) and DIR/public/ID.pem (for the nodes' Secret). The first key "
-        "written to DIR/private is also named in DIR/private/signing-key-id. Existing files "
-        "are never overwritten.",
+        "write a new key pair: DIR/private/ID.pem and DIR/public/ID.pem",
+        "Write a new Ed25519 key pair: DIR/private/ID.pem (mode 0600, for the scheduler's "
+        "Secret) and DIR/public/ID.pem (for the nodes' Secret). The first key written to "
+        "DIR/private is also named in DIR/private/signing-key-id. Existing files are never "
+        "overwritten.",
+        as_written=False,
     )
     gen.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
     gen.add_argument(
@@ -66,14 +59,15 @@ def _parser() -> CliParser:
         metavar="ID",
         help="the key's ID, written into every record it signs (default: %(default)s)",
     )
-    pub = sub.add_parser(
+    pub = commands.add(
         "public",
-        help="print the public key of a private key file",
-        description="Print the public key (PEM) of a private key file, e.g. to rebuild the "
-        "nodes' Secret from the scheduler's.",
+        "print the public key of a private key file",
+        "Print the public key (PEM) of a private key file, e.g. to rebuild the nodes' Secret "
+        "from the scheduler's.",
+        as_written=False,
     )
     pub.add_argument("private_key", metavar="PRIVATE.pem")
-    return parser
+    return commands.parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

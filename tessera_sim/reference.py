@@ -42,13 +42,11 @@ from tessera.request import PodRequest
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import (
     FloatArray,
-    HostCase,
     IntArray,
     Option,
     Policy,
-    ShareCase,
     VectorCase,
-    WholeCase,
+    idle_core,
     restrict_case,
 )
 
@@ -63,14 +61,6 @@ MAX_GPU_PERCENT = 8 * UNITS_PER_DEVICE
 RANDOM, DOTPROD, BESTFIT, FGD = "random", "dotprod", "bestfit", "fgd"
 
 
-def _demand(case: VectorCase) -> int:
-    if isinstance(case, ShareCase):
-        return case.core
-    if isinstance(case, WholeCase):
-        return UNITS_PER_DEVICE * case.count
-    return 0
-
-
 def _request_demand(request: PodRequest) -> int:
     total = 0
     for c in request.containers:
@@ -83,13 +73,6 @@ def _request_demand(request: PodRequest) -> int:
 def _gpu_free(node: NodeState, core: Sequence[int]) -> int:
     gpus = node.inventory.gpus
     return sum(core[s] for s in range(len(core)) if gpus[s].healthy)
-
-
-def _vector_gpu_free(index: ClusterIndex, rows: IntArray) -> IntArray:
-    fc = index.free_core[rows]
-    ok = index.healthy[rows] & (index.model[rows] >= 0)
-    out: IntArray = (fc * ok).sum(axis=1)
-    return out
 
 
 def _cpu(value: int | None) -> int:
@@ -226,8 +209,8 @@ class DotProdPolicy(ReferencePolicy):
     ) -> FloatArray | None:
         cpu_free = np.minimum(index.cpu_free[rows], MAX_CPU_MILLI)
         dot = (cpu_free / MAX_CPU_MILLI) * (case.cpu_milli / MAX_CPU_MILLI) + (
-            _vector_gpu_free(index, rows) / MAX_GPU_PERCENT
-        ) * (_demand(case) / MAX_GPU_PERCENT)
+            idle_core(index, rows) / MAX_GPU_PERCENT
+        ) * (case.core_asked / MAX_GPU_PERCENT)
         out: FloatArray = np.floor((1.0 - dot / 2) * 100) / 100
         return out
 
@@ -252,7 +235,7 @@ class BestFitPolicy(ReferencePolicy):
         cpu_free = np.minimum(index.cpu_free[rows], MAX_CPU_MILLI)
         left = (
             0.5 * (cpu_free - case.cpu_milli) / MAX_CPU_MILLI
-            + 0.5 * (_vector_gpu_free(index, rows) - _demand(case)) / MAX_GPU_PERCENT
+            + 0.5 * (idle_core(index, rows) - case.core_asked) / MAX_GPU_PERCENT
         )
         out: FloatArray = np.floor((1.0 - left) * 100) / 100
         return out
@@ -309,10 +292,7 @@ class FgdPolicy(Policy):
             out: FloatArray = np.floor(value * 100 + 1e-9) / 100
             return np.where(np.isnan(delta), np.nan, out)
 
-        key = None if isinstance(case, HostCase) and case.shape is None else case.shape
-        if key is None:
-            return compute(rows)
-        return self._cache.get(index, rows, (type(case).__name__, key), 0, compute)
+        return self._cache.for_case(index, rows, case, 0, compute)
 
 
 FGD_COVERAGE = 0.95

@@ -26,7 +26,16 @@ import numpy as np
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import UNITS_PER_DEVICE
-from tessera.scoring_policy import FloatArray, HostCase, IntArray, ShareCase, VectorCase, WholeCase
+from tessera.scoring_policy import (
+    FloatArray,
+    HostCase,
+    IntArray,
+    ShareCase,
+    VectorCase,
+    WholeCase,
+    gpu_slots,
+    idle_core,
+)
 from tessera_sim.reference import ReferencePolicy
 
 if TYPE_CHECKING:
@@ -98,7 +107,7 @@ class GpuPackingPolicy(ReferencePolicy):
         if isinstance(case, HostCase):
             return np.zeros(rows.size)
         fc = index.free_core[rows]
-        healthy = index.healthy[rows] & (index.model[rows] >= 0)
+        healthy = gpu_slots(index, rows)
         gpus = healthy.sum(axis=1)
         fully = (healthy & (fc == UNITS_PER_DEVICE)).sum(axis=1)
         untouched = np.maximum(100 // 3 - fully, fully)
@@ -180,8 +189,7 @@ class GpuClusteringPolicy(ReferencePolicy):
         if not kind:
             return np.zeros(rows.size)
         self._sync(index)
-        healthy = index.healthy[rows] & (index.model[rows] >= 0)
-        free = (index.free_core[rows] * healthy).sum(axis=1) * _MILLI_PER_UNIT
+        free = idle_core(index, rows) * _MILLI_PER_UNIT
         base = 100 // 4 * (_MAX_GPU_MILLI - free) // _MAX_GPU_MILLI
         counts = self._counts[rows]
         kinds = (counts > 0).sum(axis=1)

@@ -57,6 +57,7 @@ from tessera import resources as rn
 from tessera.model import NodeInventory
 from tessera.policy_registry import POLICIES
 from tessera.record import decode as decode_record
+from tessera_cli.values import port, whole
 from tessera_edge.keyfiles import KeyringSource, generate_key_files
 from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.containerd import RuntimeSimulator, make_container, make_pod, runc_create
@@ -826,26 +827,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ui-nodes",
-        type=int,
+        type=whole(0, 10000),
         default=UiOptions.nodes,
         metavar="N",
-        help=f"nodes added for --ui (default: {UiOptions.nodes})",
+        help="nodes added for --ui (default: %(default)s)",
     )
     parser.add_argument(
         "--ui-port",
-        type=int,
+        type=port,
         default=UiOptions.port,
         metavar="PORT",
-        help=f"loopback port of the page for --ui (0: any free port; default: {UiOptions.port})",
+        help="loopback port of the page for --ui (0: any free port; default: %(default)s)",
     )
     parser.add_argument(
         "--ui-seconds", type=float, default=None, metavar="S", help="stop --ui after S seconds"
     )
     args = parser.parse_args(argv)
-    if not 0 <= args.ui_nodes <= 10000:
-        parser.error("--ui-nodes: 0 to 10000")
-    if not 0 <= args.ui_port <= 65535:
-        parser.error("--ui-port: 0 to 65535")
     ui = UiOptions(args.ui_nodes, args.ui_port, args.ui_seconds) if args.ui else None
     run(policy=args.policy, with_simulation=not args.no_simulation and ui is None, ui=ui)
     return 0

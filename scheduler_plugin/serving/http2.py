@@ -46,6 +46,7 @@ import h2.settings
 
 from scheduler_plugin.serving import limits
 from scheduler_plugin.serving.auth import client_cert_name
+from scheduler_plugin.serving.deadline import Deadline
 from tessera_edge.transports import no_delay
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class H2Protocol(asyncio.Protocol):
         self.window_opened = asyncio.Event()
         self.writable = asyncio.Event()
         self.writable.set()
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer = Deadline(loop, self._expire)
         self.closing = False
 
     # --- asyncio.Protocol -------------------------------------------------------------------
@@ -128,7 +129,7 @@ class H2Protocol(asyncio.Protocol):
         )
         self.conn.initiate_connection()
         self._flush()
-        self._arm(limits.HEADER_TIMEOUT)  # the preface and the first request
+        self.timer.arm(limits.HEADER_TIMEOUT)  # the preface and the first request
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -151,7 +152,7 @@ class H2Protocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
-        self._disarm()
+        self.timer.disarm()
         self.transport = None
         for stream in self.streams.values():
             stream.closed = True
@@ -227,7 +228,7 @@ class H2Protocol(asyncio.Protocol):
         }
         stream = _Stream(sid)
         self.streams[sid] = stream
-        self._disarm()
+        self.timer.disarm()
         task = self.loop.create_task(self._serve(stream, scope))
         self.server_state.tasks.add(task)
         task.add_done_callback(self.server_state.tasks.discard)
@@ -431,19 +432,9 @@ class H2Protocol(asyncio.Protocol):
         if self.closing:
             self._expire()
         else:
-            self._arm(limits.KEEPALIVE_TIMEOUT)
-
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(seconds, self._expire)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+            self.timer.arm(limits.KEEPALIVE_TIMEOUT)
 
     def _expire(self) -> None:
-        self.timer = None
         if self.streams or self.transport is None:
             return
         with contextlib.suppress(h2.exceptions.ProtocolError):

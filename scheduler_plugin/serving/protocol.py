@@ -36,6 +36,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from scheduler_plugin.serving import limits
 from scheduler_plugin.serving.auth import client_cert_name
+from scheduler_plugin.serving.deadline import Deadline
 from tessera.errors import InputError
 from tessera_edge.transports import no_delay
 
@@ -158,11 +159,14 @@ class BoundedProtocol(HttpToolsProtocol):
     header_timeout: float = limits.HEADER_TIMEOUT
     max_header_bytes: int = limits.MAX_HEADER_BYTES
 
-    _deadline: asyncio.TimerHandle | None = None
     _head_bytes: int = 0
     _cert_name: str | None = None
     _answers: DirectAnswers | None = None
     _direct: _Direct | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = Deadline(self.loop, self._too_slow)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -173,28 +177,16 @@ class BoundedProtocol(HttpToolsProtocol):
         self._cert_name = client_cert_name(transport)
         app: Any = self.config.app
         self._answers = app if callable(getattr(app, "direct_verb", None)) else None
-        self._arm()
+        self._deadline.arm(self.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._deadline.disarm()
         direct, self._direct = self._direct, None
         if direct is not None and self._answers is not None:
             self._answers.give_body_room(direct.length)
         super().connection_lost(exc)
 
-    def _arm(self, timeout: float | None = None) -> None:
-        self._disarm()
-        self._deadline = self.loop.call_later(
-            self.header_timeout if timeout is None else timeout, self._too_slow
-        )
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
     def _too_slow(self) -> None:
-        self._deadline = None
         direct, self._direct = self._direct, None
         if direct is not None and self._answers is not None:
             # a body that stalls is answered as the ASGI path answers it, then closed
@@ -216,8 +208,8 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        if self._deadline is None:
-            self._arm()
+        if not self._deadline.armed:
+            self._deadline.arm(self.header_timeout)
         tls = {"client_cert_name": self._cert_name}
         self.scope["extensions"] = {"tls": tls}  # type: ignore[dict-item]
 
@@ -238,9 +230,9 @@ class BoundedProtocol(HttpToolsProtocol):
         direct = self._direct_request()
         if direct is not None:
             self._direct = direct
-            self._arm(limits.BODY_TIMEOUT)  # the body's deadline replaces the head's
+            self._deadline.arm(limits.BODY_TIMEOUT)  # the body's deadline replaces the head's
             return
-        self._disarm()
+        self._deadline.disarm()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and not isinstance(cycle.transport, OneWrite):
@@ -289,7 +281,7 @@ class BoundedProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         self._direct = None
-        self._disarm()
+        self._deadline.disarm()
         answers = self._answers
         assert answers is not None
         body = b"".join(direct.parts)

@@ -11,21 +11,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tessera.model import model_matches
+from tessera.fragmentation.workload import GpuShape, Workload
+from tessera.model import models_allow
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.resources import UNITS_PER_DEVICE
 from tessera.scoring_policy import (
+    BoolArray,
     FloatArray,
     HostCase,
     IntArray,
     VectorCase,
     WholeCase,
+    gpu_slots,
 )
 
 if TYPE_CHECKING:
     from tessera.cluster_index import ClusterIndex
-from tessera.fragmentation.workload import GpuShape, Workload
-from tessera.scoring_policy import BoolArray
 
 _FULL = UNITS_PER_DEVICE
 _BIG = np.iinfo(np.int64).max // 4
@@ -135,7 +136,7 @@ class FragmentMeasure:
                 [
                     (s, shape.memory_need(gpus[s].memory_mib, unit))
                     for s in healthy
-                    if _allowed(gpus[s].model, shape.models)
+                    if models_allow(shape.models, gpus[s].model)
                 ]
                 for shape in self._c.shapes
             ]
@@ -221,7 +222,7 @@ class FragmentMeasure:
             hit = np.zeros((len(c.shapes), known + 1), dtype=np.bool_)
             for g, shape in enumerate(c.shapes):
                 for m, model in enumerate(index.models):
-                    hit[g, m] = _allowed(model, shape.models)
+                    hit[g, m] = models_allow(shape.models, model)
             c.allowed[known] = hit
         return hit
 
@@ -254,7 +255,7 @@ class FragmentMeasure:
         if stale.size:
             sfc = index.free_core[stale]
             model = index.model[stale]
-            base = index.healthy[stale] & (model >= 0)
+            base = gpu_slots(index, stale)
             allowed = self._allowed_matrix(index)
             elig = base[:, :, None] & allowed.T[np.where(model >= 0, model, -1)]
             ok = (
@@ -391,7 +392,3 @@ def _one_hot(column: Sequence[int], weight: Sequence[float], columns: int) -> Fl
     for t, (g, w) in enumerate(zip(column, weight, strict=True)):
         out[t, g] = w
     return out
-
-
-def _allowed(model: str, models: tuple[str, ...]) -> bool:
-    return not models or any(model_matches(model, m) for m in models)

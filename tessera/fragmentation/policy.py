@@ -14,7 +14,7 @@ from tessera.fragmentation.measure import FragmentMeasure
 from tessera.fragmentation.packing import NO_VALUES, PackingValues, packing_values
 from tessera.fragmentation.shape_cache import ShapeCache
 from tessera.fragmentation.workload import OnlineWorkload, Workload
-from tessera.model import model_matches
+from tessera.model import models_allow
 from tessera.node_state import GpuCapacity, NodeState
 from tessera.request import PodRequest
 from tessera.resources import POLICY_FRAGMENTATION, UNITS_PER_DEVICE
@@ -31,6 +31,7 @@ from tessera.scoring_policy import (
     WholeCase,
     case_at,
     case_positions,
+    gpu_slots,
 )
 
 if TYPE_CHECKING:
@@ -345,7 +346,7 @@ class FragmentationPolicy(Policy):
         if not limited or not self.scarcity:
             return None
         rows = index.all_rows()
-        present = index.healthy[rows] & (index.model[rows] >= 0)
+        present = gpu_slots(index, rows)
         cap = np.bincount(index.model[rows][present], minlength=len(index.models)).astype(
             np.float64
         )
@@ -354,7 +355,7 @@ class FragmentationPolicy(Policy):
             return None
         load = np.zeros(len(index.models), dtype=np.float64)
         for models, d in limited:
-            allowed = np.asarray([_allowed_model(m, models) for m in index.models], dtype=np.bool_)
+            allowed = np.asarray([models_allow(models, m) for m in index.models], dtype=np.bool_)
             total = cap[allowed].sum()
             if total > 0:
                 load[allowed] += d / _FULL / total
@@ -370,15 +371,13 @@ class FragmentationPolicy(Policy):
         values = [
             float(prot[i])
             for i, m in enumerate(index.models)
-            if m in self._prot_by_name and (not models or _allowed_model(m, models))
+            if m in self._prot_by_name and models_allow(models, m)
         ]
         return min(values) if values else 0.0
 
     def _base_by_name(self, models: Sequence[str] | frozenset[str]) -> float:
         wanted = tuple(models)
-        values = [
-            v for m, v in self._prot_by_name.items() if not wanted or _allowed_model(m, wanted)
-        ]
+        values = [v for m, v in self._prot_by_name.items() if models_allow(wanted, m)]
         return min(values) if values else 0.0
 
     def _row_facts(self, index: ClusterIndex, rows: IntArray) -> _RowFacts:
@@ -397,7 +396,7 @@ class FragmentationPolicy(Policy):
             fc = index.free_core[stale]
             fm = index.free_mem[stale]
             tm = index.total_mem[stale]
-            healthy = index.healthy[stale] & (index.model[stale] >= 0)
+            healthy = gpu_slots(index, stale)
             idle = (fc * healthy).sum(axis=1).astype(np.float64)
             cpu = index.cpu_free[stale].astype(np.float64)
             mem = index.mem_free[stale].astype(np.float64)
@@ -423,10 +422,7 @@ class FragmentationPolicy(Policy):
         def compute(stale: IntArray) -> FloatArray:
             return self._compute(index, rows, case, prot, base, stale)
 
-        key = _case_key(case)
-        if key is None:
-            return compute(rows)
-        return self._cache.get(index, rows, key, self.generation, compute)
+        return self._cache.for_case(index, rows, case, self.generation, compute)
 
     def _compute(
         self,
@@ -625,17 +621,6 @@ def _may_fit(index: ClusterIndex, sub: IntArray, pos: IntArray, case: VectorCase
     else:
         gpus = row_any(case.fits[pos])
     return host & gpus
-
-
-def _case_key(case: VectorCase) -> object | None:
-    key = getattr(case, "shape", None)
-    if key is None:
-        return None
-    return (type(case).__name__, key)
-
-
-def _allowed_model(model: str, models: Sequence[str]) -> bool:
-    return any(model_matches(model, m) for m in models)
 
 
 def _case_models(case: VectorCase) -> tuple[str, ...]:

@@ -9,10 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tessera.scoring_policy import (
-    FloatArray,
-    IntArray,
-)
+from tessera.scoring_policy import FloatArray, IntArray, VectorCase
 
 if TYPE_CHECKING:
     from tessera.cluster_index import ClusterIndex
@@ -72,3 +69,17 @@ class ShapeCache:
             entry.values[sel].copy() if isinstance(sel, slice) else entry.values[sel]
         )
         return result
+
+    def for_case(
+        self,
+        index: ClusterIndex,
+        rows: IntArray,
+        case: VectorCase,
+        generation: int,
+        compute: Callable[[IntArray], FloatArray],
+    ) -> FloatArray:
+        """`get` keyed by the case's kind and request shape; a case of unknown shape is
+        computed for every row, uncached."""
+        if case.shape is None:
+            return compute(rows)
+        return self.get(index, rows, (type(case).__name__, case.shape), generation, compute)

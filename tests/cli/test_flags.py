@@ -4,6 +4,7 @@ section; the parsed values come back as the config, environment twins included."
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 
@@ -90,17 +91,70 @@ def test_switches_and_durations_default_and_parse() -> None:
     assert _kinds([], env) == _Kinds(verbose=True, checks=False, wait=2.0, poll=60.0)
 
 
+def _refused(
+    parse: Callable[[list[str]], object], argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error (exit status 2) naming the flag."""
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+    assert argv[0] in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [["--wait", "0"], ["--poll", "61"], ["--wait", "soon"]])
 def test_a_duration_out_of_its_range_is_a_usage_error(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exc:
-        _kinds(argv)
-    assert exc.value.code == 2
-    assert argv[0] in capsys.readouterr().err
+    _refused(_kinds, argv, capsys)
 
 
 def test_a_duration_shows_seconds_in_help() -> None:
     parser = CliParser(prog="prog", env={})
     add_flags(parser, _Kinds)
     assert "--wait SECONDS" in parser.format_help()
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _Paths:
+    config: str | None = _FIRST.path("a file")
+    library: str = _FIRST.path("a host file", "/usr/lib/x.so", absolute=True)
+    work: str = _FIRST.directory("a folder", "work")
+    host: str = _FIRST.directory("a host folder", "/", absolute=True)
+    mode: str | None = _FIRST.choice("how", ("fast", "slow"))
+    side: str = _FIRST.choice("which", ("left", "right"), "left")
+
+
+def _paths(argv: list[str]) -> _Paths:
+    parser = CliParser(prog="prog", env={})
+    add_flags(parser, _Paths)
+    return config_from(_Paths, parser.parse_args(argv))
+
+
+def test_paths_directories_and_choices_default_and_parse() -> None:
+    assert _paths([]) == _Paths(
+        config=None, library="/usr/lib/x.so", work="work", host="/", mode=None, side="left"
+    )
+    given = _paths(["--config", "c.yaml", "--work", "w", "--host", "/host", "--mode", "slow"])
+    assert (given.config, given.work, given.host, given.mode) == ("c.yaml", "w", "/host", "slow")
+
+
+def test_paths_and_directories_name_their_kind_in_help() -> None:
+    parser = CliParser(prog="prog", env={})
+    add_flags(parser, _Paths)
+    text = " ".join(parser.format_help().split())
+    for shown in ("--config PATH", "--library PATH", "--work DIR", "--host DIR", "{fast,slow}"):
+        assert shown in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--library", "x.so"], ["--host", "host"], ["--mode", "medium"]],
+)
+def test_a_relative_host_path_or_an_unknown_choice_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _refused(_paths, argv, capsys)
+
+
+def test_a_relative_path_is_kept_where_it_may_be() -> None:
+    assert _paths(["--config", "rel/c.yaml", "--work", "rel"]).work == "rel"

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from tessera_cli import CliParser, ConfigError, env_name
+from tessera_cli import CliParser, Commands, ConfigError, env_name
 from tessera_cli.values import listen_address, port, seconds
 
 
@@ -145,3 +145,24 @@ def test_fail_names_the_variable_a_bad_setting_came_from(
         "prog: error: TESSERA_LISTEN (--listen 10.0.0.1): not a loopback address",
         "prog: error: --out: is not a directory",
     ]
+
+
+def test_commands_make_a_program_of_subcommands_with_twins(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    commands = Commands("prog", "Do things.\n\n  one   the first thing\n  two   the second")
+    one = commands.add("one", "the first thing", "The first thing,\n  kept as written.")
+    one.add_argument("--size", type=port, default=1, help="how big")
+    two = commands.add("two", "the second", "The second  thing, wrapped.", as_written=False)
+    two.add_argument("name")
+    args = commands.parser.parse_args(["one", "--size", "7"])
+    assert (args.command, args.size) == ("one", 7)
+    assert commands.parser.parse_args(["two", "x"]).name == "x"
+    assert "  one   the first thing" in commands.parser.format_help()
+    assert "The first thing,\n  kept as written." in one.format_help()
+    assert "The second thing, wrapped." in two.format_help()
+    assert isinstance(one, CliParser) and "[env TESSERA_SIZE]" in one.format_help()
+    with pytest.raises(SystemExit) as exited:
+        commands.parser.parse_args([])
+    assert exited.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err

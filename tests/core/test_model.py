@@ -4,7 +4,13 @@ from pathlib import Path
 import pytest
 
 from tessera.errors import InventoryError
-from tessera.model import NodeInventory, model_matches, normalize_bus_id
+from tessera.model import (
+    NodeInventory,
+    PciDevice,
+    model_matches,
+    models_allow,
+    normalize_bus_id,
+)
 from tessera_edge.topology_file import BUILTIN_TOPOLOGIES, load_topology, parse_topology_text
 
 from .builders import gpu_entry
@@ -126,6 +132,22 @@ def test_model_matching(wanted: str, expected: bool) -> None:
     assert model_matches("NVIDIA H100 80GB HBM3", wanted) is expected
 
 
+@pytest.mark.parametrize(
+    ("models", "expected"),
+    [
+        ((), True),
+        (("h100",), True),
+        (("A100", "H100"), True),
+        (("A100",), False),
+        (("H10",), False),
+    ],
+)
+def test_a_pods_model_hints_allow_a_gpu_when_one_matches_or_there_are_none(
+    models: tuple[str, ...], expected: bool
+) -> None:
+    assert models_allow(models, "NVIDIA H100 80GB HBM3") is expected
+
+
 def test_from_dict_shares_every_string_it_keeps() -> None:
     pool: dict[str, str] = {}
 
@@ -149,3 +171,30 @@ def test_a_link_to_a_gpu_the_inventory_lacks_is_written_by_index_and_refused() -
     assert written["gpus"][0]["nvlinks"] == [{"peer": 5, "links": 2}]
     with pytest.raises(InventoryError, match="peer index 5 is not a GPU of this node"):
         NodeInventory.from_dict(written)
+
+
+def test_a_device_placed_where_sysfs_says_keeps_everything_else() -> None:
+    inv = load_topology("h100-sxm-8x")
+    gpu, nic = inv.gpus[3], inv.nics[1]
+    where = PciDevice(
+        pci_bus_id="ffff:ff:00.0", numa_node=7, pcie_root="pci0009:00", pcie_switch="0009:01:00.0"
+    )
+    for device in (gpu, nic):
+        moved = device.placed(where)
+        assert type(moved) is type(device)
+        assert (moved.numa_node, moved.pcie_root, moved.pcie_switch) == (
+            7,
+            "pci0009:00",
+            "0009:01:00.0",
+        )
+        assert moved.pci_bus_id == device.pci_bus_id  # its own address, not the reading's
+        assert (
+            replace(
+                moved,
+                numa_node=device.numa_node,
+                pcie_root=device.pcie_root,
+                pcie_switch=device.pcie_switch,
+            )
+            == device
+        )
+    assert gpu.placed(PciDevice(pci_bus_id=gpu.pci_bus_id)).numa_node == -1  # nothing known

@@ -230,3 +230,21 @@ def test_node_scores_are_in_unit_range(policy: Policy) -> None:
     for limits in ({rn.GPU: "10"}, {rn.GPU: "800"}, {rn.GPU_MEMORY: "79"}):
         result = placed(place(s, limits, policy=policy))
         assert 0.0 <= result.score <= 1.0
+
+
+def test_a_copy_starts_equal_and_then_changes_on_its_own() -> None:
+    """What gang trials rely on: placing on a copy leaves the node as it was."""
+    s = NodeState(load_topology("h100-sxm-8x", "n"), HostCapacity(64_000, 512_000))
+    first = commit(s, place(s, {rn.GPU: "50", rn.RDMA: "25", "cpu": "4", "memory": "8Gi"}))
+    c = s.copy()
+    facts = ("free_core", "free_mem", "nic_free", "vf_free", "cpu_free", "mem_free")
+    assert all(getattr(c, f) == getattr(s, f) for f in facts)
+    assert (c.inventory, c.host, c.name, c.tiers) == (s.inventory, s.host, s.name, s.tiers)
+    assert c.version > s.version  # scores cached for the node are not the copy's
+    before = {f: getattr(s, f) for f in facts}
+    commit(c, place(c, {rn.GPU: "200", rn.RDMA: "100", "cpu": "8", "memory": "16Gi"}))
+    assert {f: getattr(s, f) for f in facts} == before
+    assert c.free_core != s.free_core and c.cpu_free != s.cpu_free
+    c.release(first)
+    s.release(first)
+    assert s.free_core == (100,) * 8 and sum(c.free_core) == 600

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera_edge.threads import OS_NAME_BYTES, name_os_threads, os_thread_name
+from tessera_edge.threads import OS_NAME_BYTES, Repeating, name_os_threads, os_thread_name
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="prctl and /proc are Linux's")
 
@@ -83,3 +84,47 @@ def test_os_names_fit_and_are_whole_characters(name: str) -> None:
     assert len(cut) <= OS_NAME_BYTES
     assert name.encode().startswith(cut)
     cut.decode("utf-8")  # never half a character
+
+
+def _calls_until(
+    count: int, fail_first: bool = False
+) -> tuple[list[str], threading.Event, Callable[[], None]]:
+    calls: list[str] = []
+    done = threading.Event()
+
+    def work() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) >= count:
+            done.set()
+        if fail_first and len(calls) == 1:
+            raise RuntimeError("first call breaks")
+
+    return calls, done, work
+
+
+def test_repeating_work_runs_at_once_then_again_on_its_own_thread() -> None:
+    calls, done, work = _calls_until(3)
+    loop = Repeating("again", 0.001, work, logging.getLogger("t"), "again")
+    loop.start()
+    assert done.wait(5)
+    loop.stop()
+    assert not loop._thread.is_alive()  # type: ignore[union-attr]
+    assert loop.stopping and set(calls) == {"again"} and len(calls) >= 3
+
+
+def test_repeating_work_survives_what_it_raises(caplog: pytest.LogCaptureFixture) -> None:
+    _, done, work = _calls_until(2, fail_first=True)
+    loop = Repeating("sturdy", 0.001, work, logging.getLogger("t"), "sturdy round")
+    with caplog.at_level(logging.ERROR):
+        loop.start()
+        assert done.wait(5)
+        loop.stop()
+    assert any(r.getMessage() == "sturdy round" and r.exc_info for r in caplog.records)
+
+
+def test_repeating_work_may_wait_one_interval_first() -> None:
+    calls, _, work = _calls_until(1)
+    loop = Repeating("later", 3600.0, work, logging.getLogger("t"), "later", wait_first=True)
+    loop.start()
+    loop.stop()  # long before the first interval is over
+    assert calls == []

@@ -5,6 +5,8 @@ import json
 import re
 from collections import defaultdict
 
+import pytest
+
 from tessera import resources as rn
 from tessera_edge.topology_file import load_topology
 from tessera_testbed import demo
@@ -161,3 +163,13 @@ def test_demo_shows_each_share_used_beside_its_grant() -> None:
             )
     assert sorted(" ".join(ln.split()) for ln in lines) == sorted(expected)
     assert len(lines) >= 5
+
+
+def test_demo_refuses_a_page_out_of_range_before_it_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["--ui-nodes", "10001"], ["--ui-port", "65536"], ["--ui-nodes", "-1"]):
+        with pytest.raises(SystemExit) as exited:
+            demo.main(argv)
+        assert exited.value.code == 2
+        assert argv[0] in capsys.readouterr().err
