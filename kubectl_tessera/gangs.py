@@ -110,7 +110,7 @@ def rows(
         member = _member(pod, nvidia_gpu)
         if member is None:
             continue
-        roster.member_seen(member)
+        roster.member_seen(member, now=0.0)  # one reading: how long members wait is not shown
         keys.add(member.key)
         if member.pending and not recorded.get(member.key):
             recorded[member.key] = recorded_reason(pod, member.key)

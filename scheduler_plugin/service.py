@@ -130,7 +130,6 @@ class Service:
             heartbeat_grace=options.heartbeat_grace,
             require_heartbeat=options.require_heartbeat,
         )
-        self.metrics.attach(self.cache)
         self.extender = Extender(
             self.cache,
             self.metrics,
@@ -147,6 +146,7 @@ class Service:
                 self.extender.parse,
                 source=PodGroupSource(default_timeout=max(1, round(options.gang_timeout))),
                 on_reserved=self.nudger.nudge,
+                nvidia_gpu=options.manage_nvidia_gpu,
             )
             self.extender.gangs = self.gangs
             self.gang_informers = gang_informers(client, self.gangs, metrics=self.metrics)
@@ -163,7 +163,10 @@ class Service:
             metrics=self.metrics,
             on_labels=None if self.gangs is None else self.gangs.node_labels,
         )
+        self.metrics.attach(self.cache, self.gangs)
         self.leader: LeaderElector | None = None
+        # without an election this replica is the one that serves (`_leading`): it says so
+        self.metrics.leader.set(0 if options.leader_elect else 1)
         if options.leader_elect:
             self.leader = LeaderElector(
                 client,

@@ -28,6 +28,7 @@ from typing import Any
 
 from scheduler_plugin.state.cache import Cache
 from tessera.errors import GangError, RequestError
+from tessera.gang.min_resources import judged
 from tessera.gang.plan import GangAsk, GangShortfall
 from tessera.gang.roster import GangRoster, Member, Ready, Waiting
 from tessera.gang.spec import NO_TOPOLOGY, GangKey, GangSource, GangSpec, PodGroupSource
@@ -60,7 +61,9 @@ class GangAnswer:
 
 class Gangs:
     """Gang bookkeeping of one scheduler (thread-safe). `parse` reads a pod's device
-    request (the extender's own parser); `on_reserved` is told the members to nudge."""
+    request (the extender's own parser); `on_reserved` is told the members to nudge;
+    `nvidia_gpu`: the scheduler manages `nvidia.com/gpu` (a PodGroup's minResources of it
+    is then judged here)."""
 
     def __init__(
         self,
@@ -69,18 +72,20 @@ class Gangs:
         *,
         source: GangSource | None = None,
         on_reserved: Callable[[list[Poke]], None] | None = None,
+        nvidia_gpu: bool = False,
     ) -> None:
         self.cache = cache
         self.parse = parse
         self.source: GangSource = source or PodGroupSource()
         self.on_reserved = on_reserved
+        self.nvidia_gpu = nvidia_gpu
         self._lock = threading.Lock()
         self._roster = GangRoster()
         self._labels: dict[str, dict[str, str]] = {}
         self._reasons: dict[GangKey, str] = {}
-        self._tried: dict[GangKey, tuple[int, int, frozenset[str] | None]] = {}
-        """Gang -> (state generation, roster version, nodes looked at) of its last failed
-        plan: it is not tried again until one of them changes."""
+        self._tried: dict[GangKey, tuple[int, int, int, frozenset[str] | None]] = {}
+        """Gang -> (state generation, nodes opened or closed, roster version, nodes looked
+        at) of its last failed plan: it is not tried again until one of them changes."""
         self._version = 0
         """Grows on every roster change."""
         self._candidates: dict[GangKey, frozenset[str]] = {}
@@ -170,7 +175,7 @@ class Gangs:
     def members_replaced(self, items: Iterable[Mapping[str, Any]]) -> None:
         members = [m for m in map(self._safe_member, items) if m is not None]
         with self._lock:
-            gone = self._roster.members_replaced(members)
+            gone = self._roster.members_replaced(members, now=self.cache.reservations.now())
             self._changed()
         for key in gone:
             self._void_if_member_left(key)
@@ -193,7 +198,7 @@ class Gangs:
                 key = member.key
                 if self._roster.member(uid) == member:
                     return
-                self._roster.member_seen(member)
+                self._roster.member_seen(member, now=self.cache.reservations.now())
             self._changed()
         if member is None and key is not None:
             self._void_if_member_left(key, uid)
@@ -259,7 +264,7 @@ class Gangs:
         member = self._safe_member(pod)
         with self._lock:
             if member is not None and self._roster.member(member.uid) != member:
-                self._roster.member_seen(member)
+                self._roster.member_seen(member, now=self.cache.reservations.now())
                 self._changed()
             offered = frozenset(names)
             if self._candidates.get(key) != offered:
@@ -285,7 +290,7 @@ class Gangs:
             return f"gang {key}: waiting for the scheduler to list gangs and their pods"
         with self._lock:
             readiness = self._roster.readiness(key)
-            stamp = (self.cache.generation, self._version, names)
+            stamp = (self.cache.generation, self.cache.problems.closings, self._version, names)
             if isinstance(readiness, Waiting):
                 self._reasons[key] = readiness.reason
                 return readiness.reason
@@ -297,9 +302,8 @@ class Gangs:
                 return self._reasons[key]
             if not self.cache.reservations.may_plan(key):
                 return self._reasons.get(key) or f"gang {key}: released, retrying soon"
-            ask = GangAsk(key, readiness.pending, readiness.placed, readiness.topology)
             result = self.cache.reservations.reserve(
-                ask,
+                self._ask(key, readiness),
                 readiness.spec.timeout_seconds,
                 names=names,
                 label_of=self.label_of,
@@ -329,6 +333,16 @@ class Gangs:
     def _synced(self) -> bool:
         return self.groups_synced.is_set() and self.members_synced.is_set()
 
+    def _ask(self, key: GangKey, readiness: Ready) -> GangAsk:
+        return GangAsk(
+            key,
+            readiness.pending,
+            readiness.placed,
+            readiness.topology,
+            judged(readiness.spec.min_resources, nvidia_gpu=self.nvidia_gpu),
+            readiness.bound,
+        )
+
     def preemption(
         self, pod: Mapping[str, Any], request: PodRequest
     ) -> Mapping[str, Mapping[str, PodRequest]] | None:
@@ -351,7 +365,7 @@ class Gangs:
         pending = {r.uid: r for r in readiness.pending}
         if request.uid not in pending:
             return {}
-        ask = GangAsk(key, readiness.pending, readiness.placed, readiness.topology)
+        ask = self._ask(key, readiness)
         value = section(pod, "spec").get("priority")
         priority = value if isinstance(value, int) and not isinstance(value, bool) else 0
         plan = self.cache.gang_preemption_plan(ask, priority, spare, label_of=self.label_of)
@@ -382,6 +396,18 @@ class Gangs:
                 self._try(key)
             except Exception:
                 log.exception("bug: planning gang %s failed", key)
+
+    def past_timeout(self) -> int:
+        """Gangs with a member that has waited unbound longer than the gang's timeout: its
+        PodGroup's scheduleTimeoutSeconds (or the default, where the PodGroup does not say,
+        is missing or does not parse). A member waits from the first time this scheduler
+        saw it pending (its creation, for a scheduler running then) until it is bound or
+        gone; reserved members not bound yet still wait."""
+        with self._lock:
+            late = self._roster.past_timeout(
+                self.cache.reservations.now(), self.source.default_timeout
+            )
+        return len(late)
 
     def reason(self, key: GangKey) -> str | None:
         with self._lock:

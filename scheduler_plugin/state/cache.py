@@ -210,9 +210,12 @@ class Cache:
     ) -> GangPlan | None:
         """The plan of `ask` on the usable nodes with every pod of lower `priority` gone
         (but those in `spare`: the gang's own members, reservations, binds in flight), or
-        None when the gang would not fit even then. Changes nothing."""
+        None when the gang would not fit even then, or its minResources would not be free
+        even then. Changes nothing."""
         with self._lock:
             nodes = self.pods.without_lower(priority, spare, self.problems.by_node())
+            if self.reservations.min_resources_gap(ask, nodes) is not None:
+                return None
             result = plan_gang(ask, nodes, label_of=label_of, policy_for=self._decider.policy_for)
             return result if isinstance(result, GangPlan) else None
 

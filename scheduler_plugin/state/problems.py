@@ -36,6 +36,13 @@ FENCE_REASON_PODS = 3
 CONFLICTS = "conflicts"
 """How the problem of a valid record that conflicts with another pod's begins."""
 
+INVALID_INVENTORY = "invalid_inventory"
+UNTRUSTED_RECORD = "untrusted_record"
+AGENT_SILENT = "agent_silent"
+"""Why a node takes no new tessera pods, in one word (/metrics labels), in the order they
+are judged: its NodeDevices does not parse or index, a running pod's record does not count
+(a fence), its node agent's heartbeat Lease is missing or stale."""
+
 FenceListener = Callable[[str, str, str, str | None], None]
 """(node, pod key, pod UID, problem, or None when that pod no longer fences the node)."""
 
@@ -47,10 +54,12 @@ class Problems(Part):
     node whose reason changed."""
 
     __slots__ = (
+        "_closings",
         "_conflicting",
         "_fenced_by",
         "_fences",
         "_invalid",
+        "_kinds",
         "_leases",
         "_listeners",
         "_nodes",
@@ -73,6 +82,11 @@ class Problems(Part):
         self._require_heartbeat = require_heartbeat
         self._problems: dict[str, str] = {}
         """Nodes that take no new tessera pods, with the reason (resolvable)."""
+        self._kinds: dict[str, str] = {}
+        """The same nodes, with the reason's kind (INVALID_INVENTORY, ...)."""
+        self._closings = 0
+        """Grows whenever a node starts or stops taking pods (not when only its reason's
+        text changes, as a silent node's age does every second)."""
         self._view: Mapping[str, str] | None = None
         """A read-only copy of `_problems`, made on demand, dropped on every change."""
         self._invalid: dict[str, tuple[str, str]] = {}
@@ -99,17 +113,22 @@ class Problems(Part):
     def recheck(self, node: str, now: float | None = None) -> None:
         """Judge `node`'s usability again (as of `now`, the wall clock)."""
         with self._lock:
-            problem = self._nodes.error(node)
+            kind, problem = INVALID_INVENTORY, self._nodes.error(node)
             if problem is None:
-                problem = self._fence_reason(node)
+                kind, problem = UNTRUSTED_RECORD, self._fence_reason(node)
             if problem is None and self._require_heartbeat and self._nodes.has_inventory(node):
+                kind = AGENT_SILENT
                 problem = self._leases.problem(node, self._clock() if now is None else now)
             if self._problems.get(node) == problem:
                 return
             if problem is None:
-                del self._problems[node]
+                del self._problems[node], self._kinds[node]
+                self._closings += 1
             else:
+                if node not in self._problems:
+                    self._closings += 1
                 self._problems[node] = problem
+                self._kinds[node] = kind
             self._view = None
             self._notify(node)
 
@@ -258,6 +277,17 @@ class Problems(Part):
     def count(self) -> int:
         with self._lock:
             return len(self._problems)
+
+    @property
+    def closings(self) -> int:
+        """Grows whenever a node starts or stops taking new pods (a key for what was
+        judged over the usable nodes, such as a gang's last plan)."""
+        return self._closings
+
+    def kinds(self, limit: int) -> list[tuple[str, str]]:
+        """(node, kind of its reason) of the first `limit` unusable nodes, by name."""
+        with self._lock:
+            return sorted(self._kinds.items())[:limit]
 
     def fences(self) -> tuple[Fence, ...]:
         with self._lock:

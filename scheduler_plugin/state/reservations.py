@@ -10,22 +10,61 @@ from scheduler_plugin.state.problems import Problems
 from tessera.allocation import PodAllocation
 from tessera.errors import StateError
 from tessera.gang.book import Reservation, ReservationBook, Standing
+from tessera.gang.min_resources import FreeTotals, min_resources_gap
 from tessera.gang.plan import GangAsk, GangPlan, GangShortfall, LabelOf, plan_gang
 from tessera.gang.spec import GangKey
 from tessera.isolation import share_refusal
 from tessera.node_placement import NoFit
+from tessera.node_state import NodeState
 from tessera.request import PodRequest
 
 
 class Reservations(Part):
-    """The reservation book (one part of the state: state/cache.py says the lock rule)."""
+    """The reservation book, and the free totals a gang's minResources is judged against
+    (one part of the state: state/cache.py says the lock rule)."""
 
-    __slots__ = ("_book", "_problems")
+    __slots__ = ("_book", "_free", "_problems")
 
     def __init__(self, shared: Shared, problems: Problems) -> None:
         super().__init__(shared)
         self._problems = problems
         self._book = ReservationBook()
+        self._free = FreeTotals(self._cluster)
+
+    def now(self) -> float:
+        """The clock of reservations and of how long gang members wait (monotonic)."""
+        return self._monotonic()
+
+    def min_resources_gap(
+        self, ask: GangAsk, trial: Mapping[str, NodeState] | None = None
+    ) -> str | None:
+        """Why the gang's `min_resources` are not free ("gang ns/name: minResources not
+        free: ..."), or None: summed over the nodes that take pods (as they are, or as in
+        `trial`, the usable nodes with some pods gone), with what the gang's own bound
+        members hold counted free to it, as coscheduling counts it. Costs the nodes that
+        changed since the last question, not every node."""
+        if not ask.min_resources:
+            return None
+        with self._lock:
+            nodes = self._cluster.nodes
+            closed = self._problems.by_node()
+            replaced = {
+                name: node for name, node in (trial or {}).items() if node is not nodes.get(name)
+            }
+            released: dict[str, NodeState] = {}
+            for uid in ask.bound:
+                alloc = self._cluster.pods.get(uid)
+                if alloc is None or alloc.node in closed:
+                    continue
+                node = released.get(alloc.node)
+                if node is None:
+                    node = released[alloc.node] = replaced.get(alloc.node, nodes[alloc.node]).copy()
+                node.release(alloc)
+            free = self._free.totals(
+                leave_out=closed, replaced={**replaced, **released}, nvidia_gpu=True
+            )
+            gap = min_resources_gap(ask.min_resources, free)
+            return None if gap is None else f"gang {ask.key}: {gap}"
 
     def reserve(
         self,
@@ -36,11 +75,15 @@ class Reservations(Part):
         label_of: LabelOf,
     ) -> GangPlan | GangShortfall:
         """Plan `ask` on the usable nodes (of `names`, when given) and hold the plan's
-        devices for its members, all at once, or say what is missing. Nothing is held
-        unless every member fits."""
+        devices for its members, all at once, or say what is missing: its minResources
+        first (over every usable node, whatever `names`), then room for each member.
+        Nothing is held unless every member fits."""
         with self._lock:
             if self._book.get(ask.key) is not None:
                 return GangShortfall(ask.key, f"gang {ask.key} is already reserved")
+            gap = self.min_resources_gap(ask)
+            if gap is not None:
+                return GangShortfall(ask.key, gap)
             problems = self._problems.by_node()
             usable = {
                 n: s

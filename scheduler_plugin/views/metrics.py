@@ -12,7 +12,7 @@ milliseconds apart.)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from scheduler_plugin.state.problems import INVALID_INVENTORY, UNTRUSTED_RECORD
 from tessera.resources import UNITS_PER_DEVICE
 
 if TYPE_CHECKING:
@@ -100,121 +101,164 @@ def gpu_chunks(cache: Cache) -> Iterator[bytes]:
             ).encode()
 
 
+MAX_UNUSABLE_SERIES: Final = 1000
+"""Nodes `tessera_scheduler_node_unusable` names at most, the first by name (every one is
+counted in `tessera_nodes_unusable`): a fifth of a 5,000-node cluster, past which a single
+cause (a heartbeat namespace changed, an API server outage) is at work, not node faults."""
+
+STATE_FAMILIES: Final[tuple[tuple[str, str, tuple[str, ...]], ...]] = (
+    (
+        "tessera_nodes_unusable",
+        "Nodes that take no new tessera pods (bad inventory or silent node agent)",
+        (),
+    ),
+    (
+        "tessera_scheduler_node_unusable",
+        "1 for each node that takes no new tessera pods, by reason: invalid_inventory (its "
+        "NodeDevices does not parse or index), untrusted_record (fenced: a running pod's "
+        "allocation record does not count), agent_silent (its heartbeat Lease is missing or "
+        f"stale); nodes that take pods have no series; at most {MAX_UNUSABLE_SERIES} nodes, "
+        "the first by name",
+        ("node", "reason"),
+    ),
+    (
+        "tessera_invalid_allocation_records",
+        "Pods whose allocation record does not count (forged, corrupt or conflicting)",
+        (),
+    ),
+    (
+        "tessera_scheduler_fenced_nodes",
+        "Nodes fenced for new tessera pods, by reason: a running pod with an untrusted "
+        "allocation record, or a NodeDevices that does not parse or index",
+        ("reason",),
+    ),
+    ("tessera_pods_allocated", "Pods holding tessera devices", ("state",)),
+    (
+        "tessera_scheduler_gangs_waiting_past_timeout",
+        "Gangs with a member that has waited unbound longer than its PodGroup's "
+        "scheduleTimeoutSeconds, counted from when this scheduler first saw the member pending",
+        (),
+    ),
+)
+"""The gauges read from the state when Prometheus scrapes: (name, help, labels)."""
+
+
+class GangCounts(Protocol):
+    """What /metrics reads of the gangs (decisions/gangs.py)."""
+
+    def past_timeout(self) -> int: ...
+
+
+Sample = tuple[str, tuple[str, ...], float]
+"""(family name, label values, value)."""
+
+
+def state_samples(cache: Cache, gangs: GangCounts | None) -> Iterator[Sample]:
+    """The samples of STATE_FAMILIES, as the state and the gangs are now."""
+    stats = cache.stats()
+    yield "tessera_nodes_unusable", (), stats.unusable
+    for node, kind in cache.problems.kinds(MAX_UNUSABLE_SERIES):
+        yield "tessera_scheduler_node_unusable", (node, kind), 1
+    yield "tessera_invalid_allocation_records", (), stats.invalid_records
+    yield "tessera_scheduler_fenced_nodes", (UNTRUSTED_RECORD,), stats.fenced_untrusted
+    yield "tessera_scheduler_fenced_nodes", (INVALID_INVENTORY,), stats.fenced_inventory
+    yield "tessera_pods_allocated", ("assumed",), stats.assumed
+    yield "tessera_pods_allocated", ("confirmed",), stats.confirmed
+    yield "tessera_pods_allocated", ("pending_node",), stats.pending_node
+    waiting = 0 if gangs is None else gangs.past_timeout()
+    yield "tessera_scheduler_gangs_waiting_past_timeout", (), waiting
+
+
 class _StateCollector(Collector):
-    def __init__(self, source: Callable[[], Cache | None]) -> None:
-        self._source = source
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        cache = self._source()
-        unusable = GaugeMetricFamily(
-            "tessera_nodes_unusable",
-            "Nodes that take no new tessera pods (bad inventory or silent node agent)",
-        )
-        invalid = GaugeMetricFamily(
-            "tessera_invalid_allocation_records",
-            "Pods whose allocation record does not count (forged, corrupt or conflicting)",
-        )
-        fenced = GaugeMetricFamily(
-            "tessera_scheduler_fenced_nodes",
-            "Nodes fenced for new tessera pods, by reason: a running pod with an untrusted "
-            "allocation record, or a NodeDevices that does not parse or index",
-            labels=["reason"],
-        )
-        pods = GaugeMetricFamily(
-            "tessera_pods_allocated", "Pods holding tessera devices", labels=["state"]
-        )
+        families = {
+            name: GaugeMetricFamily(name, documentation, labels=list(labels))
+            for name, documentation, labels in STATE_FAMILIES
+        }
+        cache = self._metrics.cache
         if cache is not None:
-            stats = cache.stats()
-            unusable.add_metric([], stats.unusable)
-            invalid.add_metric([], stats.invalid_records)
-            fenced.add_metric(["untrusted_record"], stats.fenced_untrusted)
-            fenced.add_metric(["invalid_inventory"], stats.fenced_inventory)
-            pods.add_metric(["assumed"], stats.assumed)
-            pods.add_metric(["confirmed"], stats.confirmed)
-            pods.add_metric(["pending_node"], stats.pending_node)
-        yield from (unusable, invalid, fenced, pods)
+            for name, labels, value in state_samples(cache, self._metrics.gangs):
+                families[name].add_metric(list(labels), value)
+        yield from families.values()
 
 
 class Metrics:
     """Everything /metrics shows; one registry per service (tests run several)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._cache: Cache | None = None
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        self.cache: Cache | None = None
+        self.gangs: GangCounts | None = None
         self._latency: dict[str, Any] = {}
         self._decided: dict[tuple[str, str], Any] = {}
         self._failed: dict[str, Any] = {}
-        r = self.registry
-        self.requests = Histogram(
+
+        def counter(name: str, documentation: str, *labels: str) -> Counter:
+            return Counter(name, documentation, labels, registry=r)
+
+        def gauge(name: str, documentation: str, *labels: str) -> Gauge:
+            return Gauge(name, documentation, labels, registry=r)
+
+        def histogram(name: str, documentation: str, *labels: str) -> Histogram:
+            return Histogram(name, documentation, labels, buckets=LATENCY_BUCKETS, registry=r)
+
+        self.requests = histogram(
             "tessera_scheduler_request_duration_seconds",
             "Time to answer an extender call, by verb",
-            ["verb"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            "verb",
         )
-        self.decisions = Counter(
+        self.decisions = counter(
             "tessera_scheduler_decisions",
             "Extender decisions by verb and outcome",
-            ["verb", "outcome"],
-            registry=r,
+            "verb",
+            "outcome",
         )
-        self.failures = Counter(
-            "tessera_scheduler_node_failures",
-            "Nodes rejected by filter, by reason",
-            ["reason"],
-            registry=r,
+        self.failures = counter(
+            "tessera_scheduler_node_failures", "Nodes rejected by filter, by reason", "reason"
         )
-        self.binding_writes = Histogram(
+        self.binding_writes = histogram(
             "tessera_scheduler_binding_write_seconds",
             "Time from sending a bind's Binding to the API server's answer, as "
             "tessera-scheduler reads it (beside the API server's own time for it, the "
             "difference is the wait on the way and for this process's event loop)",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
         )
-        self.bind_failures = Counter(
-            "tessera_scheduler_bind_failures",
-            "Binds that failed, by step",
-            ["step"],
-            registry=r,
+        self.bind_failures = counter(
+            "tessera_scheduler_bind_failures", "Binds that failed, by step", "step"
         )
-        self.watch_relists = Counter(
+        self.watch_relists = counter(
             "tessera_scheduler_watch_relists",
             "Full relists of a watched resource (start, 410 Gone, errors)",
-            ["resource"],
-            registry=r,
+            "resource",
         )
-        self.leader = Gauge(
-            "tessera_scheduler_leader", "1 when this replica is the leader", registry=r
+        self.leader = gauge(
+            "tessera_scheduler_leader",
+            "1 when this replica is the leader (always, run without leader election)",
         )
-        self.ready = Gauge(
-            "tessera_scheduler_ready", "1 when this replica answers extender calls", registry=r
-        )
-        self.stranded = Gauge(
+        self.ready = gauge("tessera_scheduler_ready", "1 when this replica answers extender calls")
+        self.stranded = gauge(
             "tessera_scheduler_stranded_grants",
             "Container grants on a GPU or RDMA NIC that its node now reports unhealthy or no "
             "longer lists, by state (unhealthy, missing); the pods have a Warning Event",
-            ["state"],
-            registry=r,
+            "state",
         )
-        self.status_writes = Counter(
-            "tessera_scheduler_status_writes",
-            "NodeDevices status updates, by outcome",
-            ["outcome"],
-            registry=r,
+        self.status_writes = counter(
+            "tessera_scheduler_status_writes", "NodeDevices status updates, by outcome", "outcome"
         )
-        self.connections = Counter(
+        self.connections = counter(
             "tessera_scheduler_connections",
             "Client connections accepted on the extender port, by protocol (h2, http/1.1): "
             "kube-scheduler on HTTP/2 keeps one connection, on HTTP/1.1 it opens one per "
             "overlapping call",
-            ["protocol"],
-            registry=r,
+            "protocol",
         )
-        r.register(_StateCollector(lambda: self._cache))
+        r.register(_StateCollector(self))
 
-    def attach(self, cache: Cache) -> None:
-        self._cache = cache
+    def attach(self, cache: Cache, gangs: GangCounts | None = None) -> None:
+        self.cache = cache
+        self.gangs = gangs
 
     def observe(self, verb: str, seconds: float, outcome: str) -> None:
         # the labelled children are looked up once (labels() costs a lock and a tuple)
@@ -238,8 +282,8 @@ class Metrics:
     def chunks(self) -> Iterator[bytes]:
         """The whole exposition, in chunks (the per-GPU series last, read in batches)."""
         yield generate_latest(self.registry)
-        if self._cache is not None:
-            yield from gpu_chunks(self._cache)
+        if self.cache is not None:
+            yield from gpu_chunks(self.cache)
 
     def render(self) -> bytes:
         return b"".join(self.chunks())

@@ -25,7 +25,7 @@ from tessera.allocation import PodAllocation
 from tessera.fragmentation.measure import FragmentMeasure
 from tessera.fragmentation.policy import FragmentationPolicy
 from tessera.fragmentation.workload import PodClass, Workload
-from tessera.gang.spec import NO_TOPOLOGY, GangKey, GangTopology
+from tessera.gang.spec import NO_MIN_RESOURCES, NO_TOPOLOGY, GangKey, GangTopology, MinResources
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.node_state import NodeState
 from tessera.request import PodRequest
@@ -53,6 +53,12 @@ class GangAsk:
     placed: tuple[str, ...] = ()
     """Nodes of members that already hold devices (they pin a required domain)."""
     topology: GangTopology = NO_TOPOLOGY
+    min_resources: MinResources = NO_MIN_RESOURCES
+    """What must be free before any member is placed (the PodGroup's `minResources`, the
+    resources the scheduler counts; the plan itself ignores it: the caller checks it)."""
+    bound: tuple[str, ...] = ()
+    """UIDs of the members that already hold devices: what they hold is free to the gang
+    when `min_resources` is judged."""
 
 
 @dataclass(frozen=True)

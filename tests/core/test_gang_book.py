@@ -104,21 +104,21 @@ def member(name: str, key: GangKey = A, node: str = "", **kw: object) -> Member:
 
 def test_readiness_names_what_the_gang_waits_for() -> None:
     roster = GangRoster()
-    roster.member_seen(member("p0"))
+    roster.member_seen(member("p0"), now=0.0)
     assert roster.readiness(A) == Waiting("gang ml/a: waiting for its PodGroup ml/a")
     roster.spec_seen(A, "PodGroup ml/a: spec.minMember must be an integer, got str")
     assert "minMember must be an integer" in roster.readiness(A).reason  # type: ignore[union-attr]
     roster.spec_seen(A, GangSpec(A, 3, 60))
     assert roster.readiness(A) == Waiting("gang ml/a: 1 of 3 members pending")
-    roster.member_seen(member("p1"))
-    roster.member_seen(member("p2", node="n1"))
+    roster.member_seen(member("p1"), now=0.0)
+    roster.member_seen(member("p2", node="n1"), now=0.0)
     ready = roster.readiness(A)
     assert isinstance(ready, Ready)
     assert [r.name for r in ready.pending] == ["p0", "p1"]
     assert ready.placed == ("n1",)
-    roster.member_seen(member("p1", problem="invalid device request: bad"))
+    roster.member_seen(member("p1", problem="invalid device request: bad"), now=0.0)
     assert roster.readiness(A) == Waiting("gang ml/a: member ml/p1: invalid device request: bad")
-    roster.member_seen(member("p1", topology=GangTopology("rack")))
+    roster.member_seen(member("p1", topology=GangTopology("rack")), now=0.0)
     assert "disagree" in roster.readiness(A).reason  # type: ignore[union-attr]
     assert roster.member_gone("uid-p1") == A
     assert roster.readiness(A) == Waiting("gang ml/a: 2 of 3 members pending")
@@ -127,8 +127,8 @@ def test_readiness_names_what_the_gang_waits_for() -> None:
 def test_members_without_devices_count_but_are_not_placed() -> None:
     roster = GangRoster()
     roster.spec_seen(A, GangSpec(A, 2, 60))
-    roster.member_seen(member("launcher", request=None))
-    roster.member_seen(member("worker"))
+    roster.member_seen(member("launcher", request=None), now=0.0)
+    roster.member_seen(member("worker"), now=0.0)
     ready = roster.readiness(A)
     assert isinstance(ready, Ready)
     assert [r.name for r in ready.pending] == ["worker"]
@@ -136,11 +136,11 @@ def test_members_without_devices_count_but_are_not_placed() -> None:
 
 def test_a_member_that_moves_gangs_leaves_the_first() -> None:
     roster = GangRoster()
-    roster.member_seen(member("p0"))
-    roster.member_seen(member("p0", key=B))
+    roster.member_seen(member("p0"), now=0.0)
+    roster.member_seen(member("p0", key=B), now=0.0)
     assert roster.members(A) == []
     assert roster.key_of("uid-p0") == B
-    changed = roster.members_replaced([member("p1")])
+    changed = roster.members_replaced([member("p1")], now=0.0)
     assert changed == {A, B}
     assert roster.keys() == [A]
 
@@ -157,3 +157,107 @@ def test_standing_says_reserved_with_time_left_released_with_retry_or_none() -> 
     assert book.standing(A, now=32) == Standing("released", 3.0)
     assert book.standing(A, now=35) == Standing("none")
     assert book.standing(B, now=32) == Standing("none")
+
+
+# --- how long members wait -------------------------------------------------------------------
+
+
+def test_a_gang_is_past_its_timeout_once_a_member_waited_unbound_longer() -> None:
+    roster = GangRoster()
+    roster.spec_seen(A, GangSpec(A, 2, 60))
+    roster.member_seen(member("p0"), now=100.0)
+    roster.member_seen(member("p1"), now=130.0)
+    roster.member_seen(member("p0"), now=150.0)  # seen again: still waiting since 100
+    assert roster.waiting_since(A) == 100.0
+    assert roster.past_timeout(160.0, default_timeout=10) == []  # 60 s exactly: not past
+    assert roster.past_timeout(160.5, default_timeout=10) == [A]
+    roster.member_seen(member("p0", node="n1"), now=170.0)  # p0 bound: p1 waits since 130
+    assert roster.waiting_since(A) == 130.0
+    assert roster.past_timeout(190.0, default_timeout=10) == []
+    assert roster.past_timeout(190.5, default_timeout=10) == [A]
+    roster.member_seen(member("p1", node="n2"), now=200.0)  # all bound
+    assert roster.waiting_since(A) is None
+    assert roster.past_timeout(10_000.0, default_timeout=10) == []
+    roster.member_gone("uid-p1")
+    roster.member_seen(member("p2"), now=300.0)  # a member created again waits afresh
+    assert roster.waiting_since(A) == 300.0
+    roster.member_gone("uid-p2")
+    assert roster.past_timeout(10_000.0, default_timeout=10) == []
+
+
+def test_a_gang_without_a_usable_podgroup_is_judged_by_the_default_timeout() -> None:
+    roster = GangRoster()
+    roster.member_seen(member("p0"), now=0.0)  # no PodGroup
+    roster.member_seen(member("q0", key=B), now=0.0)
+    roster.spec_seen(B, "PodGroup ml/b: spec.minMember must be an integer, got str")
+    assert roster.past_timeout(30.0, default_timeout=30) == []
+    assert roster.past_timeout(31.0, default_timeout=30) == [A, B]
+
+
+def test_a_relist_keeps_the_wait_of_members_still_pending() -> None:
+    roster = GangRoster()
+    roster.member_seen(member("p0"), now=0.0)
+    roster.member_seen(member("p1"), now=5.0)
+    roster.members_replaced([member("p1"), member("p2")], now=50.0)
+    assert roster.waiting_since(A) == 5.0
+    roster.members_replaced([member("p2")], now=60.0)
+    assert roster.waiting_since(A) == 50.0
+    roster.members_replaced([member("p2", node="n1")], now=70.0)
+    assert roster.waiting_since(A) is None
+
+
+_EVENTS = st.lists(
+    st.tuples(
+        st.sampled_from(["pending", "bound", "gone", "relist"]),
+        st.sampled_from(["p0", "p1", "p2", "q0"]),
+        st.floats(0, 50),
+    ),
+    max_size=30,
+)
+
+
+@given(_EVENTS, st.floats(0, 2000))
+def test_past_timeout_is_what_the_history_of_each_member_says(
+    events: list[tuple[str, str, float]], extra: float
+) -> None:
+    """Against a model kept from the whole history: a member waits since the first time it
+    was shown pending after last being bound, gone or never seen; a gang is past its
+    timeout when one of its waiting members waited longer."""
+    roster = GangRoster()
+    roster.spec_seen(A, GangSpec(A, 1, 100))  # B has no PodGroup: the default, 40
+    live: dict[str, bool] = {}  # name -> pending
+    since: dict[str, float] = {}
+    now = 0.0
+    for kind, name, step in events:
+        now += step
+        key = B if name.startswith("q") else A
+        if kind == "gone":
+            roster.member_gone(f"uid-{name}")
+            live.pop(name, None)
+            since.pop(name, None)
+        elif kind == "relist":
+            roster.members_replaced(
+                [
+                    member(n, B if n.startswith("q") else A, "" if p else "n")
+                    for n, p in live.items()
+                ],
+                now=now,
+            )
+        else:
+            pending = kind == "pending"
+            roster.member_seen(member(name, key, "" if pending else "n"), now=now)
+            live[name] = pending
+            if pending:
+                since.setdefault(name, now)
+            else:
+                since.pop(name, None)
+    now += extra
+    timeouts = {A: 100, B: 40}
+    expected = sorted(
+        {
+            key
+            for name, t in since.items()
+            if now - t > timeouts[key := B if name.startswith("q") else A]
+        }
+    )
+    assert roster.past_timeout(now, default_timeout=40) == expected

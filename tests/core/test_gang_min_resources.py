@@ -7,14 +7,14 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tessera import resources as rn
 from tessera.allocation import ContainerAllocation, GpuGrant, PodAllocation, RdmaGrant
 from tessera.cluster_state import ClusterState
 from tessera.errors import GangError, InputError
-from tessera.gang.min_resources import free_units, min_resources_gap
+from tessera.gang.min_resources import FreeTotals, free_units, min_resources_gap
 from tessera.gang.spec import (
     MAX_MIN_RESOURCES,
     NO_MIN_RESOURCES,
@@ -24,8 +24,13 @@ from tessera.gang.spec import (
     PodGroupSource,
     parse_min_resources,
 )
+from tessera.node_placement import Placement, place_pod
 from tessera.node_state import NodeState
+from tessera.request import parse_pod
+from tessera.scoring_policy import BinpackPolicy
 from tessera_edge.topology_file import load_topology
+from tests.core.builders import SAMPLE_LIMITS, mixed_cluster
+from tests.core.builders import pod as pod_of
 
 SOURCE = PodGroupSource()
 WHERE = "PodGroup ml/llama: spec.minResources"
@@ -182,6 +187,76 @@ def test_free_units_leave_out_what_pods_hold_and_unhealthy_devices() -> None:
     )
     # NIC 0 is unhealthy, a quarter of NIC 1 is held
     assert free[rn.RDMA] == 100 * (len(inventory.nics) - 2) + 75
+
+
+# --- the totals kept as the state changes ----------------------------------------------------
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "add", "remove", "health", "drop", "back"]),
+        st.sampled_from(SAMPLE_LIMITS),
+        st.integers(0, 5),
+        st.booleans(),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_OPS, st.sets(st.integers(0, 5)), st.integers(0, 5), st.booleans())
+def test_kept_totals_are_the_sums_over_the_nodes_asked_about(
+    ops: list[tuple[str, dict[str, str], int, bool]],
+    closed: set[int],
+    swap: int,
+    nvidia_gpu: bool,
+) -> None:
+    """After any pods placed and removed, devices turning unhealthy, nodes gone and back,
+    with totals asked for now and then: the kept totals, less the nodes left out and with a
+    node replaced by a trial copy, are `free_units` over exactly those nodes."""
+    state = mixed_cluster(6, "n")
+    inventories = {name: node.inventory for name, node in state.nodes.items()}
+    names = sorted(inventories)
+    kept = FreeTotals(state)
+    live: list[str] = []
+    for k, (op, limits, which, ask) in enumerate(ops):
+        name = names[which]
+        if op == "add" and name in state.nodes:
+            request = parse_pod(pod_of(f"p{k}", containers={"main": limits}))
+            result = place_pod(state.nodes[name], request, BinpackPolicy())
+            if isinstance(result, Placement):
+                state.add(result.allocation)
+                live.append(request.uid)
+        elif op == "remove" and live:
+            state.remove(live.pop(which % len(live)))
+        elif op == "health" and name in state.nodes:
+            inventory = state.nodes[name].inventory
+            state.set_node(inventory.with_gpu_health(inventory.gpus[0].uuid, ask))
+        elif op == "drop":
+            state.remove_node(name)
+        elif op == "back" and name not in state.nodes:
+            state.set_node(inventories[name])
+        if ask:
+            assert kept.totals() == free_units(state.nodes.values())
+    leave_out = {names[i] for i in closed}
+    trial = None
+    if names[swap] in state.nodes and names[swap] not in leave_out:
+        trial = state.nodes[names[swap]].copy()
+        for alloc in list(state.pods_on(names[swap]))[:1]:
+            trial.release(alloc)
+    replaced = {} if trial is None else {names[swap]: trial}
+    counted = [
+        replaced.get(n, node) for n, node in sorted(state.nodes.items()) if n not in leave_out
+    ]
+    assert kept.totals(leave_out=leave_out, replaced=replaced, nvidia_gpu=nvidia_gpu) == free_units(
+        counted, nvidia_gpu=nvidia_gpu
+    )
+
+
+def test_a_node_left_out_and_replaced_counts_nothing() -> None:
+    state = mixed_cluster(2, "n")
+    kept = FreeTotals(state)
+    alone = free_units([state.nodes["n1"]])
+    assert kept.totals(leave_out={"n0"}, replaced={"n0": state.nodes["n0"].copy()}) == alone
 
 
 # --- the gap ---------------------------------------------------------------------------------

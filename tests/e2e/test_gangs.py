@@ -5,19 +5,22 @@ stay bound without running (no kubelet: see test_control_plane.py).
 
 The cases of docs/gangs.md: a gang waits whole until its last member exists and then binds
 whole within seconds; two gangs that cannot both fit: one whole, the other none, until the
-first is gone; a required rack; a leader SIGKILLed while gangs are placed.
+first is gone; a required rack; a leader SIGKILLed while gangs are placed; a PodGroup whose
+minResources are not free holds its gang (counted past its timeout on the leader's
+/metrics) until it is lowered.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from kube_edge.client import pod_path
+from kube_edge.client import MERGE_PATCH, pod_path
 from tessera import resources as rn
 from tests.e2e import binaries
 from tests.e2e import pods as P  # noqa: N812 - read as 'pods.' everywhere
@@ -66,10 +69,18 @@ def cluster() -> Iterator[ControlPlane]:
         _cleanup(work)
 
 
-def podgroup(cp: ControlPlane, name: str, min_member: int, timeout: int | None = None) -> None:
+def podgroup(
+    cp: ControlPlane,
+    name: str,
+    min_member: int,
+    timeout: int | None = None,
+    min_resources: dict[str, str] | None = None,
+) -> None:
     spec: dict[str, Any] = {"minMember": min_member}
     if timeout is not None:
         spec["scheduleTimeoutSeconds"] = timeout
+    if min_resources is not None:
+        spec["minResources"] = min_resources
     cp.admin.create(
         GROUPS,
         {
@@ -248,3 +259,65 @@ def test_a_leader_killed_while_gangs_are_placed_leaves_none_half_bound(
     no_device_twice(cp)
     for gang in gangs:
         delete_gang(cp, gang)
+
+
+PAST = "tessera_scheduler_gangs_waiting_past_timeout"
+
+
+def gangs_past_timeout(cp: ControlPlane) -> float | None:
+    """The leading replica's gauge, from its own /metrics (None while none leads)."""
+    leader = cp.leader()
+    if leader is None:
+        return None
+    url = f"http://127.0.0.1:{cp.health_ports[leader.name]}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        lines = answer.read().decode().splitlines()
+    (line,) = [x for x in lines if x.startswith(PAST + " ")]
+    return float(line.split()[1])
+
+
+def test_a_gang_whose_min_resources_are_not_free_waits_until_they_are_lowered(
+    cluster: ControlPlane,
+) -> None:
+    """One node busy: 56 GPUs free. A PodGroup of two 1-GPU members asks for 60 free: both
+    wait with that reason in their PodScheduled condition and FailedScheduling events,
+    nothing is bound, and once a member has waited past the PodGroup's 2 s the leader
+    counts the gang; minResources lowered to 56, the gang binds whole and is no longer
+    counted."""
+    cp = cluster
+    filler = "minres-filler"
+    obj = P.pod(filler, {rn.GPU: "800"})
+    obj["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gang-node-7"}
+    cp.admin.create(pod_path(P.NS), obj)
+    wait_for(lambda: P.bound(cp.admin, filler), 120, f"{filler} bound")
+    podgroup(cp, "minres", 2, timeout=2, min_resources={rn.GPU: "6000", "cpu": "1"})
+    names = [member(cp, "minres", i, gpus=1) for i in range(2)]
+    short = f"gang default/minres: minResources not free: {rn.GPU} 6000 wanted, 5600 free"
+    for name in names:
+        wait_for(lambda n=name: short in reason_of(cp, n), 60, f"{name}'s minResources reason")  # type: ignore[misc]
+
+    def told() -> bool:
+        items = cp.admin.list(f"/api/v1/namespaces/{P.NS}/events").get("items") or []
+        about = {
+            (e.get("involvedObject") or {}).get("name")
+            for e in items
+            if e.get("reason") == "FailedScheduling" and short in (e.get("message") or "")
+        }
+        return set(names) <= about
+
+    wait_for(told, 60, "FailedScheduling events naming the minResources")
+    wait_for(lambda: gangs_past_timeout(cp) == 1.0, 30, "the gang counted past its timeout")
+    assert nodes_of(cp, "minres") == {}
+    cp.admin.request(
+        "PATCH",
+        f"{GROUPS}/minres",
+        {"spec": {"minResources": {rn.GPU: "5600"}}},
+        content_type=MERGE_PATCH,
+    )
+    lowered = time.monotonic()
+    wait_for(lambda: whole(cp, "minres", 2), 60, "both members bound", every=0.2)
+    print(f"minResources lowered -> gang of 2 bound in {time.monotonic() - lowered:.2f}s")
+    wait_for(lambda: gangs_past_timeout(cp) == 0.0, 30, "the gang no longer counted")
+    no_device_twice(cp)
+    delete_gang(cp, "minres")
+    P.delete_now(cp.admin, filler)

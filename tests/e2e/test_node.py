@@ -747,23 +747,24 @@ def test_every_dashboard_query_answers_and_this_traffic_fills_its_panels(
 
 
 def _silent_nodes(cp: ControlPlane) -> float | None:
-    """tessera_nodes_unusable less the fenced nodes on the leading tessera-scheduler's own
-    /metrics: the heartbeat alert's condition, read before Prometheus scrapes it (None
-    while no replica leads)."""
+    """The nodes with a tessera_scheduler_node_unusable{reason="agent_silent"} series on the
+    leading tessera-scheduler's own /metrics: the heartbeat alert's condition, read before
+    Prometheus scrapes it (None while no replica leads)."""
     leader = cp.leader()
     if leader is None:
         return None
     url = f"http://127.0.0.1:{cp.health_ports[leader.name]}/metrics"
     with urllib.request.urlopen(url, timeout=5) as answer:
         text = answer.read().decode()
-    unusable = fenced = 0.0
+    silent = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "tessera_nodes_unusable":
-                unusable += sample.value
-            elif sample.name == "tessera_scheduler_fenced_nodes":
-                fenced += sample.value
-    return unusable - fenced
+            if (
+                sample.name == "tessera_scheduler_node_unusable"
+                and sample.labels.get("reason") == "agent_silent"
+            ):
+                silent += sample.value
+    return silent
 
 
 def _silent_rules(prometheus: prom.Prometheus) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -820,7 +821,8 @@ def test_the_heartbeat_alert_fires_for_a_dead_node_agent_and_resolves_when_it_is
     assert [a["state"] for a in shipped["alerts"]] == ["pending"], shipped["alerts"]
     (alert,) = twin["alerts"]
     assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "warning"
-    assert alert["annotations"]["summary"].startswith("1 node(s)"), alert["annotations"]
+    assert alert["labels"]["node"] == node.name, alert["labels"]
+    assert alert["annotations"]["summary"].startswith(f"Node {node.name} "), alert["annotations"]
     listed = [
         a
         for a in prometheus.alerts()

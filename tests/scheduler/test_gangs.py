@@ -15,6 +15,7 @@ from scheduler_plugin.decisions.binder import BindArgs, Binder
 from scheduler_plugin.decisions.extender import Extender
 from scheduler_plugin.decisions.gangs import Gangs
 from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views.metrics import Metrics, sample
 from scheduler_plugin.watches.handlers import (
     GangGroupHandler,
     GangMemberHandler,
@@ -25,18 +26,34 @@ from scheduler_plugin.watches.reconciler import Reconciler
 from tessera import resources as rn
 from tessera.gang.spec import GangKey
 from tessera.record import decode
+from tessera_testbed.apiserver import FakeApiServer
 from tessera_testbed.inventory import nodedevices
-from tests.scheduler.helpers import KEYRING, ROOT, pod
+from tests.scheduler.helpers import (
+    KEYRING,
+    ROOT,
+    gang_member,
+    pod,
+    populate,
+    serving,
+    wait_for,
+)
 
 VECTOR = json.loads((ROOT / "tests/vectors/extender/filter-001.json").read_text())
 RACK = "example.com/rack"
 NODES = {"a1": "A", "a2": "A", "b1": "B", "b2": "B"}
 
 
-def group(name: str, min_member: int, timeout: int | None = None) -> dict[str, Any]:
+def group(
+    name: str,
+    min_member: int,
+    timeout: int | None = None,
+    min_resources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     spec: dict[str, Any] = {"minMember": min_member}
     if timeout is not None:
         spec["scheduleTimeoutSeconds"] = timeout
+    if min_resources is not None:
+        spec["minResources"] = min_resources
     return {"metadata": {"name": name, "namespace": "ml"}, "spec": spec}
 
 
@@ -394,3 +411,180 @@ def test_members_refused_before_the_gang_watches_listed_are_asked_about_again() 
     cluster.gangs.tick()
     assert cluster.nudged == [("ml", "e0", "uid-e0", "")]  # once
     assert reasons(cluster.filter("e0")) == {"tessera: gang ml/early: 1 of 2 members pending"}
+
+
+# --- minResources ----------------------------------------------------------------------------
+
+
+def test_a_gang_whose_min_resources_are_not_free_waits_naming_them_until_lowered(
+    cluster: Cluster,
+) -> None:
+    """Its members would fit (2 x 8 GPUs, 24 free), but the PodGroup asks for 30 GPUs free
+    first: every member waits with that reason and nothing is held; a node that takes no
+    pods is not counted; lowered to what is free, the next tick reserves the gang."""
+    cluster.api.pods["filler"] = pod("filler", {rn.GPU: 800}, uid="uid-filler")
+    assert cluster.schedule("filler") is not None
+    wanted = {rn.GPU: "3000", "cpu": "500"}  # cpu is kube-scheduler's: not judged here
+    cluster.groups.event("ADDED", group("mr", 2, min_resources=wanted))
+    cluster.create(member("m0", "mr"))
+    cluster.create(member("m1", "mr"))
+    short = f"tessera: gang ml/mr: minResources not free: {rn.GPU} 3000 wanted, 2400 free"
+    assert reasons(cluster.filter("m0")) == {short}
+    assert cluster.cache.reservations.all() == []
+    assert cluster.gangs.reason(GangKey("ml", "mr")) == short.removeprefix("tessera: ")
+    # a node whose NodeDevices no longer parses takes no pods: its 8 free GPUs are not free
+    bad = nodedevices("b2", gpus=8)
+    bad["spec"]["gpus"] = "garbage"
+    InventoryHandler(cluster.cache).event("MODIFIED", bad)
+    assert "b2" in cluster.cache.problems.by_node()
+    cluster.groups.event("MODIFIED", group("mr", 2, min_resources={rn.GPU: "2400"}))
+    (reason,) = reasons(cluster.filter("m0"))
+    assert reason == f"tessera: gang ml/mr: minResources not free: {rn.GPU} 2400 wanted, 1600 free"
+    cluster.groups.event("MODIFIED", group("mr", 2, min_resources={rn.GPU: "1600"}))
+    cluster.gangs.tick()
+    assert {(name, node != "") for _, name, _, node in cluster.nudged} == {
+        ("m0", True),
+        ("m1", True),
+    }
+    for name in ("m0", "m1"):
+        assert cluster.schedule(name) not in (None, "b2")
+
+
+def test_a_node_that_takes_pods_again_is_counted_at_the_next_tick(cluster: Cluster) -> None:
+    """A fence lifted changes no device (the state's generation stays): the gang is judged
+    again all the same."""
+    cluster.cache.problems.distrust("ml/forged", "uid-forged", "b2", "signature does not verify")
+    cluster.groups.event("ADDED", group("all", 2, min_resources={rn.GPU: "3200"}))
+    cluster.create(member("z0", "all"))
+    cluster.create(member("z1", "all"))
+    (reason,) = reasons(cluster.filter("z0"))
+    assert reason.endswith(f"minResources not free: {rn.GPU} 3200 wanted, 2400 free")
+    cluster.gangs.tick()
+    assert cluster.cache.reservations.all() == []
+    cluster.cache.problems.trust("ml/forged", "uid-forged")
+    cluster.gangs.tick()
+    assert cluster.cache.reservations.reservation(GangKey("ml", "all")) is not None
+
+
+def test_what_the_gang_s_own_bound_members_hold_counts_as_free_to_it(cluster: Cluster) -> None:
+    """One member bound, the other's reservation timed out (kube-scheduler did not bind
+    it): 8 GPUs are free and 8 held by the bound member; minResources of 16 is met."""
+    for i in range(2):
+        cluster.api.pods[f"f{i}"] = pod(f"f{i}", {rn.GPU: 800}, uid=f"uid-f{i}")
+        assert cluster.schedule(f"f{i}") is not None
+    cluster.groups.event("ADDED", group("own", 2, timeout=30, min_resources={rn.GPU: "1600"}))
+    cluster.create(member("o0", "own"))
+    cluster.create(member("o1", "own"))
+    assert cluster.schedule("o0") is not None
+    cluster.now += 31
+    cluster.gangs.tick()  # o1's reservation released
+    assert cluster.cache.reservations.reserved_node("uid-o1") is None
+    cluster.now += 10
+    assert cluster.filter("o1")["NodeNames"] != []
+    assert len(cluster.bound()) == 3
+
+
+def test_a_gang_whose_min_resources_would_not_be_free_even_after_preemption_takes_no_victim(
+    cluster: Cluster,
+) -> None:
+    offered = fill(cluster)
+    cluster.groups.event("ADDED", group("hp", 2, min_resources={rn.GPU: "3300"}))
+    cluster.create(urgent("h0", "hp"))
+    cluster.create(urgent("h1", "hp"))
+    assert cluster.preempt("h0", offered) == {}  # 3,200 in the whole cluster
+    cluster.groups.event("MODIFIED", group("hp", 2, min_resources={rn.GPU: "3200"}))
+    ((node, uids),) = cluster.preempt("h0", offered).items()
+    assert uids == offered[node]
+
+
+@pytest.mark.parametrize("managed", [False, True])
+def test_nvidia_gpu_in_min_resources_is_judged_only_where_tessera_manages_it(
+    managed: bool,
+) -> None:
+    cluster = Cluster()
+    cluster.gangs.nvidia_gpu = managed
+    cluster.groups.event("ADDED", group("nv", 1, min_resources={rn.NVIDIA_GPU: "33"}))
+    cluster.create(member("n0", "nv"))
+    reply = cluster.filter("n0")
+    if managed:
+        assert reasons(reply) == {
+            f"tessera: gang ml/nv: minResources not free: {rn.NVIDIA_GPU} 33 wanted, 32 free"
+        }
+    else:
+        assert len(reply["NodeNames"]) == 1
+
+
+# --- gangs waiting past their timeout --------------------------------------------------------
+
+PAST = "tessera_scheduler_gangs_waiting_past_timeout"
+
+
+def test_a_gang_that_cannot_be_placed_counts_once_past_its_timeout_until_placed(
+    cluster: Cluster,
+) -> None:
+    metrics = Metrics()
+    metrics.attach(cluster.cache, cluster.gangs)
+    cluster.groups.event("ADDED", group("big", 2, timeout=30, min_resources={rn.GPU: "9999"}))
+    cluster.create(member("b0", "big"))
+    cluster.now += 10
+    cluster.create(member("b1", "big"))
+    assert cluster.filter("b0")["NodeNames"] == []
+    cluster.now += 20
+    cluster.gangs.tick()
+    assert sample(metrics, PAST) == 0.0  # b0 has waited 30 s: not past yet
+    cluster.now += 1
+    assert sample(metrics, PAST) == 1.0
+    # placed: reserved but not bound, the members still wait; bound, the gang is done
+    cluster.groups.event("MODIFIED", group("big", 2, timeout=30))
+    cluster.gangs.tick()
+    assert cluster.cache.reservations.reservation(GangKey("ml", "big")) is not None
+    assert sample(metrics, PAST) == 1.0
+    assert cluster.schedule("b0") is not None
+    assert sample(metrics, PAST) == 0.0  # b1 came 10 s later: it has waited 21 s
+    cluster.now += 10
+    assert sample(metrics, PAST) == 1.0  # 31 s
+    assert cluster.schedule("b1") is not None
+    assert sample(metrics, PAST) == 0.0
+    cluster.now += 1000
+    assert sample(metrics, PAST) == 0.0
+
+
+def test_a_deleted_gang_stops_counting_and_each_gang_counts_once(cluster: Cluster) -> None:
+    metrics = Metrics()
+    metrics.attach(cluster.cache, cluster.gangs)
+    cluster.groups.event("ADDED", group("short", 3, timeout=5))  # waits for a third member
+    cluster.create(member("s0", "short"))
+    cluster.create(member("s1", "short"))
+    cluster.create(member("x0", "nogroup"))  # no PodGroup: the default timeout, 60 s
+    cluster.now += 6
+    assert sample(metrics, PAST) == 1.0
+    cluster.now += 55
+    assert sample(metrics, PAST) == 2.0
+    for name in ("s0", "s1"):
+        cluster.members.event("DELETED", cluster.api.pods.pop(name))
+    assert sample(metrics, PAST) == 1.0
+    cluster.members.event("DELETED", cluster.api.pods.pop("x0"))
+    assert sample(metrics, PAST) == 0.0
+
+
+def test_the_running_scheduler_exports_the_gangs_past_their_timeout(fake: FakeApiServer) -> None:
+    """Through the service's own watches and /metrics: a gang short of a member counts once
+    its member has waited past the PodGroup's 1 s, and stops counting once it is gone."""
+    populate(fake, ["a"], gpus=2)
+    fake.create("podgroups", group("late", 2, timeout=1))
+    with serving(fake) as served:
+        gangs = served.service.gangs
+        assert gangs is not None
+        wait_for(lambda: gangs.groups_synced.is_set() and gangs.members_synced.is_set())
+
+        def exported() -> float:
+            status, text = served.http.get("/metrics")
+            assert status == 200
+            (line,) = [x for x in text.decode().splitlines() if x.startswith(PAST + " ")]
+            return float(line.split()[1])
+
+        assert exported() == 0.0
+        fake.create("pods", gang_member("late-0", "late", 1))
+        wait_for(lambda: exported() == 1.0, timeout=10, interval=0.1)
+        fake.delete("pods", "late-0", "ml")
+        wait_for(lambda: exported() == 0.0, timeout=10, interval=0.1)

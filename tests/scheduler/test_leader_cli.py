@@ -10,6 +10,7 @@ import pytest
 
 from scheduler_plugin.cli import build_parser
 from scheduler_plugin.service import Service
+from scheduler_plugin.views.metrics import sample
 from tessera.policy_registry import POLICIES
 from tessera.record import Keyring
 from tessera_testbed.apiserver import FakeApiServer
@@ -23,9 +24,12 @@ from tests.scheduler.helpers import (
     options,
     pod,
     populate,
+    running,
     share,
     wait_for,
 )
+
+LEADER = "tessera_scheduler_leader"
 
 
 def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake: FakeApiServer) -> None:
@@ -38,17 +42,31 @@ def test_two_replicas_only_the_leader_answers_and_a_standby_takes_over(fake: Fak
     try:
         wait_for(lambda: second.synced)
         assert Http(second.server.port).get("/readyz") == (503, b"not the leader\n")
+        assert (sample(first.metrics, LEADER), sample(second.metrics, LEADER)) == (1.0, 0.0)
         assert (
             Http(second.server.port).post("/filter", {"Pod": pod("x"), "NodeNames": []})[0] == 503
         )
         assert Served.over(fake, first).schedule(pod("a", share(50, 50)), ["n"]) == "n"
         first.stop(release=False)  # dies without releasing: the standby waits for expiry
         assert second.wait_ready(15)
+        assert sample(second.metrics, LEADER) == 1.0
         wait_for(lambda: not second.cache.pods.assumed() and second.cache.snapshot().allocations)
         assert Served.over(fake, second).schedule(pod("b", share(60, 60)), ["n"]) is None
         assert Served.over(fake, second).schedule(pod("c", share(50, 50)), ["n"]) == "n"
     finally:
         second.stop()
+
+
+def test_a_replica_run_without_leader_election_serves_and_says_it_leads(
+    fake: FakeApiServer,
+) -> None:
+    """It answers extender calls as a leader does (status, Events and nudges too), so its
+    leader gauge is 1, as soon as it is built."""
+    populate(fake, ["n"], gpus=1)
+    with running(fake, leader_elect=False) as service:
+        assert service.leader is None and service.answering()
+        assert sample(service.metrics, LEADER) == 1.0
+        assert Served.over(fake, service).schedule(pod("a", share(50, 50)), ["n"]) == "n"
 
 
 def test_help_explains_every_flag() -> None:
