@@ -40,7 +40,7 @@ from tessera.resources import (
 )
 from tessera_cli import CliParser, config_from, exit_code
 from tessera_cli.exit_codes import EXIT_FAILURE
-from tessera_cli.values import nri_plugin_name, seconds
+from tessera_cli.values import namespace, nri_plugin_name, seconds
 
 PROG = "kubectl tessera"
 MAX_TIMEOUT_S = 3600.0
@@ -52,7 +52,9 @@ def _common() -> CliParser:
     common = CliParser(add_help=False)
     common.add_argument("--kubeconfig", help="path to the kubeconfig file")
     common.add_argument("--context", help="the kubeconfig context to use")
-    common.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    common.add_argument(
+        "-n", "--namespace", type=namespace, help="namespace (default: the context's)"
+    )
     common.add_argument(
         "-o", "--output", choices=["table", "json"], default="table", help="output format"
     )
@@ -66,13 +68,26 @@ def _common() -> CliParser:
     common.add_argument(
         "--heartbeat-namespace",
         default=DEFAULT_HEARTBEAT_NAMESPACE,
+        type=namespace,
         help="where the node agents keep their heartbeat Leases",
     )
     return common
 
 
+def _gpu_owner() -> CliParser:
+    """The flag of the commands that judge pods as the scheduler does."""
+    owner = CliParser(add_help=False)
+    owner.add_argument(
+        "--manage-nvidia-gpu",
+        action="store_true",
+        help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
+    )
+    return owner
+
+
 def parser() -> CliParser:
     common = _common()
+    gpu_owner = _gpu_owner()
     top = CliParser(
         prog=PROG,
         description="Inspect tessera's GPU and RDMA sharing.",
@@ -89,27 +104,19 @@ def parser() -> CliParser:
     p.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
     g = sub.add_parser(
         "gangs",
-        parents=[common],
+        parents=[common, gpu_owner],
         help="gangs (PodGroups): members pending and bound, state, and why each waits",
     )
     g.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
-    g.add_argument(
-        "--manage-nvidia-gpu",
-        action="store_true",
-        help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
+    e = sub.add_parser(
+        "explain", parents=[common, gpu_owner], help="why a pending pod fits nowhere"
     )
-    e = sub.add_parser("explain", parents=[common], help="why a pending pod fits nowhere")
     e.add_argument("pod", metavar="POD")
     e.add_argument(
         "--policy",
         choices=PLACEMENT_POLICIES,
         default=DEFAULT_POLICY,
         help="the scheduler's --policy (only its own pods' annotation overrides it)",
-    )
-    e.add_argument(
-        "--manage-nvidia-gpu",
-        action="store_true",
-        help="the scheduler runs with --manage-nvidia-gpu (tessera owns nvidia.com/gpu)",
     )
     e.add_argument(
         "--nri-plugin-name",

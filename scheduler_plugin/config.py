@@ -18,7 +18,7 @@ from tessera.resources import (
     NRI_REQUIRED_PLUGINS_POD_ANNOTATION,
 )
 from tessera_cli.flags import FlagGroup
-from tessera_cli.values import listen_address, nri_plugin_name
+from tessera_cli.values import listen_address, namespace, nri_plugin_name
 
 _SERVICE = Options()
 """The running service's own defaults: the flags below start from them."""
@@ -97,6 +97,7 @@ class SchedulerConfig:
     heartbeat_namespace: str = _CLUSTER.flag(
         f"namespace of the node agents' heartbeat Leases ({HEARTBEAT_LEASE_PREFIX}<node>)",
         default=_SERVICE.heartbeat_namespace,
+        type=namespace,
     )
     heartbeat_grace: float = _CLUSTER.duration(
         "seconds past a heartbeat Lease's duration before its node takes no new pods",
@@ -185,7 +186,9 @@ class SchedulerConfig:
         default=_SERVICE.leader_elect,
     )
     leader_elect_namespace: str = _HA.flag(
-        "namespace of the leader election Lease", default=_SERVICE.leader_namespace
+        "namespace of the leader election Lease",
+        default=_SERVICE.leader_namespace,
+        type=namespace,
     )
     leader_elect_lease_name: str = _HA.flag(
         "name of the leader election Lease", default=_SERVICE.leader_name

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from tessera.cluster_index import BoolArray, ClusterIndex, IntArray
 from tessera.cluster_state import ClusterState
 from tessera.isolation import share_refusal
+from tessera.model import models_allow
 from tessera.node_placement import NoFit, Placement, place_pod
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
@@ -413,12 +414,10 @@ class Decider:
         key = (request.hints.models, len(idx.models))
         table = self._model_tables.get(key)
         if table is None:
-            from tessera.model import model_matches
-
             # one entry per model id, and a last one for -1 (no GPU in the slot)
             table = np.zeros(len(idx.models) + 1, dtype=np.bool_)
             for mid, model in enumerate(idx.models):
-                table[mid] = any(model_matches(model, wanted) for wanted in request.hints.models)
+                table[mid] = models_allow(request.hints.models, model)
             if len(self._model_tables) > _CACHE_SHAPES:
                 self._model_tables.clear()
             self._model_tables[key] = table

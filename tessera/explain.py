@@ -19,9 +19,10 @@ import numpy as np
 
 from tessera.cluster_decision import Evaluation, _share_need
 from tessera.cluster_index import BoolArray, ClusterIndex, FloatArray, IntArray
-from tessera.model import model_matches
+from tessera.model import models_allow
 from tessera.request import ContainerRequest, PodRequest
 from tessera.resources import UNITS_PER_DEVICE
+from tessera.scoring_policy import gpu_slots
 
 CLOSED_PREFIX = "takes no tessera pods: "
 
@@ -150,9 +151,9 @@ def closeness(index: ClusterIndex, request: PodRequest, rows: IntArray) -> Float
 
 def _allowed(index: ClusterIndex, request: PodRequest, rows: IntArray) -> BoolArray:
     """Healthy GPU slots of a model the pod allows."""
-    ok: BoolArray = index.healthy[rows] & (index.model[rows] >= 0)
+    ok = gpu_slots(index, rows)
     wanted = request.hints.models
     if wanted:
-        ids = [i for i, m in enumerate(index.models) if any(model_matches(m, w) for w in wanted)]
+        ids = [i for i, m in enumerate(index.models) if models_allow(wanted, m)]
         ok &= np.isin(index.model[rows], ids)
     return ok

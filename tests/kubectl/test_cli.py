@@ -412,6 +412,11 @@ def test_errors_are_one_line(
     assert code == 2 and err.count("\n") == 1
     code, _, err = run(capsys, "nodes", "-o", "yaml", "--kubeconfig", kubeconfig)
     assert code == 2 and err.count("\n") == 1
+    for flag in ("-n", "--heartbeat-namespace"):  # a namespace goes into API paths
+        code, _, err = run(capsys, "pods", flag, "../kube-system", "--kubeconfig", kubeconfig)
+        assert code == 2 and err.count("\n") == 1 and "not a valid namespace" in err
+    code, _, err = run(capsys, "gangs", "--manage-nvidia-gpu", "--kubeconfig", kubeconfig)
+    assert code == 0, err  # gangs and explain share the flag
     fake.stop()
     code, _, err = run(capsys, "nodes", "--kubeconfig", kubeconfig, "--request-timeout", "2")
     assert code == 1 and err.count("\n") == 1 and "cannot reach" in err

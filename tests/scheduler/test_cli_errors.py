@@ -69,6 +69,9 @@ CASES = [
     (["--policy", "nope"], "--policy", "invalid choice"),
     (["--nri-plugin-name", "my hook"], "--nri-plugin-name", "not an NRI plugin name"),
     (["--nri-plugin-name", ""], "--nri-plugin-name", "not an NRI plugin name"),
+    (["--heartbeat-namespace", "Kube_System"], "--heartbeat-namespace", "DNS-1123 label"),
+    (["--heartbeat-namespace", "a" * 64], "--heartbeat-namespace", "namespace"),
+    (["--leader-elect-namespace", "../x"], "--leader-elect-namespace", "DNS-1123 label"),
 ]
 
 
