@@ -50,6 +50,11 @@ def test_the_dashboard_covers_what_operators_watch() -> None:
         "tessera_container_gpu_memory_used_bytes",
         "tessera_container_gpu_memory_granted_bytes",
         "tessera_gpu_over_grant_total",
+        "tessera_node_isolation_layer_up",
+        "tessera_device_plugin_registered",
+        "tessera_nri_connected",
+        "tessera_mps_daemon_up",
+        "tessera_scheduler_gangs_waiting_past_timeout",
     ):
         assert metric in text
 
@@ -62,6 +67,8 @@ REPLICATED = (
     "tessera_nodes_unusable",
     "tessera_invalid_allocation_records",
     "tessera_pods_allocated",
+    "tessera_scheduler_node_unusable",
+    "tessera_scheduler_gangs_waiting_past_timeout",
 )
 """The cluster's state as tessera-scheduler exports it: every replica does (the standby
 keeps its watches in sync), so a sum over the replicas scraped counts it once per replica."""

@@ -565,6 +565,7 @@ NO_GPU_PROCESS = (
     "a container's GPU use: the suite's containers are busybox on the fake backend, so the"
     " node agent's usage loop finds no GPU process to attribute"
 )
+NO_MPS = "the MPS daemon: the node runs hami-core, so no MPS supervisor is scraped"
 NOT_FILLED = {
     ("Decisions by outcome", "B"): "bind failures: none here (the counter has no series"
     " until a bind fails)",
@@ -574,6 +575,10 @@ NOT_FILLED = {
     ("GPU shares: used vs granted (node agents)", "B"): NO_GPU_PROCESS,
     ("GPU shares: used vs granted (node agents)", "C"): NO_GPU_PROCESS,
     ("Shares over their grant (node agents)", "B"): NO_GPU_PROCESS,
+    ("Fenced and unusable nodes", "D"): "unusable nodes by reason: a node that takes pods"
+    " has no series, and this one does",
+    ("Node layers and plugins (node agents, NRI hooks, MPS)", "D"): NO_MPS,
+    ("Node layers and plugins (node agents, NRI hooks, MPS)", "E"): NO_MPS,
 }
 """The dashboard queries this node's traffic leaves without data, and why; every other
 query must answer data (a finite value) once the case's pods have run."""
