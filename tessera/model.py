@@ -8,7 +8,7 @@ and the simulator, so one parser validates all of them (see docs/inventory.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Self, TypedDict
 
@@ -517,7 +517,7 @@ def _check_unique(r: _Reader, path: str, values: Iterable[object], key: str) -> 
         seen.add(value)
 
 
-def models_allow(models: Sequence[str], model: str) -> bool:
+def models_allow(models: Collection[str], model: str) -> bool:
     """Whether a pod limited to the GPU `models` (hints; empty: any) may use a GPU of
     `model`."""
     return not models or any(model_matches(model, m) for m in models)
