@@ -223,7 +223,7 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
         return 0
     if config.command == "gangs":
         groups, members = _gang_objects(kube, None if config.all_namespaces else namespace)
-        gang_rows = gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu)
+        gang_rows = gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu, now=now)
         _emit(config, gangs_view.as_json(gang_rows), lambda: gangs_view.render_rows(gang_rows))
         return 0
     pod = kube.get(
@@ -235,7 +235,7 @@ def run(config: KubectlConfig, kube: KubeClient, namespace: str, now: float) -> 
     if gangs_view.gang_of(pod) is not None:
         groups, members = _gang_objects(kube, namespace)
         gang = gangs_view.row_of(
-            pod, gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu)
+            pod, gangs_view.rows(groups, members, nvidia_gpu=config.manage_nvidia_gpu, now=now)
         )
     result = explain_view.explain(
         pod,

@@ -15,13 +15,23 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kubectl_tessera.objects import FINISHED_PHASES, name_of, node_of, phase_of, text, uid_of
+from kubectl_tessera.objects import (
+    FINISHED_PHASES,
+    age,
+    name_of,
+    node_of,
+    parse_time,
+    phase_of,
+    text,
+    uid_of,
+)
 from kubectl_tessera.table import render
 from tessera.errors import GangError, RequestError
 from tessera.gang.roster import GangRoster, Member, Waiting
 from tessera.gang.spec import NO_TOPOLOGY, GangKey, GangSpec, PodGroupSource
 from tessera.pod_fields import section
 from tessera.request import PodRequest, parse_pod
+from tessera.resources import DEFAULT_GANG_TIMEOUT_SECONDS
 
 SOURCE = PodGroupSource()
 MAX_REASON = 512
@@ -44,10 +54,25 @@ class GangRow:
     """bound (every member bound), reserved (placed, members being bound) or waiting."""
     reason: str
     pending_members: list[str] = field(default_factory=list)
+    waited_seconds: float | None = None
+    """How long its longest-waiting pending member has existed (None: none pending)."""
+    timeout_seconds: int = DEFAULT_GANG_TIMEOUT_SECONDS
+    """The PodGroup's scheduleTimeoutSeconds (the scheduler's default without one)."""
+    past_timeout: bool = False
+    """A pending member has waited longer than `timeout_seconds`: the gang the scheduler
+    counts in tessera_scheduler_gangs_waiting_past_timeout (it counts from when it first
+    saw the member pending, this from the member's creation)."""
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    def waited(self) -> str:
+        """The WAITED column: `45s`, `12m (timeout 60s)` once past the timeout, `-`."""
+        if self.waited_seconds is None:
+            return "-"
+        shown = age(self.waited_seconds)
+        return f"{shown} (timeout {self.timeout_seconds}s)" if self.past_timeout else shown
 
 
 def _member(pod: Mapping[str, Any], nvidia_gpu: bool) -> Member | None:
@@ -90,9 +115,15 @@ def recorded_reason(pod: Mapping[str, Any], key: GangKey) -> str:
 
 
 def rows(
-    groups: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]], *, nvidia_gpu: bool
+    groups: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    *,
+    nvidia_gpu: bool,
+    now: float,
 ) -> list[GangRow]:
-    """One row per gang that has a PodGroup or a live member, sorted by namespace/name."""
+    """One row per gang that has a PodGroup or a live member, sorted by namespace/name.
+    `now` (seconds since the epoch) dates how long pending members have waited, from their
+    creation (a member without a readable creationTimestamp counts from now)."""
     roster = GangRoster()
     keys: set[GangKey] = set()
     for obj in groups:
@@ -110,13 +141,16 @@ def rows(
         member = _member(pod, nvidia_gpu)
         if member is None:
             continue
-        roster.member_seen(member, now=0.0)  # one reading: how long members wait is not shown
+        created = parse_time(section(pod, "metadata").get("creationTimestamp"))
+        roster.member_seen(member, now=now if created is None else min(created, now))
         keys.add(member.key)
         if member.pending and not recorded.get(member.key):
             recorded[member.key] = recorded_reason(pod, member.key)
+    late = set(roster.past_timeout(now, DEFAULT_GANG_TIMEOUT_SECONDS))
     out = []
     for key in sorted(keys):
         found = roster.spec(key)
+        since = roster.waiting_since(key)
         members = roster.members(key)
         pending = sorted(m.name for m in members if m.pending)
         readiness = roster.readiness(key)
@@ -140,6 +174,11 @@ def rows(
                 state,
                 reason,
                 pending,
+                None if since is None else now - since,
+                found.timeout_seconds
+                if isinstance(found, GangSpec)
+                else DEFAULT_GANG_TIMEOUT_SECONDS,
+                key in late,
             )
         )
     return out
@@ -175,11 +214,22 @@ def render_rows(gang_rows: list[GangRow]) -> str:
                 str(r.pending),
                 str(r.bound),
                 r.state,
+                r.waited(),
                 names or "-",
                 r.reason.removeprefix(f"gang {r.key}: ") or "-",
             ]
         )
-    headers = ["NAMESPACE", "GANG", "MIN", "PENDING", "BOUND", "STATE", "WAITING", "REASON"]
+    headers = [
+        "NAMESPACE",
+        "GANG",
+        "MIN",
+        "PENDING",
+        "BOUND",
+        "STATE",
+        "WAITED",
+        "WAITING",
+        "REASON",
+    ]
     return render(headers, table)
 
 

@@ -4,12 +4,14 @@ server; the reason of a complete gang is the one the real tessera-scheduler gave
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from kubectl_tessera.cli import main
-from kubectl_tessera.gangs import recorded_reason, rows
+from kubectl_tessera.gangs import recorded_reason, render_rows, rows
+from tessera import resources as rn
 from tessera.gang.spec import GangKey
 from tessera_testbed.apiserver import FakeApiServer
 from tests.kubectl.conftest import add_node
@@ -84,6 +86,7 @@ def test_gangs_lists_each_gang_with_its_state_and_reason(
         "PENDING",
         "BOUND",
         "STATE",
+        "WAITED",
         "WAITING",
         "REASON",
     ]
@@ -200,6 +203,61 @@ def test_hostile_gang_objects_are_skipped_or_explained() -> None:
     ]
     for obj in pods:
         obj["metadata"]["uid"] = "uid-" + obj["metadata"]["name"]
-    (row,) = rows(groups, pods, nvidia_gpu=False)  # type: ignore[arg-type]
+    (row,) = rows(groups, pods, nvidia_gpu=False, now=NOW)  # type: ignore[arg-type]
     assert row.key == "ml/g" and row.members == 1 and row.min_member is None
     assert "minMember" in row.reason
+
+
+NOW = 1_800_000_000.0
+"""A fixed reading of the clock for the wait tests (2027-01-15T08:00:00Z)."""
+
+
+def _created(obj: dict[str, Any], seconds_ago: float | None, stamp: Any = None) -> dict[str, Any]:
+    obj["metadata"]["uid"] = "uid-" + obj["metadata"]["name"]
+    if seconds_ago is not None:
+        when = datetime.fromtimestamp(NOW - seconds_ago, tz=UTC)
+        stamp = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+    obj["metadata"]["creationTimestamp"] = stamp
+    return obj
+
+
+def test_each_gang_says_how_long_its_oldest_pending_member_waited_and_if_past_its_timeout() -> None:
+    timed = {"spec": {"minMember": 2, "scheduleTimeoutSeconds": 30}}
+    groups = [
+        pod_group("late", 2) | timed,
+        pod_group("young", 2) | timed,
+        pod_group("done", 1),
+        pod_group("defaulted", 3),
+    ]
+    bound = gang_member("done-0", "done", 1)
+    bound["spec"]["nodeName"] = "t4"
+    pods = [
+        _created(gang_member("late-0", "late", 1), 45),
+        _created(gang_member("late-1", "late", 1), 5),  # the oldest pending one counts
+        _created(gang_member("young-0", "young", 1), 20),
+        _created(bound, 3600),  # bound: not waiting, however old
+        _created(gang_member("defaulted-0", "defaulted", 1), 61),  # the default 60 s
+    ]
+    listed = {r.key: r for r in rows(groups, pods, nvidia_gpu=False, now=NOW)}
+    late, young, done = listed["ml/late"], listed["ml/young"], listed["ml/done"]
+    assert (late.waited_seconds, late.timeout_seconds, late.past_timeout) == (45.0, 30, True)
+    assert late.waited() == "45s (timeout 30s)"
+    assert (young.waited_seconds, young.past_timeout, young.waited()) == (20.0, False, "20s")
+    assert (done.waited_seconds, done.past_timeout, done.waited()) == (None, False, "-")
+    defaulted = listed["ml/defaulted"]
+    assert defaulted.timeout_seconds == rn.DEFAULT_GANG_TIMEOUT_SECONDS
+    assert defaulted.past_timeout and defaulted.waited() == "61s (timeout 60s)"
+    table = render_rows(list(listed.values()))
+    (late_line,) = [line for line in table.splitlines() if line.split()[1] == "late"]
+    assert "45s (timeout 30s)" in late_line
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [None, "", "yesterday", 12, "2027-01-15T08:00:00", "9" * 100, "2999-01-01T00:00:00Z"],
+    ids=["absent", "empty", "words", "number", "no-zone", "long", "future"],
+)
+def test_a_member_whose_creation_time_does_not_read_has_waited_nothing(stamp: Any) -> None:
+    pods = [_created(gang_member("g-0", "g", 1), None, stamp)]
+    (row,) = rows([pod_group("g", 2)], pods, nvidia_gpu=False, now=NOW)
+    assert (row.waited_seconds, row.past_timeout, row.waited()) == (0.0, False, "0s")
