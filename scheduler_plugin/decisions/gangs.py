@@ -27,6 +27,7 @@ from sys import intern
 from typing import Any
 
 from scheduler_plugin.state.cache import Cache
+from scheduler_plugin.views import gang_report
 from tessera.errors import GangError, RequestError
 from tessera.gang.min_resources import judged
 from tessera.gang.plan import GangAsk, GangShortfall
@@ -37,11 +38,6 @@ from tessera.request import PodRequest
 
 log = logging.getLogger(__name__)
 
-MAX_SHOWN = 200
-"""Waiting gangs `waiting` lists (the allocation page's "Why pending"), the oldest keys
-first; the count of all is given beside them."""
-MAX_MEMBER_NAMES = 16
-"""Pending members named per gang (the counts cover every member)."""
 MAX_EARLY = 4096
 """Members remembered as refused before the gang watches listed (nudged once they have)."""
 MAX_NODE_LABELS = 64
@@ -414,45 +410,9 @@ class Gangs:
             return self._reasons.get(key)
 
     def waiting(self) -> tuple[list[dict[str, Any]], int]:
-        """Every gang with a member not bound yet, for "Why pending": its members against
-        `minMember`, why it waits, and its reservation (held nodes and the seconds left
-        before the timeout, or the seconds before a released gang is planned again). At
-        most MAX_SHOWN, with the number of all."""
+        """Every gang with a member not bound yet, for "Why pending" (views/gang_report.py)."""
         with self._lock:
-            everyone = self._roster.keys()
-            keys = [k for k in everyone if any(m.pending for m in self._roster.members(k))]
-            out = [self._waiting_one(k) for k in keys[:MAX_SHOWN]]
-        return out, len(keys)
-
-    def _waiting_one(self, key: GangKey) -> dict[str, Any]:
-        spec = self._roster.spec(key)
-        members = self._roster.members(key)
-        pending = sorted(m.name for m in members if m.pending)
-        readiness = self._roster.readiness(key)
-        standing = self.cache.reservations.standing(key)
-        if isinstance(readiness, Waiting):
-            reason = readiness.reason
-        elif standing.state == "reserved":
-            reason = f"gang {key}: reserved, waiting for its members to bind"
-        else:
-            reason = self._reasons.get(key) or f"gang {key}: complete, to be planned"
-        return {
-            "gang": str(key),
-            "namespace": key.namespace,
-            "name": key.name,
-            "minMember": spec.min_member if isinstance(spec, GangSpec) else None,
-            "timeoutS": spec.timeout_seconds if isinstance(spec, GangSpec) else None,
-            "members": len(members),
-            "pending": len(pending),
-            "bound": len(members) - len(pending),
-            "pendingMembers": pending[:MAX_MEMBER_NAMES],
-            "reason": reason,
-            "reservation": {
-                "state": standing.state,
-                "seconds": None if standing.seconds is None else round(standing.seconds, 1),
-                "nodes": list(standing.nodes),
-            },
-        }
+            return gang_report.waiting(self._roster, self._reasons, self.cache.reservations)
 
     def key_of(self, uid: str) -> GangKey | None:
         """The gang a pod belongs to, as the watch or a filter showed it."""
@@ -460,25 +420,6 @@ class Gangs:
             return self._roster.key_of(uid)
 
     def summary(self) -> dict[str, Any]:
-        """Every gang with its members and reservation (the debug API)."""
+        """Every gang with its members and reservation, for the debug API."""
         with self._lock:
-            keys = self._roster.keys()
-            out = []
-            for key in keys:
-                readiness = self._roster.readiness(key)
-                members = self._roster.members(key)
-                reservation = self.cache.reservations.reservation(key)
-                out.append(
-                    {
-                        "gang": str(key),
-                        "members": len(members),
-                        "bound": sum(1 for m in members if not m.pending),
-                        "ready": isinstance(readiness, Ready),
-                        "reason": self._reasons.get(key)
-                        or (readiness.reason if isinstance(readiness, Waiting) else ""),
-                        "reserved": {uid: a.node for uid, a in sorted(reservation.members.items())}
-                        if reservation is not None
-                        else {},
-                    }
-                )
-            return {"gangs": out}
+            return gang_report.summary(self._roster, self._reasons, self.cache.reservations)
