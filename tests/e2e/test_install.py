@@ -312,7 +312,11 @@ def _gang_in_second_scheduler_mode(walk: Walkthrough) -> None:
     # kubectl tessera reads the same from the API server (a real label selector)
     gangs = walk.kubectl("tessera", "gangs")
     assert re.search(
-        r"^default\s+pair\s+2\s+1\s+0\s+waiting\s+pair-0\s+1 of 2 members pending$", gangs, re.M
+        r"^default\s+pair\s+2\s+1\s+0\s+waiting\s+"
+        r"\d+[smhd](?: \(timeout \d+s\))?\s+"  # WAITED, past the timeout or not
+        r"pair-0\s+1 of 2 members pending$",
+        gangs,
+        re.M,
     ), gangs
     explained = walk.kubectl("tessera", "explain", "pair-0")
     assert (
