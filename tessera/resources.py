@@ -81,6 +81,11 @@ GANG_PREFERRED_TOPOLOGY_ANNOTATION: Final = f"{DOMAIN}/gang-preferred-topology"
 GANG_RESERVED_ANNOTATION: Final = f"{DOMAIN}/gang-reserved-node"
 """Written by the scheduler on a member whose gang is reserved: the node kept for it. The
 write itself is the point: kube-scheduler retries an unschedulable pod when it changes."""
+GANG_NUDGED_ANNOTATION: Final = f"{DOMAIN}/gang-nudged-at"
+"""Written with `GANG_RESERVED_ANNOTATION`: when (RFC 3339, microseconds). It makes every
+nudge a change, also when the node kept is the one the last nudge named (a gang reserved
+again on the same node after its reservation timed out): a patch that changes nothing
+sends kube-scheduler no event, and the member would wait for its periodic flush."""
 DEFAULT_GANG_TIMEOUT_SECONDS: Final = 60
 """How long a gang's reservation waits for its members to bind when the PodGroup sets no
 scheduleTimeoutSeconds."""
