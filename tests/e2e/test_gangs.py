@@ -282,8 +282,8 @@ def test_a_gang_whose_min_resources_are_not_free_waits_until_they_are_lowered(
     """One node busy: 56 GPUs free. A PodGroup of two 1-GPU members asks for 60 free: both
     wait with that reason in their PodScheduled condition and FailedScheduling events,
     nothing is bound, and once a member has waited past the PodGroup's 2 s the leader
-    counts the gang; minResources lowered to 56, the gang binds whole and is no longer
-    counted."""
+    counts the gang; minResources lowered to 56 (and the timeout raised to 30 s), the gang
+    binds whole and is no longer counted."""
     cp = cluster
     filler = "minres-filler"
     obj = P.pod(filler, {rn.GPU: "800"})
@@ -311,7 +311,9 @@ def test_a_gang_whose_min_resources_are_not_free_waits_until_they_are_lowered(
     cp.admin.request(
         "PATCH",
         f"{GROUPS}/minres",
-        {"spec": {"minResources": {rn.GPU: "5600"}}},
+        # a timeout past kube-scheduler's longest backoff (10 s): the members' retries,
+        # each backed off since they were refused, come inside the reservation
+        {"spec": {"minResources": {rn.GPU: "5600"}, "scheduleTimeoutSeconds": 30}},
         content_type=MERGE_PATCH,
     )
     lowered = time.monotonic()
