@@ -39,6 +39,8 @@ MAX_REASON = 512
 MAX_NAMES = 8
 """Pending members named per gang in the table (`-o json` has them all)."""
 NOT_TRIED = "complete; tessera-scheduler has not reported on it yet"
+HEADERS = ["NAMESPACE", "GANG", "MIN", "PENDING", "BOUND", "STATE", "WAITED", "WAITING", "REASON"]
+"""The table's columns, in order."""
 
 
 @dataclass
@@ -219,18 +221,7 @@ def render_rows(gang_rows: list[GangRow]) -> str:
                 r.reason.removeprefix(f"gang {r.key}: ") or "-",
             ]
         )
-    headers = [
-        "NAMESPACE",
-        "GANG",
-        "MIN",
-        "PENDING",
-        "BOUND",
-        "STATE",
-        "WAITED",
-        "WAITING",
-        "REASON",
-    ]
-    return render(headers, table)
+    return render(HEADERS, table)
 
 
 def as_json(gang_rows: list[GangRow]) -> dict[str, Any]:

@@ -79,17 +79,8 @@ def test_gangs_lists_each_gang_with_its_state_and_reason(
     code, out, _ = run(capsys, "gangs", "-n", "ml", "--kubeconfig", kubeconfig)
     assert code == 0
     header, *lines = out.splitlines()
-    assert header.split() == [
-        "NAMESPACE",
-        "GANG",
-        "MIN",
-        "PENDING",
-        "BOUND",
-        "STATE",
-        "WAITED",
-        "WAITING",
-        "REASON",
-    ]
+    columns = "NAMESPACE GANG MIN PENDING BOUND STATE WAITED WAITING REASON"
+    assert header.split() == columns.split()
     (huge_line,) = [line for line in lines if line.split()[1] == "huge"]
     assert huge_line.split()[2:6] == ["2", "2", "0", "waiting"]
     assert re.search(r"huge-0, huge-1\s{3,}2 members need 6 GPUs, 4 free$", huge_line)
