@@ -148,11 +148,14 @@ def rows(
         keys.add(member.key)
         if member.pending and not recorded.get(member.key):
             recorded[member.key] = recorded_reason(pod, member.key)
-    late = set(roster.past_timeout(now, DEFAULT_GANG_TIMEOUT_SECONDS))
     out = []
     for key in sorted(keys):
         found = roster.spec(key)
         since = roster.waiting_since(key)
+        waited = None if since is None else now - since
+        timeout = (
+            found.timeout_seconds if isinstance(found, GangSpec) else DEFAULT_GANG_TIMEOUT_SECONDS
+        )
         members = roster.members(key)
         pending = sorted(m.name for m in members if m.pending)
         readiness = roster.readiness(key)
@@ -176,11 +179,9 @@ def rows(
                 state,
                 reason,
                 pending,
-                None if since is None else now - since,
-                found.timeout_seconds
-                if isinstance(found, GangSpec)
-                else DEFAULT_GANG_TIMEOUT_SECONDS,
-                key in late,
+                waited,
+                timeout,
+                waited is not None and waited > timeout,  # as the scheduler's roster judges
             )
         )
     return out
